@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PROTO_OUT := protos/feeder_pb2.py
+DEMO    := .demo
+
+.PHONY: demo test install proto typecheck clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+$(PROTO_OUT): protos/feeder.proto $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
+
+install: $(STAMP) $(PROTO_OUT)
+
+proto: $(PROTO_OUT)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+typecheck: install
+	$(BIN)/python -m mypy feeder sharder clients
+
+demo: install
+	$(BIN)/python -m feeder.demo --workdir $(DEMO)
+
+clean:
+	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi

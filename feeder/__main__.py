@@ -1,0 +1,3 @@
+from feeder.cli import main
+
+main()

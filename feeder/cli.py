@@ -1,0 +1,64 @@
+"""The ``feeder`` command line. Thin: each command builds a config and calls library
+code; errors are printed as one line (``--traceback`` for the full story)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from feeder.errors import FeederError, cli_message
+
+app = typer.Typer(
+    help="feeder: shards, serves and streams image-classification data to training jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+_state = {"traceback": False}
+
+
+@app.callback()
+def _main(
+    traceback: bool = typer.Option(False, "--traceback", help="Show full tracebacks on errors."),
+) -> None:
+    _state["traceback"] = traceback
+
+
+def run_command(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call library code, turning a FeederError into one line on stderr and exit 1."""
+    try:
+        return fn(*args, **kwargs)
+    except FeederError as e:
+        if _state["traceback"]:
+            raise
+        print(cli_message(e), file=sys.stderr)
+        raise typer.Exit(1) from e
+
+
+def _register() -> None:
+    # Each area owns the module that defines its commands; they are attached here.
+    from importlib import import_module
+
+    for module in ("sharder.commands", "feeder.commands", "clients.commands"):
+        try:
+            mod = import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        mod.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The project's error hierarchy, and the one table that maps each error to a gRPC
+status code and to a one-line CLI message.
+
+Library code raises these; the CLI and the gRPC servicer translate them. Nothing
+else in the project should decide how an error looks to a user.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = [
+    "ConfigError",
+    "DataError",
+    "FeederError",
+    "InvalidArgument",
+    "NotFound",
+    "ServiceUnavailable",
+    "cli_message",
+    "grpc_code",
+]
+
+
+class FeederError(Exception):
+    """Base of every error feeder raises on purpose."""
+
+
+class ConfigError(FeederError):
+    """A command-line option or configuration value that cannot work."""
+
+
+class InvalidArgument(FeederError):
+    """A request field that makes no sense (the message names the field)."""
+
+
+class NotFound(FeederError):
+    """A dataset, split, path or key that does not exist."""
+
+
+class DataError(FeederError):
+    """Input data that is corrupt, truncated or inconsistent (names the input)."""
+
+
+class ServiceUnavailable(FeederError):
+    """A daemon that cannot be reached, or is shutting down."""
+
+
+_GRPC_CODES: dict[type[FeederError], grpc.StatusCode] = {
+    ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    DataError: grpc.StatusCode.DATA_LOSS,
+    ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
+    FeederError: grpc.StatusCode.INTERNAL,
+}
+
+_CLI_PREFIXES: dict[type[FeederError], str] = {
+    ConfigError: "error",
+    InvalidArgument: "error",
+    NotFound: "not found",
+    DataError: "bad data",
+    ServiceUnavailable: "unavailable",
+    FeederError: "error",
+}
+
+
+def _lookup(table: dict, error: FeederError):
+    for cls in type(error).__mro__:
+        if cls in table:
+            return table[cls]
+    return table[FeederError]
+
+
+def grpc_code(error: FeederError) -> grpc.StatusCode:
+    """The gRPC status code a servicer should abort with for ``error``."""
+    return _lookup(_GRPC_CODES, error)
+
+
+def cli_message(error: FeederError) -> str:
+    """The single line the CLI prints for ``error`` (no traceback)."""
+    return f"feeder: {_lookup(_CLI_PREFIXES, error)}: {error}"

@@ -1,0 +1,60 @@
+"""The on-disk layout of a shard directory: the contract between ``feeder shard``,
+``feeder verify``, the daemon and tools this project did not write.
+
+::
+
+    OUT/manifest.json                      versioned, see ``MANIFEST_NAME``
+    OUT/<split>/shard-NNNNNN.tar           WebDataset: <key>.jpg, <key>.cls (ASCII int)
+    OUT/<split>/shard-NNNNNN.idx           DALI webdataset index of the tar beside it
+    OUT/<split>/index.parquet              one row per sample, ``INDEX_SCHEMA``
+    OUT/<split>/lmdb/                      optional, Caffe Datum values (DALI readers.caffe)
+
+``index.parquet`` rows are in write order (the globally shuffled order). ``shard`` is
+the tar's path relative to OUT (``train/shard-000000.tar``); ``offset`` / ``size`` locate
+the JPEG bytes of the sample inside that tar (the member's data, not its header), so a
+reader can ``mmap`` the tar and slice. ``source`` is the input path relative to SRC.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+__all__ = [
+    "FORMAT_VERSION",
+    "INDEX_NAME",
+    "INDEX_SCHEMA",
+    "LMDB_DIR",
+    "MANIFEST_NAME",
+    "index_path",
+    "shard_name",
+]
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+INDEX_NAME = "index.parquet"
+LMDB_DIR = "lmdb"
+
+INDEX_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("label", pa.int64()),
+        ("shard", pa.string()),
+        ("offset", pa.int64()),
+        ("size", pa.int64()),
+        ("source", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+    ]
+)
+
+
+def shard_name(number: int, suffix: str = ".tar") -> str:
+    """``shard-000042.tar`` for shard 42 (``suffix=".idx"`` for its DALI index)."""
+    return f"shard-{number:06d}{suffix}"
+
+
+def index_path(root: Path, split: str) -> Path:
+    """Path of the Parquet index of ``split`` under shard directory ``root``."""
+    return root / split / INDEX_NAME
