@@ -1,0 +1,175 @@
+"""The epoch plan: which samples each rank gets, in which order, batch by batch.
+
+Pure functions, no I/O. For (seed, epoch) the split is permuted (or kept in stored
+order); rank ``r`` of ``w`` takes every ``w``-th sample of that order starting at
+``r``, so the parts are disjoint and equally long:
+
+- ``drop``: each part has ``N // w`` samples; the ``N % w`` left over are skipped this
+  epoch. A stream that runs to the end of its part yields only full batches; the
+  partial tail is skipped (and reported).
+- ``pad``: each part has ``ceil(N / w)`` samples; the order is extended by repeating
+  its start, and the repeats are marked as padding. A stream that runs to the end
+  of its part fills its last batch with repeats of the part's start, also marked.
+
+Position is a *sample cursor*: the number of samples of the part already delivered.
+A stream opened at cursor ``c`` starts at position ``c`` of the part, whatever batch
+size or image size the earlier streams used.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from feeder.errors import InvalidArgument
+
+__all__ = [
+    "BatchSlice",
+    "LastBatch",
+    "RankPart",
+    "epoch_order",
+    "iter_batches",
+    "plan_length",
+    "rank_part",
+    "tail_skipped",
+    "validate_window",
+]
+
+
+class LastBatch(str, enum.Enum):
+    """What happens to samples that do not fill a batch or a rank's part."""
+
+    DROP = "drop"
+    PAD = "pad"
+
+
+@dataclass(frozen=True)
+class RankPart:
+    """One rank's share of an epoch.
+
+    Attributes:
+        indices: sample indices into the split, in delivery order.
+        padding: True where the index repeats an earlier sample (pad policy).
+        skipped: samples of the split no rank gets this epoch (drop policy).
+    """
+
+    indices: np.ndarray
+    padding: np.ndarray
+    skipped: int
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass(frozen=True)
+class BatchSlice:
+    """The samples of one batch and the cursor after it."""
+
+    indices: np.ndarray
+    padding: np.ndarray
+    cursor: int
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Order of the split for one epoch: a permutation fixed by (seed, epoch) when
+    ``shuffle``, else the stored order. Same inputs, same order, on any host."""
+    if not shuffle:
+        return np.arange(num_samples, dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64([seed & 0xFFFFFFFFFFFFFFFF, epoch]))
+    return rng.permutation(num_samples).astype(np.int64)
+
+
+def plan_length(num_samples: int, world_size: int, policy: LastBatch) -> int:
+    """Samples in each rank's part."""
+    if policy is LastBatch.DROP:
+        return num_samples // world_size
+    return -(-num_samples // world_size)
+
+
+def rank_part(order: np.ndarray, rank: int, world_size: int, policy: LastBatch) -> RankPart:
+    """Rank ``rank``'s strided share of ``order`` (see module docstring).
+
+    Raises:
+        InvalidArgument: world_size < 1 or rank outside 0..world_size-1.
+    """
+    if world_size < 1:
+        raise InvalidArgument(f"world_size: must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size:
+        raise InvalidArgument(f"rank: {rank} is not in 0..{world_size - 1} (world_size {world_size})")
+    n = len(order)
+    length = plan_length(n, world_size, policy)
+    total = length * world_size
+    if policy is LastBatch.DROP:
+        full, is_pad = order[:total], np.zeros(total, dtype=bool)
+    else:
+        full = np.resize(order, total) if n else np.zeros(0, dtype=np.int64)
+        is_pad = np.arange(total) >= n
+    return RankPart(full[rank::world_size], is_pad[rank::world_size], skipped=n - min(n, total))
+
+
+def validate_window(part_length: int, start_cursor: int, max_samples: int) -> None:
+    """Check a stream's start and length against the part.
+
+    Raises:
+        InvalidArgument: negative cursor or max_samples, or cursor past the end.
+    """
+    if start_cursor < 0:
+        raise InvalidArgument(f"start_cursor: must be >= 0, got {start_cursor}")
+    if start_cursor > part_length:
+        raise InvalidArgument(
+            f"start_cursor: {start_cursor} is past the end of this rank's part ({part_length} samples)"
+        )
+    if max_samples < 0:
+        raise InvalidArgument(f"max_samples: must be >= 0, got {max_samples}")
+
+
+def iter_batches(
+    part: RankPart,
+    start_cursor: int,
+    batch_size: int,
+    policy: LastBatch,
+    max_samples: int = 0,
+) -> Iterator[BatchSlice]:
+    """Batches of ``part`` from ``start_cursor``.
+
+    The stream covers ``[start_cursor, end)`` with ``end = part end`` or
+    ``start_cursor + max_samples`` if that is sooner. A window that stops before the
+    part's end ends with a short batch if needed (the cursor stays exact); at the
+    part's end the policy applies: ``drop`` skips the partial batch, ``pad`` fills it.
+
+    Raises:
+        InvalidArgument: bad batch size or window (see :func:`validate_window`).
+    """
+    if batch_size < 1:
+        raise InvalidArgument(f"batch_size: must be >= 1, got {batch_size}")
+    validate_window(len(part), start_cursor, max_samples)
+    end = len(part) if max_samples == 0 else min(len(part), start_cursor + max_samples)
+    at_part_end = end == len(part)
+    for lo in range(start_cursor, end, batch_size):
+        hi = min(lo + batch_size, end)
+        if hi - lo < batch_size and at_part_end:
+            if policy is LastBatch.DROP:
+                return
+            yield _padded(part, lo, hi, batch_size)
+            return
+        yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi)
+
+
+def tail_skipped(part_length: int, start_cursor: int, batch_size: int, max_samples: int = 0) -> int:
+    """Samples of the part a ``drop`` stream skips at its end (0 for a window that
+    ends before the part does)."""
+    end = part_length if max_samples == 0 else min(part_length, start_cursor + max_samples)
+    if end < part_length:
+        return 0
+    return (end - start_cursor) % batch_size
+
+
+def _padded(part: RankPart, lo: int, hi: int, batch_size: int) -> BatchSlice:
+    fill = batch_size - (hi - lo)
+    repeat = np.resize(part.indices, fill)  # cycles from the part's start
+    indices = np.concatenate([part.indices[lo:hi], repeat])
+    padding = np.concatenate([part.padding[lo:hi], np.ones(fill, dtype=bool)])
+    return BatchSlice(indices, padding, cursor=hi)

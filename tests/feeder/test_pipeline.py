@@ -1,0 +1,76 @@
+"""DALI pipelines on synthetic JPEGs: shapes, dtype, per-run sizes, bad bytes."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from feeder.errors import ConfigError, DataError
+from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
+
+
+def _jpeg(width: int, height: int, seed: int) -> np.ndarray:
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG")
+    return np.frombuffer(out.getvalue(), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def jpegs() -> list[np.ndarray]:
+    return [_jpeg(60 + 13 * i, 90 - 5 * i, i) for i in range(9)]
+
+
+@pytest.mark.parametrize("kind", list(AugmentKind))
+def test_batch_and_image_size_change_per_run(kind, jpegs):
+    runner = PipelineRunner(PipelineSpec(kind, max_batch_size=8, threads=1))
+    first = runner.run(jpegs[:3], 32)
+    assert first.shape == (3, 32, 32, 3) and first.dtype == np.uint8
+    outs = list(runner.run_many([(jpegs[:8], 48), (jpegs[5:6], 16), (jpegs[1:6], 224)]))
+    assert [o.shape for o in outs] == [(8, 48, 48, 3), (1, 16, 16, 3), (5, 224, 224, 3)]
+    assert runner.idle
+
+
+def test_val_is_a_centre_crop_of_the_resized_image():
+    # Left half black, right half white: the centre crop keeps both, symmetric.
+    pixels = np.zeros((80, 160, 3), dtype=np.uint8)
+    pixels[:, 80:] = 255
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=2, threads=1))
+    (image,) = runner.run([np.frombuffer(out.getvalue(), np.uint8)], 64)
+    assert image[:, :20].mean() < 20 and image[:, -20:].mean() > 235
+
+
+def test_train_is_deterministic_for_a_seed(jpegs):
+    spec = PipelineSpec(AugmentKind.TRAIN, max_batch_size=4, threads=1)
+    a = PipelineRunner(spec, seed=7).run(jpegs[:4], 40)
+    b = PipelineRunner(spec, seed=7).run(jpegs[:4], 40)
+    assert np.array_equal(a, b)
+
+
+def test_undecodable_bytes_raise_data_error(jpegs):
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=4, threads=1))
+    with pytest.raises(DataError, match="decode failed"):
+        runner.run([jpegs[0], np.frombuffer(b"not a jpeg" * 10, np.uint8)], 32)
+
+
+def test_bad_specs_are_config_errors(jpegs):
+    with pytest.raises(ConfigError, match="device"):
+        PipelineSpec(AugmentKind.VAL, device="tpu")
+    with pytest.raises(ConfigError, match="min_scale"):
+        CropRange(min_scale=0.5, max_scale=0.2)
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=2, threads=1))
+    with pytest.raises(ConfigError, match="batch"):
+        runner.run(jpegs[:3], 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", list(AugmentKind))
+def test_gpu_pipeline_matches_shapes(kind, jpegs):
+    runner = PipelineRunner(PipelineSpec(kind, device="gpu", max_batch_size=8, threads=2))
+    out = runner.run(jpegs[:6], 64)
+    assert out.shape == (6, 64, 64, 3) and out.dtype == np.uint8
