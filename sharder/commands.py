@@ -1,0 +1,96 @@
+"""The sharder's commands: ``feeder sample-data``, ``feeder shard``, ``feeder verify``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["register"]
+
+_MB = 1024 * 1024
+
+
+def sample_data_command(
+    out: Annotated[Path, typer.Argument(help="Directory to create, e.g. data/sample.")],
+    classes: Annotated[int, typer.Option(help="Classes, one per bundled photograph.")] = 10,
+    train_per_class: Annotated[int, typer.Option(help="Training images per class.")] = 100,
+    val_per_class: Annotated[int, typer.Option(help="Validation images per class.")] = 10,
+    seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+) -> None:
+    """Make a small real-photo ImageNet in the ILSVRC2012 layout.
+
+    Example: feeder sample-data data/sample --classes 10 --train-per-class 100
+    """
+    from feeder.cli import run_command
+    from sharder import SampleDataConfig, make_sample_data
+
+    def run() -> None:
+        config = SampleDataConfig(out, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed)
+        make_sample_data(config)
+        total = classes * (train_per_class + val_per_class)
+        print(f"wrote {total} images of {classes} classes ({classes * train_per_class} train, {classes * val_per_class} val) -> {out}")
+
+    run_command(run)
+
+
+def shard_command(
+    src: Annotated[Path, typer.Argument(help="Input tree: ILSVRC2012 layout (train/, val/) or class folders.")],
+    out: Annotated[Path, typer.Argument(help="Shard directory to create (or to resume into).")],
+    format: Annotated[str, typer.Option("--format", help="Comma list of wds, lmdb.")] = "wds",
+    seed: Annotated[int, typer.Option(help="Seed of the global shuffle.")] = 0,
+    shard_size_mb: Annotated[float, typer.Option(help="Largest tar size in MiB.")] = 256,
+    workers: Annotated[int, typer.Option(help="Processes that read and check images.")] = 1,
+    max_side: Annotated[int | None, typer.Option(help="Downscale images whose longer side exceeds N px.")] = None,
+    quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
+    on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
+    overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Shard an image folder tree into WebDataset tars (+ DALI .idx), an index and a manifest.
+
+    Example: feeder shard ~/ILSVRC/Data/CLS-LOC out/imagenet --format wds,lmdb --workers 8
+    """
+    from feeder.cli import run_command
+    from sharder import ShardConfig, shard
+
+    def run() -> None:
+        formats = tuple(f.strip() for f in format.split(",") if f.strip())
+        config = ShardConfig(
+            src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
+            max_side_px=max_side, quality=quality, on_error=on_error, overwrite=overwrite, progress=progress,
+        )  # fmt: skip
+        print(shard(config).summary())
+
+    run_command(run)
+
+
+def verify_command(
+    out: Annotated[Path, typer.Argument(help="Shard directory made by feeder shard.")],
+    full: Annotated[bool, typer.Option(help="Decode every image, not a sample.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed choosing the decoded sample.")] = 0,
+) -> None:
+    """Check a shard directory: manifest, sha256, counts, index offsets, decodable images.
+
+    Example: feeder verify out/imagenet --full
+    """
+    from feeder.cli import run_command
+    from sharder.verify import verify
+
+    def run() -> None:
+        result = verify(out, full=full, seed=seed)
+        for problem in result.problems:
+            print(f"problem: {problem}")
+        print(result.summary())
+        if result.problems:
+            raise typer.Exit(1)
+
+    run_command(run)
+
+
+def register(app: typer.Typer) -> None:
+    """Attach the sharder's commands to the ``feeder`` CLI."""
+    app.command("sample-data")(sample_data_command)
+    app.command("shard")(shard_command)
+    app.command("verify")(verify_command)

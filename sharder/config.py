@@ -1,0 +1,120 @@
+"""Frozen configuration objects for the sharder, built once by the CLI and passed down."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from feeder.errors import ConfigError
+
+__all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
+
+FORMATS = ("wds", "lmdb")
+ON_ERROR_POLICIES = ("raise", "skip")
+
+# Quality used when an odd input (CMYK, PNG, 16-bit, ...) is normalised to RGB JPEG and
+# no --quality was given: high enough that the re-encoding costs no accuracy.
+DEFAULT_REENCODE_QUALITY = 95
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """Everything ``sharder.shard`` needs.
+
+    Args:
+        src: input tree (ILSVRC2012 layout or a plain class-folder tree).
+        out: shard directory to create.
+        formats: any of ``FORMATS``; ``wds`` tars are the primary format.
+        seed: seed of the global shuffle (same SRC + seed -> byte-identical output).
+        shard_size_bytes: a tar is closed before it would grow past this size.
+        workers: processes that read and normalise images (1 = in this process).
+        max_side_px: downscale images whose longer side exceeds this (None = never).
+        quality: re-encode every image at this JPEG quality (None = pass valid JPEGs
+            through and normalise odd files at ``DEFAULT_REENCODE_QUALITY``).
+        on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
+        overwrite: allow a non-empty OUT (its contents are replaced).
+        progress: show a progress bar on stderr.
+        on_shard_done: called with (split, shard number) after each shard is durable.
+    """
+
+    src: Path
+    out: Path
+    formats: tuple[str, ...] = ("wds",)
+    seed: int = 0
+    shard_size_bytes: int = 256 * 1024 * 1024
+    workers: int = 1
+    max_side_px: int | None = None
+    quality: int | None = None
+    on_error: str = "skip"
+    overwrite: bool = False
+    progress: bool = False
+    on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "src", Path(self.src))
+        object.__setattr__(self, "out", Path(self.out))
+        unknown = [f for f in self.formats if f not in FORMATS]
+        if unknown or not self.formats:
+            raise ConfigError(f"--format must be a comma list of {', '.join(FORMATS)}, got {','.join(self.formats)!r}")
+        if len(set(self.formats)) != len(self.formats):
+            raise ConfigError(f"--format lists a format twice: {','.join(self.formats)!r}")
+        if self.shard_size_bytes < 1024:
+            raise ConfigError(f"--shard-size-mb must be positive, got {self.shard_size_bytes} bytes")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.max_side_px is not None and self.max_side_px < 16:
+            raise ConfigError(f"--max-side must be >= 16 px, got {self.max_side_px}")
+        if self.quality is not None and not 1 <= self.quality <= 100:
+            raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
+        if self.on_error not in ON_ERROR_POLICIES:
+            raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR_POLICIES)}, got {self.on_error!r}")
+
+    @property
+    def reencode_quality(self) -> int:
+        """JPEG quality of every image this run re-encodes."""
+        return self.quality if self.quality is not None else DEFAULT_REENCODE_QUALITY
+
+    def options(self) -> dict:
+        """The options that decide the output bytes, as recorded in the manifest."""
+        return {
+            "formats": list(self.formats),
+            "seed": self.seed,
+            "shard_size_bytes": self.shard_size_bytes,
+            "max_side_px": self.max_side_px,
+            "quality": self.quality,
+            "reencode_quality": self.reencode_quality,
+            "on_error": self.on_error,
+        }
+
+
+@dataclass(frozen=True)
+class SampleDataConfig:
+    """Options of ``sharder.sample_data.make_sample_data``.
+
+    Args:
+        out: directory to create (must be empty or absent).
+        classes: number of classes, one per source photograph.
+        train_per_class: training images per class.
+        val_per_class: validation images per class.
+        seed: same seed -> byte-identical files.
+        min_side_px / max_side_px: range of the output image sides (ImageNet-like
+            300..500 by default; tests use small sizes for speed).
+    """
+
+    out: Path
+    classes: int = 10
+    train_per_class: int = 100
+    val_per_class: int = 10
+    seed: int = 0
+    min_side_px: int = 300
+    max_side_px: int = 500
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))
+        if self.classes < 1:
+            raise ConfigError(f"--classes must be >= 1, got {self.classes}")
+        if self.train_per_class < 1 or self.val_per_class < 0:
+            raise ConfigError("--train-per-class must be >= 1 and --val-per-class >= 0")
+        if not 16 <= self.min_side_px <= self.max_side_px:
+            raise ConfigError(f"image sides must satisfy 16 <= min <= max, got {self.min_side_px}..{self.max_side_px}")

@@ -1,0 +1,204 @@
+"""``feeder shard SRC OUT``: turn an image folder tree into shards (see ``layout``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from feeder.errors import ConfigError
+from sharder.config import ShardConfig
+from sharder.layout import FORMAT_VERSION, INDEX_SCHEMA, LMDB_DIR, MANIFEST_NAME, index_path
+from sharder.manifest import write_json_atomic
+from sharder.sources import SourceTree, SplitSource, find_sources
+from sharder.split_writer import ShardRecord, write_split
+from sharder.writers import LmdbWriter, Sample, fsync_dir
+
+__all__ = ["ShardReport", "shard"]
+
+WORK_DIR = ".work"  # resume state of an unfinished run; removed when the run completes
+_RUN_FILE = "run.json"
+
+
+@dataclass
+class ShardReport:
+    """What a run did, for the closing summary line."""
+
+    out: Path
+    splits: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def total(self, key: str) -> int:
+        return sum(counts[key] for counts in self.splits.values())
+
+    def summary(self) -> str:
+        """One line: counts per split, shards, bytes, rejects, ignored, speed."""
+        per_split = ", ".join(f"{name} {c['accepted']}" for name, c in self.splits.items())
+        rate = self.total("inputs") / self.seconds if self.seconds > 0 else 0.0
+        return (
+            f"sharded {self.total('accepted')} images ({per_split}) into {self.total('shards')} shards, "
+            f"{self.total('bytes') / 1e6:.1f} MB; rejected {self.total('rejected')}, "
+            f"ignored {self.total('ignored')}; {self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
+        )
+
+
+def _run_identity(config: ShardConfig) -> dict[str, Any]:
+    return {"source": str(config.src.resolve()), "options": config.options()}
+
+
+def _prepare_out(config: ShardConfig) -> None:
+    """Create OUT, or clear it (--overwrite), or accept it as an unfinished run to resume.
+
+    Raises:
+        ConfigError: OUT is a file, not empty, holds another run, or is not writable.
+    """
+    out, run_file = config.out, config.out / WORK_DIR / _RUN_FILE
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"OUT {out} exists and is not a directory")
+    resumable = run_file.is_file() and json.loads(run_file.read_text()) == _run_identity(config)
+    if out.is_dir() and any(out.iterdir()) and not resumable:
+        if not config.overwrite:
+            what = "holds an unfinished run with other options" if run_file.is_file() else "is not empty"
+            raise ConfigError(f"OUT {out} {what} (use --overwrite to replace its contents)")
+    if config.overwrite and out.is_dir():
+        for child in out.iterdir():
+            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+    try:
+        (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_file, _run_identity(config))
+    except OSError as e:
+        raise ConfigError(f"cannot write to OUT {out}: {e.strerror or e}") from e
+
+
+def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: bool) -> None:
+    rows = [(r, rec) for rec in records for r in rec.rows]
+    columns = {
+        "key": [r[0] for r, _ in rows],
+        "label": [r[1] for r, _ in rows],
+        "shard": [f"{split}/{LMDB_DIR}" if lmdb_only else rec.path for _, rec in rows],
+        "offset": [-1 if lmdb_only else r[2] for r, _ in rows],
+        "size": [r[3] for r, _ in rows],
+        "source": [r[4] for r, _ in rows],
+        "width": [r[5] for r, _ in rows],
+        "height": [r[6] for r, _ in rows],
+    }
+    path = index_path(out, split)
+    temp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.table(columns, schema=INDEX_SCHEMA), temp)
+    with open(temp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord]) -> dict[str, Any]:
+    """Build ``OUT/<split>/lmdb`` from the finished tars (same samples, same order)."""
+    total = sum(rec.bytes for rec in records)
+    # Map size is only an upper bound of the file (Datum overhead + B-tree pages).
+    with LmdbWriter(out / split / LMDB_DIR, map_size_bytes=2 * total + (64 << 20)) as writer:
+        for rec in (r for r in records if r.path):
+            with open(tar_root / rec.path, "rb") as tar:
+                for key, label, offset, size, _, width, height in rec.rows:
+                    tar.seek(offset)
+                    writer.write(Sample(key, label, tar.read(size), width, height))
+        writer.finish()
+    data = out / split / LMDB_DIR / "data.mdb"
+    samples = sum(len(rec.rows) for rec in records)
+    return {"path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": _sha256(data)}
+
+
+def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRecord], wds: bool) -> dict[str, Any]:
+    per_class = dict.fromkeys(tree.classes, 0)
+    for rec in records:
+        for row in rec.rows:
+            per_class[tree.classes[row[1]]] += 1
+    rejects = [{"source": s, "reason": r} for s, r in split.rejects]
+    rejects += [{"source": s, "reason": r} for rec in records for s, r in rec.rejects]
+    accepted = sum(per_class.values())
+    shards = [
+        {"path": r.path, "index": r.index, "samples": r.samples, "bytes": r.bytes, "sha256": r.sha256}
+        for r in records
+        if r.path
+    ]
+    return {
+        "num_samples": accepted,
+        "accepted": accepted,
+        "rejected": len(rejects),
+        "ignored": split.ignored,
+        "inputs": accepted + len(rejects),
+        "per_class": per_class,
+        "index": f"{split.name}/{index_path(Path(), split.name).name}",
+        "shards": shards if wds else [],
+        "rejects": rejects,
+    }
+
+
+def _finish_split(config: ShardConfig, tree: SourceTree, split: SplitSource, records: list[ShardRecord], tar_root: Path) -> dict:
+    wds = "wds" in config.formats
+    _write_index(config.out, split.name, records, lmdb_only=not wds)
+    entry = _split_manifest(tree, split, records, wds)
+    if "lmdb" in config.formats:
+        entry["lmdb"] = _write_lmdb(config.out, tar_root, split.name, records)
+    return entry
+
+
+def shard(config: ShardConfig) -> ShardReport:
+    """Shard ``config.src`` into ``config.out``, resuming an unfinished run there.
+
+    Args:
+        config: the run's options.
+
+    Returns:
+        A report with per-split counts; its ``summary()`` is the closing line.
+
+    Raises:
+        NotFound: SRC does not exist.
+        ConfigError: no images, unusable ground truth, OUT not empty or not writable.
+        DataError: a bad input with ``on_error="raise"`` (names the file).
+    """
+    started = time.monotonic()
+    tree = find_sources(config.src)
+    _prepare_out(config)
+    work = config.out / WORK_DIR
+    # Tars are always the first stage; without "wds" they are staged under .work.
+    tar_root = config.out if "wds" in config.formats else work / "tars"
+    splits: dict[str, Any] = {}
+    total = sum(len(s.files) for s in tree.splits)
+    with tqdm(total=total, unit="img", desc="shard", disable=not config.progress, smoothing=0.1) as bar:
+        for split in tree.splits:
+            records = write_split(config, split, tar_root, work / split.name, bar)
+            splits[split.name] = _finish_split(config, tree, split, records, tar_root)
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "layout": tree.layout,
+        "source": str(config.src.resolve()),
+        "classes": tree.classes,
+        "splits": splits,
+        "options": config.options(),
+    }
+    write_json_atomic(config.out / MANIFEST_NAME, manifest)
+    shutil.rmtree(work)
+    report = ShardReport(config.out, seconds=time.monotonic() - started)
+    for name, entry in splits.items():
+        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "ignored")}
+        counts["shards"] = len(entry["shards"])
+        counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
+        report.splits[name] = counts
+    return report

@@ -1,0 +1,171 @@
+"""Write one split: shuffle its inputs, normalise them (in worker processes), roll
+them into tars, and remember each finished shard so a killed run can resume.
+
+Resume protocol: after a tar and its ``.idx`` are durable under their final names,
+``.work/<split>/shard-NNNNNN.json`` records the shard (its index rows, its rejects,
+and ``consumed_end``, the position in the shuffled input order up to which inputs are
+accounted for). A restarted run loads these records, skips the inputs they cover and
+writes the next shard. Shard boundaries depend only on the inputs and options, so
+the result is byte-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from feeder.errors import DataError
+from sharder.config import ShardConfig
+from sharder.images import ProcessedImage, process_file
+from sharder.layout import shard_name
+from sharder.manifest import write_json_atomic
+from sharder.sources import SourceFile, SplitSource
+from sharder.writers import Sample, TarShardWriter
+
+__all__ = ["ShardRecord", "shuffled", "write_split"]
+
+_KEY_STEM_CHARS = 48  # keep tar member names far below the 100-byte ustar limit
+_CHUNK = 16  # inputs per worker task: amortises inter-process overhead
+
+
+@dataclass
+class ShardRecord:
+    """One finished shard and the inputs it accounts for."""
+
+    number: int
+    consumed_end: int
+    path: str
+    index: str
+    samples: int
+    bytes: int
+    sha256: str
+    rows: list[list] = field(default_factory=list)  # key, label, offset, size, source, width, height
+    rejects: list[list[str]] = field(default_factory=list)  # source, reason
+
+
+def shuffled(files: list[SourceFile], seed: int) -> list[SourceFile]:
+    """``files`` in the seeded global order they are written in."""
+    order = np.random.default_rng(seed).permutation(len(files))
+    return [files[i] for i in order.tolist()]
+
+
+def sample_key(position: int, source: str) -> str:
+    """``00001234_n01440764_10026``: position first (sorts in write order), no dots."""
+    stem = re.sub(r"[^A-Za-z0-9_-]", "_", Path(source).name.split(".")[0])[:_KEY_STEM_CHARS]
+    return f"{position:08d}_{stem}"
+
+
+def _process(args: tuple[Path, int | None, int | None, int]) -> ProcessedImage:
+    return process_file(*args)
+
+
+def _results(config: ShardConfig, files: list[SourceFile]) -> Iterator[ProcessedImage]:
+    args = [(config.src / f.source, config.max_side_px, config.quality, config.reencode_quality) for f in files]
+    if config.workers == 1:
+        yield from map(_process, args)
+        return
+    # spawn: workers start clean, whatever threads the parent runs (pyarrow, tqdm).
+    with multiprocessing.get_context("spawn").Pool(config.workers) as pool:
+        yield from pool.imap(_process, args, chunksize=_CHUNK)
+
+
+def load_records(work_dir: Path) -> list[ShardRecord]:
+    """The consecutive finished shards recorded in ``work_dir``."""
+    records = []
+    while (path := work_dir / shard_name(len(records), ".json")).is_file():
+        records.append(ShardRecord(**json.loads(path.read_text(encoding="utf-8"))))
+    return records
+
+
+class _Roller:
+    """Rolls samples into consecutive tars of at most ``shard_size_bytes``."""
+
+    def __init__(self, config: ShardConfig, split: str, tar_root: Path, work_dir: Path, records: list[ShardRecord]):
+        self.config, self.split, self.tar_root, self.work_dir = config, split, tar_root, work_dir
+        self.records = records
+        self.writer: TarShardWriter | None = None
+        self.rows: list[list] = []
+        self.rejects: list[list[str]] = []
+
+    def add(self, position: int, source: SourceFile, image: ProcessedImage) -> None:
+        if self.writer is not None and self.writer.bytes_after(len(image.data)) > self.config.shard_size_bytes:
+            self.close(consumed_end=position)
+        if self.writer is None:
+            self.writer = TarShardWriter(self.tar_root / self.split / shard_name(len(self.records)))
+        key = sample_key(position, source.source)
+        offset, size = self.writer.write(Sample(key, source.label, image.data, image.width, image.height))
+        self.rows.append([key, source.label, offset, size, source.source, image.width, image.height])
+
+    def close(self, consumed_end: int) -> None:
+        """Finish the open tar (if any) and record it with the rejects seen so far."""
+        writer, number = self.writer, len(self.records)
+        if writer is not None:
+            writer.finish()
+        elif not self.rejects:
+            return
+        record = ShardRecord(
+            number=number,
+            consumed_end=consumed_end,
+            path=f"{self.split}/{shard_name(number)}" if writer else "",
+            index=f"{self.split}/{shard_name(number, '.idx')}" if writer else "",
+            samples=writer.samples if writer else 0,
+            bytes=writer.bytes_written if writer else 0,
+            sha256=writer.sha256 if writer else "",
+            rows=self.rows,
+            rejects=self.rejects,
+        )
+        write_json_atomic(self.work_dir / shard_name(number, ".json"), asdict(record))
+        self.records.append(record)
+        self.writer, self.rows, self.rejects = None, [], []
+        if self.config.on_shard_done is not None:
+            self.config.on_shard_done(self.split, number)
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+
+
+def write_split(config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm) -> list[ShardRecord]:
+    """Write (or finish writing) the tars of ``split`` under ``tar_root/<split>/``.
+
+    Args:
+        config: the run's options.
+        split: the split's inputs (sorted), as found under SRC.
+        tar_root: OUT, or a staging folder when tars are not a requested format.
+        work_dir: where finished shards are recorded for resume.
+        bar: progress bar to advance by one per input.
+
+    Returns:
+        The records of all shards of the split, in order.
+
+    Raises:
+        DataError: a bad input with ``on_error="raise"``.
+    """
+    (tar_root / split.name).mkdir(parents=True, exist_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    order = shuffled(split.files, config.seed)
+    records = load_records(work_dir)
+    start = records[-1].consumed_end if records else 0
+    bar.update(start)
+    roller = _Roller(config, split.name, tar_root, work_dir, records)
+    try:
+        for position, (source, image) in enumerate(zip(order[start:], _results(config, order[start:])), start):
+            if image.reject:
+                if config.on_error == "raise":
+                    raise DataError(f"{config.src / source.source}: {image.reject}")
+                roller.rejects.append([source.source, image.reject])
+            else:
+                roller.add(position, source, image)
+            bar.update(1)
+        if start < len(order) or not records:
+            roller.close(consumed_end=len(order))
+    finally:
+        roller.abort()
+    return records

@@ -1,0 +1,194 @@
+"""Shard writers: one abstract writer, thin formats.
+
+A writer is a context manager: ``write(sample)`` any number of times, then
+``finish()``, which makes the output durable and visible under its final name
+(write to a temporary name, fsync, rename). Leaving the ``with`` block without
+``finish()`` (an error, Ctrl-C) removes the temporary output, so a partial file is
+never seen under a final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tarfile
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import lmdb
+
+from sharder.datum import encode_datum
+
+__all__ = ["LmdbWriter", "Sample", "ShardWriter", "TarShardWriter", "fsync_dir", "tar_member_bytes"]
+
+_BLOCK = 512
+_END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One accepted sample on its way into the shards."""
+
+    key: str
+    label: int
+    data: bytes
+    width: int
+    height: int
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _padded(size: int) -> int:
+    return -(-size // _BLOCK) * _BLOCK
+
+
+def tar_member_bytes(data_size: int) -> int:
+    """Bytes a tar member with ``data_size`` bytes of data occupies (header + padding)."""
+    return _BLOCK + _padded(data_size)
+
+
+class ShardWriter(ABC):
+    """Base of the formats: temporary output until ``finish()``."""
+
+    def __init__(self, final_path: Path) -> None:
+        self.final_path = final_path
+        self.temp_path = final_path.with_name(final_path.name + ".tmp")
+        self.finished = False
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if not self.finished:
+            self.abort()
+
+    @abstractmethod
+    def write(self, sample: Sample) -> tuple[int, int]:
+        """Add ``sample``; returns (offset, size) of its JPEG bytes in the output."""
+
+    @abstractmethod
+    def finish(self) -> None:
+        """Flush, fsync and move the output to its final name."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Drop the temporary output."""
+
+
+class TarShardWriter(ShardWriter):
+    """One WebDataset tar (``<key>.jpg`` + ``<key>.cls``) and its DALI ``.idx`` file.
+
+    Tar headers are fixed (mtime 0, uid/gid 0, no user names, mode 0644), so the same
+    samples always give the same bytes.
+    """
+
+    def __init__(self, final_path: Path) -> None:
+        super().__init__(final_path)
+        self.index_path = final_path.with_suffix(".idx")
+        self._file = open(self.temp_path, "wb")
+        self._hash = hashlib.sha256()
+        self._lines: list[str] = []
+        self.bytes_written = 0
+        self.samples = 0
+        self.sha256 = ""
+
+    def bytes_after(self, data_size: int) -> int:
+        """Size of the finished tar if a sample of ``data_size`` JPEG bytes were added."""
+        label_size = 8  # generous: a label is at most a few ASCII digits
+        return self.bytes_written + tar_member_bytes(data_size) + tar_member_bytes(label_size) + len(_END_OF_ARCHIVE)
+
+    def _member(self, name: str, data: bytes) -> tuple[int, int]:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
+        info.uname = info.gname = ""
+        header = info.tobuf(tarfile.USTAR_FORMAT, "ascii", "strict")
+        offset = self.bytes_written + len(header)
+        self._put(header + data + b"\0" * (_padded(len(data)) - len(data)))
+        return offset, len(data)
+
+    def _put(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self._hash.update(chunk)
+        self.bytes_written += len(chunk)
+
+    def write(self, sample: Sample) -> tuple[int, int]:
+        label = str(sample.label).encode("ascii")
+        jpg = self._member(f"{sample.key}.jpg", sample.data)
+        cls = self._member(f"{sample.key}.cls", label)
+        # DALI index line: "<ext> <data offset> <size> <member name>" per component.
+        self._lines.append(f"jpg {jpg[0]} {jpg[1]} {sample.key}.jpg cls {cls[0]} {cls[1]} {sample.key}.cls")
+        self.samples += 1
+        return jpg
+
+    def finish(self) -> None:
+        self._put(_END_OF_ARCHIVE)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        self.sha256 = self._hash.hexdigest()
+        index_temp = self.index_path.with_name(self.index_path.name + ".tmp")
+        with open(index_temp, "w", encoding="ascii") as f:
+            f.write(f"v1.2 {len(self._lines)}\n" + "".join(line + "\n" for line in self._lines))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(index_temp, self.index_path)
+        os.replace(self.temp_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+        self.finished = True
+
+    def abort(self) -> None:
+        self._file.close()
+        self.temp_path.unlink(missing_ok=True)
+
+
+class LmdbWriter(ShardWriter):
+    """An LMDB environment of Caffe ``Datum`` values (encoded JPEG + label).
+
+    Keys are the sample keys, which start with the zero-padded write position, so the
+    key order LMDB readers (Caffe, DALI ``readers.caffe``) iterate in is the shuffled
+    write order.
+    """
+
+    _COMMIT_EVERY = 1000  # samples per write transaction, as Caffe's convert_imageset
+
+    def __init__(self, final_path: Path, map_size_bytes: int) -> None:
+        super().__init__(final_path)
+        shutil.rmtree(self.temp_path, ignore_errors=True)
+        # lock=False: no lock.mdb beside data.mdb; this writer is the only user.
+        self._env = lmdb.open(str(self.temp_path), map_size=map_size_bytes, subdir=True, lock=False)
+        self._txn = self._env.begin(write=True)
+        self._pending = 0
+
+    def write(self, sample: Sample) -> tuple[int, int]:
+        datum = encode_datum(sample.data, sample.label, sample.width, sample.height)
+        self._txn.put(sample.key.encode("ascii"), datum, append=True)
+        self._pending += 1
+        if self._pending >= self._COMMIT_EVERY:
+            self._txn.commit()
+            self._txn, self._pending = self._env.begin(write=True), 0
+        return -1, len(sample.data)
+
+    def finish(self) -> None:
+        self._txn.commit()
+        self._env.sync(True)
+        self._env.close()
+        if self.final_path.exists():
+            shutil.rmtree(self.final_path)
+        os.replace(self.temp_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+        self.finished = True
+
+    def abort(self) -> None:
+        self._txn.abort()
+        self._env.close()
+        shutil.rmtree(self.temp_path, ignore_errors=True)

@@ -1,0 +1,63 @@
+"""Real sample shards for tests of every area: sample photos -> ``feeder shard``.
+
+``build_sample_shards(tmp_path_factory.mktemp("shards"))`` in a session fixture gives a
+shard directory made by the real sharder from the real sample data (small images so
+it takes about a second). Calls with the same root and arguments reuse the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
+
+__all__ = ["build_sample_shards", "build_sample_tree"]
+
+SMALL_MIN_SIDE_PX = 64  # small images: fast to make, shard and decode in tests
+SMALL_MAX_SIDE_PX = 112
+
+
+def build_sample_tree(root: Path, *, classes: int = 4, train_per_class: int = 16, val_per_class: int = 4, seed: int = 0) -> Path:
+    """The sample ILSVRC-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv)."""
+    src = Path(root) / f"sample-c{classes}-t{train_per_class}-v{val_per_class}-s{seed}"
+    if not (src / "LOC_synset_mapping.txt").is_file():
+        config = SampleDataConfig(
+            src,
+            classes=classes,
+            train_per_class=train_per_class,
+            val_per_class=val_per_class,
+            seed=seed,
+            min_side_px=SMALL_MIN_SIDE_PX,
+            max_side_px=SMALL_MAX_SIDE_PX,
+        )
+        make_sample_data(config)
+    return src
+
+
+def build_sample_shards(
+    root: Path,
+    *,
+    classes: int = 4,
+    train_per_class: int = 16,
+    val_per_class: int = 4,
+    seed: int = 0,
+    formats: Sequence[str] = ("wds",),
+    shard_size_bytes: int = 100_000,
+) -> Path:
+    """Shard the sample tree and return the shard directory (``manifest.json`` inside).
+
+    Args:
+        root: a directory owned by the caller (e.g. from ``tmp_path_factory``).
+        classes / train_per_class / val_per_class / seed: sample data options.
+        formats: shard formats, e.g. ``("wds", "lmdb")``.
+        shard_size_bytes: small by default so that every split has several shards.
+
+    Returns:
+        The shard directory.
+    """
+    src = build_sample_tree(root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed)
+    out = Path(root) / f"shards-{src.name}-{'-'.join(formats)}-{shard_size_bytes}"
+    if not (out / "manifest.json").is_file():
+        shard(ShardConfig(src, out, formats=tuple(formats), seed=seed, shard_size_bytes=shard_size_bytes, overwrite=True))
+    return out
