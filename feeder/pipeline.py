@@ -222,6 +222,14 @@ class PipelineRunner:
             out = out.as_cpu()
         return out.as_array()
 
+    def drain(self) -> None:
+        """Collect and drop every run still in flight (a stream stopped early)."""
+        while self._in_flight:
+            try:
+                self._collect()
+            except DataError:
+                continue
+
     @property
     def idle(self) -> bool:
         """True when no run is in flight (safe to hand to another stream)."""

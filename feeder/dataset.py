@@ -1,0 +1,172 @@
+"""Read access to a shard directory made by ``feeder shard``: the manifest, each
+split's ``index.parquet``, and sample bytes sliced from memory-mapped tars.
+
+Opening checks what serving needs, so a bad path stops the daemon at start-up with
+one line instead of failing a client later: the manifest parses and has a version
+this code reads, every split's index has the expected columns, its row count matches
+the manifest, and every sample lies inside an existing shard.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from feeder.errors import DataError, NotFound
+from sharder.layout import INDEX_SCHEMA, MANIFEST_NAME, index_path
+from sharder.manifest import read_manifest
+
+__all__ = ["ShardDataset", "SplitIndex"]
+
+
+@dataclass(frozen=True)
+class _Columns:
+    keys: list[str]
+    labels: np.ndarray
+    shard_ids: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+
+
+class SplitIndex:
+    """One split: per-sample key, label and location, and the bytes behind them.
+
+    Thread-safe for reads: the tars are mapped read-only, once, on first use.
+    """
+
+    def __init__(self, root: Path, split: str, columns: _Columns, shards: list[str]) -> None:
+        self.root = root
+        self.split = split
+        self.keys = columns.keys
+        self.labels = columns.labels
+        self._cols = columns
+        self._shards = shards
+        self._maps: dict[int, mmap.mmap] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def read(self, index: int) -> np.ndarray:
+        """Encoded bytes of sample ``index`` as a uint8 view of the mapped tar."""
+        shard = int(self._cols.shard_ids[index])
+        return np.frombuffer(
+            self._map(shard),
+            dtype=np.uint8,
+            count=int(self._cols.sizes[index]),
+            offset=int(self._cols.offsets[index]),
+        )
+
+    def read_many(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """:meth:`read` for each index, in order."""
+        return [self.read(int(i)) for i in indices]
+
+    def _map(self, shard: int) -> mmap.mmap:
+        found = self._maps.get(shard)
+        if found is not None:
+            return found
+        with self._lock:
+            if shard not in self._maps:
+                with open(self.root / self._shards[shard], "rb") as f:
+                    self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            return self._maps[shard]
+
+
+@dataclass(frozen=True)
+class ShardDataset:
+    """A named shard directory with its splits.
+
+    Attributes:
+        name: the name clients ask for.
+        root: the shard directory.
+        classes: class names; label ``i`` is ``classes[i]``.
+        splits: split name -> index.
+    """
+
+    name: str
+    root: Path
+    classes: list[str]
+    splits: dict[str, SplitIndex]
+
+    @classmethod
+    def open(cls, name: str, root: Path) -> ShardDataset:
+        """Open and check ``root``.
+
+        Raises:
+            NotFound: the directory or its manifest does not exist.
+            DataError: the manifest or an index is unreadable or inconsistent.
+        """
+        root = Path(root)
+        manifest = _read_manifest(root)
+        classes = [str(c) for c in manifest.get("classes", [])]
+        splits = {}
+        for split, info in manifest["splits"].items():
+            _check_shard_sizes(root, info)
+            splits[str(split)] = _open_split(root, str(split), info.get("num_samples"))
+        if not splits:
+            raise DataError(f"{root}: manifest lists no splits")
+        return cls(name=name, root=root, classes=classes, splits=splits)
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    if not root.is_dir():
+        raise NotFound(f"{root}: no such shard directory")
+    manifest = read_manifest(root)
+    if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("classes"), list):
+        raise DataError(f"{root / MANIFEST_NAME}: no 'splits' object or 'classes' list")
+    return manifest
+
+
+def _check_shard_sizes(root: Path, info: dict[str, Any]) -> None:
+    """Each shard the manifest lists exists with the recorded size (a cheap check;
+    ``feeder verify`` compares checksums)."""
+    for shard in info.get("shards", []):
+        file = root / str(shard["path"])
+        if not file.is_file():
+            raise DataError(f"{file}: listed in the manifest but missing")
+        if "bytes" in shard and file.stat().st_size != int(shard["bytes"]):
+            raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
+
+
+def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
+    path = index_path(root, split)
+    if not path.is_file():
+        raise DataError(f"{path}: missing index of split {split!r}")
+    try:
+        table = pq.read_table(path, columns=["key", "label", "shard", "offset", "size"])
+    except Exception as e:  # pyarrow raises several unrelated types for bad files
+        raise DataError(f"{path}: not a readable index ({e})") from e
+    for column in ("key", "label", "shard", "offset", "size"):
+        if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
+            raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
+    if expected is not None and table.num_rows != expected:
+        raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
+    shard_col = table.column("shard").dictionary_encode().combine_chunks()
+    shards = [str(s) for s in shard_col.dictionary.to_pylist()]
+    columns = _Columns(
+        keys=table.column("key").to_pylist(),
+        labels=table.column("label").to_numpy().astype(np.int64),
+        shard_ids=shard_col.indices.to_numpy().astype(np.int32),
+        offsets=table.column("offset").to_numpy().astype(np.int64),
+        sizes=table.column("size").to_numpy().astype(np.int64),
+    )
+    _check_extents(root, path, columns, shards)
+    return SplitIndex(root, split, columns, shards)
+
+
+def _check_extents(root: Path, path: Path, cols: _Columns, shards: list[str]) -> None:
+    for shard_id, shard in enumerate(shards):
+        file = root / shard
+        if not file.is_file():
+            raise DataError(f"{path}: shard {shard} is missing")
+        mine = cols.shard_ids == shard_id
+        end = int((cols.offsets[mine] + cols.sizes[mine]).max(initial=0))
+        if end > file.stat().st_size:
+            raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")

@@ -1,0 +1,97 @@
+"""Counters of one daemon: exported to Prometheus (a registry per server, so several
+servers in one process do not collide) and summarised for the ``GetStats`` RPC."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["STAGES", "ServerMetrics", "Stats"]
+
+# Stages timed per batch: reading bytes, DALI decode+augment, waiting for the client.
+STAGES = ("read", "decode_augment", "send")
+_STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Totals since the daemon started (``GetStats``)."""
+
+    images_served: int
+    batches_served: int
+    bytes_sent: int
+    open_streams: int
+    streams_opened: int
+    errors: int
+    uptime_s: float
+
+
+class ServerMetrics:
+    """Thread-safe counters, mirrored into a private Prometheus registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self._started_s = time.monotonic()
+        self._lock = threading.Lock()
+        self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0)
+        r = self.registry
+        self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
+        self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
+        self.bytes = Counter("feeder_bytes_sent", "Image bytes sent to clients.", registry=r)
+        self.errors = Counter("feeder_errors", "Streams ended by an error.", ["kind"], registry=r)
+        self.skipped = Counter(
+            "feeder_samples_skipped", "Samples skipped by the drop policy.", registry=r
+        )
+        self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
+        self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
+        self.stage_s = Histogram(
+            "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
+            buckets=_STAGE_BUCKETS_S, registry=r,
+        )
+
+    def _add(self, **amounts: int) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                self._totals[name] += amount
+
+    def stream_opened(self) -> None:
+        self._add(open=1, opened=1)
+        self.open_streams.inc()
+
+    def stream_closed(self) -> None:
+        self._add(open=-1)
+        self.open_streams.dec()
+
+    def batch_sent(self, images: int, nbytes: int) -> None:
+        self._add(images=images, batches=1, bytes=nbytes)
+        self.images.inc(images)
+        self.batches.inc()
+        self.bytes.inc(nbytes)
+
+    def error(self, kind: str) -> None:
+        self._add(errors=1)
+        self.errors.labels(kind=kind).inc()
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.stage_s.labels(stage=name).observe(seconds)
+
+    def stats(self) -> Stats:
+        with self._lock:
+            t = dict(self._totals)
+        return Stats(
+            images_served=t["images"],
+            batches_served=t["batches"],
+            bytes_sent=t["bytes"],
+            open_streams=t["open"],
+            streams_opened=t["opened"],
+            errors=t["errors"],
+            uptime_s=time.monotonic() - self._started_s,
+        )
+
+    def serve_http(self, port: int, addr: str) -> tuple[object, int]:
+        """Start the Prometheus endpoint; returns (http server, bound port)."""
+        httpd, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        return httpd, int(httpd.server_address[1])

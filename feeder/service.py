@@ -1,0 +1,191 @@
+"""The daemon's logic without gRPC: named datasets, request checks, the plan, the
+pipeline pool and the open streams. The servicer only converts messages."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from feeder.config import ServerConfig
+from feeder.dataset import ShardDataset, SplitIndex
+from feeder.errors import InvalidArgument, NotFound, ServiceUnavailable
+from feeder.metrics import ServerMetrics
+from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
+from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part, tail_skipped
+from feeder.pool import PipelinePool, batch_bucket
+from feeder.stream import BatchStream, StreamContext
+
+__all__ = ["FeederService", "StreamSpec", "open_datasets", "resolve_device"]
+
+MIN_IMAGE_SIZE = 16
+MAX_IMAGE_SIZE = 1024
+# protobuf refuses messages of 2 GiB or more; keep a batch's pixels well below.
+MAX_BATCH_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A request for one rank's batches (fields as in ``StreamRequest``).
+
+    ``augment`` None means: train augmentation for the split named ``train``,
+    validation transform otherwise. Train augmentation also shuffles the order.
+    """
+
+    dataset: str
+    split: str
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 32
+    image_size: int = 224
+    seed: int = 0
+    epoch: int = 0
+    start_cursor: int = 0
+    max_samples: int = 0
+    last_batch: LastBatch = LastBatch.DROP
+    augment: AugmentKind | None = None
+    crop: CropRange = field(default_factory=CropRange)
+    job_id: str = ""
+
+    @property
+    def kind(self) -> AugmentKind:
+        if self.augment is not None:
+            return self.augment
+        return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``gpu`` when DALI sees a CUDA device, else ``cpu``."""
+    if device != "auto":
+        return device
+    from nvidia.dali.backend import GetCUDADeviceCount
+
+    try:
+        return "gpu" if GetCUDADeviceCount() > 0 else "cpu"
+    except RuntimeError:
+        return "cpu"
+
+
+def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
+    """Open and check every configured dataset (raises on the first bad one)."""
+    return {name: ShardDataset.open(name, Path(path)) for name, path in paths.items()}
+
+
+class FeederService:
+    """Serves batches of named datasets.
+
+    Args:
+        config: daemon configuration.
+        datasets: opened datasets by name (see :func:`open_datasets`).
+        metrics: counters to update.
+    """
+
+    def __init__(
+        self, config: ServerConfig, datasets: dict[str, ShardDataset], metrics: ServerMetrics
+    ) -> None:
+        self.config = config
+        self.datasets = datasets
+        self.metrics = metrics
+        self.device = resolve_device(config.device)
+        self.pool = PipelinePool()
+        self._streams: set[BatchStream] = set()
+        self._lock = threading.Lock()
+        self._accepting = True
+
+    def open_stream(self, spec: StreamSpec) -> BatchStream:
+        """Check ``spec``, plan its batches and start a producer.
+
+        Raises:
+            NotFound: unknown dataset or split.
+            InvalidArgument: a field out of range (the message names it).
+            ServiceUnavailable: shutting down, or ``max_streams`` already open.
+        """
+        split = self._split(spec)
+        self._check_sizes(spec)
+        order = epoch_order(len(split), spec.seed, spec.epoch, shuffle=spec.kind is AugmentKind.TRAIN)
+        part = rank_part(order, spec.rank, spec.world_size, spec.last_batch)
+        slices = iter_batches(part, spec.start_cursor, spec.batch_size, spec.last_batch, spec.max_samples)
+        if spec.last_batch is LastBatch.DROP:
+            skipped = tail_skipped(len(part), spec.start_cursor, spec.batch_size, spec.max_samples)
+            self.metrics.skipped.inc(skipped + (part.skipped if spec.start_cursor == 0 else 0))
+        runner = self.pool.acquire(self._pipeline_spec(spec))
+        context = StreamContext(
+            split, runner, spec.image_size, spec.epoch, len(part), self.config.queue_batches
+        )
+        stream = BatchStream(context, slices, self.metrics, self._released)
+        self._admit(stream, runner)
+        return stream.start()
+
+    def _split(self, spec: StreamSpec) -> SplitIndex:
+        dataset = self.datasets.get(spec.dataset)
+        if dataset is None:
+            raise NotFound(f"dataset: {spec.dataset!r} is not served here (serving {sorted(self.datasets)})")
+        split = dataset.splits.get(spec.split)
+        if split is None:
+            raise NotFound(f"split: {spec.dataset!r} has no split {spec.split!r} (has {sorted(dataset.splits)})")
+        return split
+
+    def _check_sizes(self, spec: StreamSpec) -> None:
+        limit = self.config.max_batch_size
+        if not 1 <= spec.batch_size <= limit:
+            raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{limit}")
+        if not MIN_IMAGE_SIZE <= spec.image_size <= MAX_IMAGE_SIZE:
+            raise InvalidArgument(
+                f"image_size: {spec.image_size} is not in {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE}"
+            )
+        if spec.batch_size * spec.image_size**2 * 3 > MAX_BATCH_BYTES:
+            raise InvalidArgument(
+                f"batch_size: {spec.batch_size} images of {spec.image_size} px exceed "
+                f"{MAX_BATCH_BYTES >> 20} MiB per message"
+            )
+
+    def _pipeline_spec(self, spec: StreamSpec) -> PipelineSpec:
+        kind = spec.kind
+        return PipelineSpec(
+            kind=kind,
+            device=self.device,
+            max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
+            threads=self.config.threads,
+            prefetch=self.config.prefetch,
+            crop=spec.crop if kind is AugmentKind.TRAIN else CropRange(),
+        )
+
+    def _admit(self, stream: BatchStream, runner: PipelineRunner) -> None:
+        with self._lock:
+            refused = None
+            if not self._accepting:
+                refused = "daemon is shutting down"
+            elif len(self._streams) >= self.config.max_streams:
+                refused = f"max_streams: {self.config.max_streams} streams already open"
+            if refused is None:
+                self._streams.add(stream)
+        if refused is not None:
+            self.pool.release(runner)
+            raise ServiceUnavailable(refused)
+        self.metrics.stream_opened()
+
+    def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
+        with self._lock:
+            self._streams.discard(stream)
+        self.pool.release(runner, healthy)
+        self.metrics.stream_closed()
+
+    def open_streams(self) -> int:
+        """Streams open now."""
+        with self._lock:
+            return len(self._streams)
+
+    def stop_accepting(self) -> None:
+        """Refuse new streams from now on (shutdown has begun)."""
+        with self._lock:
+            self._accepting = False
+
+    def close(self) -> None:
+        """Stop accepting, close every open stream, drop idle pipelines."""
+        self.stop_accepting()
+        with self._lock:
+            streams = list(self._streams)
+        for stream in streams:
+            stream.close()
+        self.pool.close()

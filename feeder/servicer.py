@@ -1,0 +1,128 @@
+"""The gRPC layer: protobuf messages in, the service's own objects out and back.
+No decisions are made here; errors map through ``feeder.errors``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NoReturn
+
+import grpc
+
+from feeder.errors import ConfigError, FeederError, InvalidArgument, grpc_code
+from feeder.pipeline import AugmentKind, CropRange
+from feeder.plan import LastBatch
+from feeder.service import FeederService, StreamSpec
+from feeder.stream import ReadyBatch
+from protos import feeder_pb2, feeder_pb2_grpc
+
+__all__ = ["FeederServicer", "batch_message", "stream_spec"]
+
+_LAST_BATCH = {feeder_pb2.LAST_BATCH_DROP: LastBatch.DROP, feeder_pb2.LAST_BATCH_PAD: LastBatch.PAD}
+_AUGMENT = {
+    feeder_pb2.AUGMENT_AUTO: None,
+    feeder_pb2.AUGMENT_TRAIN: AugmentKind.TRAIN,
+    feeder_pb2.AUGMENT_VAL: AugmentKind.VAL,
+}
+
+
+def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
+    default = CropRange()
+    try:
+        return CropRange(
+            min_scale=request.min_scale or default.min_scale,
+            max_scale=request.max_scale or default.max_scale,
+            min_ratio=request.min_ratio or default.min_ratio,
+            max_ratio=request.max_ratio or default.max_ratio,
+        )
+    except ConfigError as e:
+        raise InvalidArgument(str(e)) from e
+
+
+def stream_spec(request: feeder_pb2.StreamRequest) -> StreamSpec:
+    """The service's view of a ``StreamRequest``.
+
+    Raises:
+        InvalidArgument: an enum value or crop range that does not exist.
+    """
+    if request.last_batch not in _LAST_BATCH:
+        raise InvalidArgument(f"last_batch: unknown value {request.last_batch}")
+    if request.augment not in _AUGMENT:
+        raise InvalidArgument(f"augment: unknown value {request.augment}")
+    return StreamSpec(
+        dataset=request.dataset,
+        split=request.split,
+        rank=request.rank,
+        world_size=request.world_size,
+        batch_size=request.batch_size,
+        image_size=request.image_size,
+        seed=request.seed,
+        epoch=request.epoch,
+        start_cursor=request.start_cursor,
+        max_samples=request.max_samples,
+        last_batch=_LAST_BATCH[request.last_batch],
+        augment=_AUGMENT[request.augment],
+        crop=_crop(request),
+        job_id=request.job_id,
+    )
+
+
+def batch_message(batch: ReadyBatch) -> feeder_pb2.Batch:
+    """A ``Batch`` message carrying ``batch``'s pixels as raw bytes."""
+    return feeder_pb2.Batch(
+        epoch=batch.epoch,
+        cursor=batch.cursor,
+        keys=batch.keys,
+        labels=batch.labels.tolist(),
+        images=batch.images.tobytes(),
+        shape=list(batch.images.shape),
+        padding=batch.padding.tolist(),
+        samples_per_rank=batch.samples_per_rank,
+    )
+
+
+class FeederServicer(feeder_pb2_grpc.FeederServicer):
+    """Implements ``feeder.v1.Feeder`` on top of a :class:`FeederService`."""
+
+    def __init__(self, service: FeederService) -> None:
+        self.service = service
+
+    def _abort(self, context: grpc.ServicerContext, error: FeederError) -> NoReturn:
+        self.service.metrics.error(type(error).__name__)
+        context.abort(grpc_code(error), str(error))
+        raise error  # context.abort raises; this line keeps type checkers honest
+
+    def ListDatasets(self, request, context):  # noqa: N802 - gRPC method name
+        datasets = []
+        for name, dataset in sorted(self.service.datasets.items()):
+            splits = [
+                feeder_pb2.SplitInfo(name=s, num_samples=len(index))
+                for s, index in sorted(dataset.splits.items())
+            ]
+            datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes))
+        return feeder_pb2.ListDatasetsResponse(datasets=datasets)
+
+    def StreamBatches(self, request, context) -> Iterator[feeder_pb2.Batch]:  # noqa: N802
+        try:
+            stream = self.service.open_stream(stream_spec(request))
+        except FeederError as e:
+            self._abort(context, e)
+        context.add_callback(stream.close)
+        try:
+            for batch in stream:
+                yield batch_message(batch)
+        except FeederError as e:
+            self._abort(context, e)
+        finally:
+            stream.close()
+
+    def GetStats(self, request, context):  # noqa: N802
+        stats = self.service.metrics.stats()
+        return feeder_pb2.StatsResponse(
+            images_served=stats.images_served,
+            batches_served=stats.batches_served,
+            bytes_sent=stats.bytes_sent,
+            open_streams=stats.open_streams,
+            streams_opened=stats.streams_opened,
+            errors=stats.errors,
+            uptime_s=stats.uptime_s,
+        )

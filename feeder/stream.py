@@ -1,0 +1,203 @@
+"""One open stream: a producer thread turns plan slices into ready batches (read ->
+decode+augment) and puts them on a bounded queue; the consumer drains it.
+
+The queue bound is the backpressure: a slow client fills its own queue, then its own
+producer waits, and nothing grows. ``close()`` (client gone, shutdown, end) stops the
+producer, empties the queue and returns the pipeline to its pool.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from feeder.dataset import SplitIndex
+from feeder.errors import DataError, FeederError
+from feeder.metrics import ServerMetrics
+from feeder.pipeline import PipelineRunner
+from feeder.plan import BatchSlice
+
+__all__ = ["BatchStream", "ReadyBatch"]
+
+_POLL_S = 0.1  # how often blocked queue operations look at the stop flag
+_END = object()
+
+
+@dataclass(frozen=True)
+class ReadyBatch:
+    """A decoded, augmented batch and where it leaves the stream."""
+
+    epoch: int
+    cursor: int
+    samples_per_rank: int
+    keys: list[str]
+    labels: np.ndarray
+    images: np.ndarray
+    padding: np.ndarray
+
+
+@dataclass(frozen=True)
+class StreamContext:
+    """What a producer needs besides the plan: where bytes come from, what to run."""
+
+    split: SplitIndex
+    runner: PipelineRunner
+    image_size: int
+    epoch: int
+    samples_per_rank: int
+    queue_batches: int
+
+
+class BatchStream:
+    """Producer thread + bounded queue for one stream. Iterate to receive batches;
+    iteration raises the :class:`FeederError` that ended the stream, if any.
+
+    Args:
+        context: split, runner and sizes.
+        slices: the plan's batches for this stream.
+        metrics: daemon counters.
+        on_close: called once with (stream, runner, healthy) when it closes.
+    """
+
+    def __init__(
+        self,
+        context: StreamContext,
+        slices: Iterator[BatchSlice],
+        metrics: ServerMetrics,
+        on_close: Callable[[BatchStream, PipelineRunner, bool], None],
+    ) -> None:
+        self._ctx = context
+        self._slices = slices
+        self._metrics = metrics
+        self._on_close = on_close
+        self._queue: queue.Queue = queue.Queue(maxsize=context.queue_batches)
+        self._stop = threading.Event()
+        self._healthy = True
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
+
+    def start(self) -> BatchStream:
+        self._thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[ReadyBatch]:
+        while True:
+            item = self._get()
+            if item is _END:
+                return
+            if isinstance(item, FeederError):
+                raise item
+            waited = time.perf_counter()
+            yield item
+            self._metrics.stage("send", time.perf_counter() - waited)
+            self._metrics.batch_sent(len(item.keys), item.images.nbytes)
+
+    def close(self) -> None:
+        """Stop the producer, drop queued batches, give the pipeline back. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._drain_queue()
+        self._thread.join()
+        self._drain_queue()
+        self._on_close(self, self._ctx.runner, self._healthy)
+
+    def _get(self) -> object:
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(item, ReadyBatch):
+                self._metrics.queued.dec()
+            return item
+        return _END
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+            except queue.Full:
+                continue
+            if isinstance(item, ReadyBatch):
+                self._metrics.queued.inc()
+            return True
+        return False
+
+    def _drain_queue(self) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, ReadyBatch):
+                self._metrics.queued.dec()
+
+    def _produce(self) -> None:
+        pending: deque[BatchSlice] = deque()
+        try:
+            for images in self._ctx.runner.run_many(self._jobs(pending)):
+                if not self._put(self._ready(pending.popleft(), images)):
+                    return
+            self._put(_END)
+        except DataError as e:
+            self._healthy = False
+            self._put(self._name_bad_sample(pending, e))
+        except FeederError as e:
+            self._put(e)
+        except Exception as e:  # noqa: BLE001 - a producer must report, never die silently
+            self._healthy = False
+            error = FeederError(f"stream failed: {type(e).__name__}: {e}")
+            error.__cause__ = e
+            self._put(error)
+
+    def _jobs(self, pending: deque[BatchSlice]) -> Iterator[tuple[Sequence[np.ndarray], int]]:
+        for batch in self._slices:
+            if self._stop.is_set():
+                return
+            started = time.perf_counter()
+            jpegs = self._ctx.split.read_many(batch.indices)
+            self._metrics.stage("read", time.perf_counter() - started)
+            pending.append(batch)
+            yield jpegs, self._ctx.image_size
+
+    def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
+        split = self._ctx.split
+        return ReadyBatch(
+            epoch=self._ctx.epoch,
+            cursor=batch.cursor,
+            samples_per_rank=self._ctx.samples_per_rank,
+            keys=[split.keys[int(i)] for i in batch.indices],
+            labels=split.labels[batch.indices],
+            images=images,
+            padding=batch.padding,
+        )
+
+    def _name_bad_sample(self, pending: deque[BatchSlice], error: DataError) -> DataError:
+        candidates = [int(i) for b in pending for i in b.indices]
+        split = self._ctx.split
+        for index in candidates:
+            if not _decodes(split.read(index)):
+                return DataError(f"{split.split}/{split.keys[index]}: {error}")
+        keys = ", ".join(split.keys[i] for i in candidates[:8])
+        return DataError(f"{split.split}: one of {keys}...: {error}")
+
+
+def _decodes(data: np.ndarray) -> bool:
+    try:
+        with Image.open(io.BytesIO(data.tobytes())) as image:
+            image.load()
+    except Exception:  # noqa: BLE001 - PIL raises many types for bad bytes
+        return False
+    return True
