@@ -1,0 +1,61 @@
+"""Synthetic inputs of every kind the sharder must handle, made with Pillow."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def _pixels(seed: int, width: int = 40, height: int = 30) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    gradient = np.linspace(0, 255, width * height, dtype=np.float32).reshape(height, width)
+    return np.clip(gradient[..., None] + rng.normal(0, 20, (height, width, 3)), 0, 255).astype(np.uint8)
+
+
+def encode(image: Image.Image, fmt: str, **options: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **options)
+    return buffer.getvalue()
+
+
+def rgb_jpeg(seed: int = 0, **options: object) -> bytes:
+    return encode(Image.fromarray(_pixels(seed)), "JPEG", quality=90, **options)
+
+
+# name -> (bytes, expected outcome): "pass" (stored byte for byte), "reencode", or "reject"
+def odd_inputs() -> dict[str, tuple[bytes, str]]:
+    rgb = Image.fromarray(_pixels(1))
+    good = rgb_jpeg(2)
+    sixteen = Image.fromarray(_pixels(3)[..., 0].astype(np.uint16) * 257)  # mode I;16
+    return {
+        "rgb.JPEG": (rgb_jpeg(0), "pass"),
+        "gray.jpg": (encode(rgb.convert("L"), "JPEG", quality=90), "pass"),
+        "progressive.jpeg": (rgb_jpeg(4, progressive=True), "pass"),
+        "padded_after_eoi.jpg": (good + b"\0\0", "pass"),
+        "cmyk.JPEG": (encode(rgb.convert("CMYK"), "JPEG", quality=90), "reencode"),
+        "png_disguised.JPEG": (encode(rgb, "PNG"), "reencode"),
+        "rgba.png": (encode(rgb.convert("RGBA"), "PNG"), "reencode"),
+        "palette.png": (encode(rgb.convert("P"), "PNG"), "reencode"),
+        "sixteen_bit.png": (encode(sixteen, "PNG"), "reencode"),
+        "bitmap.bmp": (encode(rgb, "BMP"), "reencode"),
+        "photo.webp": (encode(rgb, "WEBP"), "reencode"),
+        "truncated.JPEG": (good[: len(good) // 2], "reject"),
+        "empty.jpg": (b"", "reject"),
+        "text.jpg": (b"this is not an image\n" * 10, "reject"),
+        "random.png": (np.random.default_rng(5).bytes(2000), "reject"),
+        "bad_header.jpg": (b"\xff\xd8\xff\xe0\x00\x02garbage" + good[-2:], "reject"),
+        "truncated_png.png": (encode(rgb, "PNG")[:200], "reject"),
+    }
+
+
+def write_tree(root: Path, classes: dict[str, dict[str, bytes]]) -> Path:
+    """Write ``{class: {file name: bytes}}`` as a class-folder tree under ``root``."""
+    for name, files in classes.items():
+        for file_name, data in files.items():
+            path = root / name / file_name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    return root

@@ -1,0 +1,85 @@
+"""The sharder's CLI commands: happy path and the one-line errors a user can cause."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from feeder.cli import app
+from tests.common.shards import build_sample_tree
+from tests.sharder.odd_files import rgb_jpeg, write_tree
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sample_tree(tmp_path_factory.mktemp("cli"), classes=2, train_per_class=3, val_per_class=1)
+
+
+def _run(*args: str):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def _one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("feeder: "), result.output
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def test_sample_data_shard_verify(tmp_path: Path) -> None:
+    made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1")
+    assert made.exit_code == 0 and "wrote 6 images" in made.output
+    sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--format", "wds,lmdb", "--no-progress")
+    assert sharded.exit_code == 0, sharded.output
+    assert sharded.output.strip().splitlines()[-1].startswith("sharded 6 images (train 4, val 2)")
+    checked = _run("verify", tmp_path / "out", "--full")
+    assert checked.exit_code == 0 and checked.output.strip().endswith("6 images decoded: OK")
+
+
+def test_verify_reports_a_damaged_shard(src: Path, tmp_path: Path) -> None:
+    assert _run("shard", src, tmp_path / "out", "--no-progress").exit_code == 0
+    tar = next((tmp_path / "out" / "train").glob("*.tar"))
+    data = bytearray(tar.read_bytes())
+    data[700] ^= 0xFF
+    tar.write_bytes(bytes(data))
+    result = _run("verify", tmp_path / "out")
+    assert result.exit_code == 1 and f"problem: {tar}: sha256 differs" in result.output
+
+
+def test_missing_src(tmp_path: Path) -> None:
+    _one_line_error(_run("shard", tmp_path / "nowhere", tmp_path / "out"), "nowhere", "does not exist")
+
+
+def test_src_without_images(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"cat": {"notes.txt": b"text"}})
+    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out"), "no image files")
+
+
+def test_out_not_empty(src: Path, tmp_path: Path) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "old").write_text("x")
+    _one_line_error(_run("shard", src, tmp_path / "out"), "not empty", "--overwrite")
+
+
+def test_unknown_class_in_val_ground_truth(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"train/n01": {"a.JPEG": rgb_jpeg()}, "val": {"ILSVRC2012_val_00000001.JPEG": rgb_jpeg()}})
+    (tmp_path / "src" / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,n07 1 2 3 4\n")
+    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out"), "LOC_val_solution.csv", "n07")
+
+
+def test_unwritable_out(src: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")  # a path below a file cannot be created, even by root
+    _one_line_error(_run("shard", src, blocker / "out"), "cannot write to OUT")
+
+
+def test_bad_option_values(src: Path, tmp_path: Path) -> None:
+    _one_line_error(_run("shard", src, tmp_path / "out", "--format", "zip"), "--format")
+    _one_line_error(_run("shard", src, tmp_path / "out", "--on-error", "ignore"), "--on-error")
+
+
+def test_verify_without_manifest(tmp_path: Path) -> None:
+    _one_line_error(_run("verify", tmp_path), "manifest.json does not exist")
