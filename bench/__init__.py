@@ -1,0 +1,1 @@
+"""Benchmarks: images/s of feeder beside the loaders users would otherwise pick."""

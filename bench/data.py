@@ -1,0 +1,66 @@
+"""The data a benchmark reads: a user's shard directory, or the sample data made once.
+
+The default is the sample ILSVRC-shaped tree (ImageNet-like 300-500 px JPEGs) and its
+shards, kept side by side in a cache folder so the ``torchvision`` loader can read the
+very JPEGs the shards hold.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
+from sharder.layout import MANIFEST_NAME
+
+__all__ = ["BenchData", "prepare_sample", "resolve"]
+
+
+@dataclass(frozen=True)
+class BenchData:
+    """Shards and the JPEG tree they were made from (None when unknown)."""
+
+    shards: Path
+    source: Path | None
+
+
+def _build_once(target: Path, build) -> None:
+    """Run ``build(tmp)`` into a sibling temporary folder, then rename it to ``target``,
+    so an interrupted run never leaves a half-made folder that looks finished."""
+    if target.exists():
+        return
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    build(tmp)
+    tmp.rename(target)
+
+
+def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
+    """The sample tree and its shards under ``cache``, made on first use (about a minute).
+
+    Returns:
+        ``cache/sample/shards`` and ``cache/sample/src``.
+    """
+    root = cache / "sample"
+    root.mkdir(parents=True, exist_ok=True)
+    src, shards = root / "src", root / "shards"
+    _build_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
+    _build_once(shards, lambda tmp: shard(ShardConfig(src, tmp, seed=seed, progress=True)))
+    return BenchData(shards, src)
+
+
+def resolve(shards: Path, source: Path | None) -> BenchData:
+    """A user's shard directory, with ``source`` or else the tree its manifest names.
+
+    Raises:
+        FileNotFoundError: ``shards`` has no manifest.
+    """
+    manifest_path = shards / MANIFEST_NAME
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{manifest_path} not found; is {shards} a directory made by 'feeder shard'?")
+    if source is None:
+        recorded = json.loads(manifest_path.read_text()).get("source")
+        source = Path(recorded) if recorded and Path(recorded).is_dir() else None
+    return BenchData(shards, source)

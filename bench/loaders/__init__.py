@@ -1,0 +1,34 @@
+"""The loaders ``bench/throughput.py`` compares, by name.
+
+Each module offers ``open_loader(spec, shared)``; loaders that several consumers share
+(a daemon) also offer ``open_shared(spec)``, run once before the consumers start.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
+
+from bench.loaders.base import Batch, LoaderSpec, check_batch
+
+__all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "check_batch", "loader_module"]
+
+# Name on the command line -> module under bench.loaders, in the order they run.
+LOADERS = {
+    "dali": "dali_inprocess",
+    "torchvision": "imagefolder",
+    "webdataset": "webdataset_tars",
+    "decode-only": "decode_only",
+    "synthetic": "synthetic",
+}
+# Loaders that serve several concurrent consumers (--clients).
+MULTI_CLIENT = ("feeder-grpc",)
+
+
+def loader_module(name: str) -> ModuleType:
+    """The module implementing loader ``name``.
+
+    Raises:
+        KeyError: ``name`` is not in ``LOADERS``.
+    """
+    return import_module(f"bench.loaders.{LOADERS[name]}")

@@ -1,0 +1,154 @@
+"""What a benchmark run leaves behind: the table, the JSON document and the bar chart."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SCHEMA_VERSION", "format_table", "git_revision", "machine_info", "plot", "write_json"]
+
+SCHEMA_VERSION = 1
+_REPO = Path(__file__).resolve().parent.parent
+_UNDRAWN = "synthetic"
+_PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "webdataset", "pillow", "grpcio")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _gpus() -> list[str]:
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _versions() -> dict[str, str]:
+    found = {}
+    for name in _PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def machine_info() -> dict[str, Any]:
+    """Cores, CPU model, memory, GPUs and library versions of this machine."""
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cpus_allowed": len(os.sched_getaffinity(0)),
+        "memory_bytes": pages,
+        "gpus": _gpus(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": _versions(),
+    }
+
+
+def git_revision() -> dict[str, Any]:
+    """The commit this code is at, and whether the working tree differs from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=20).stdout.strip()
+
+    try:
+        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "bench"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"revision": None, "dirty": None}
+
+
+def write_json(path: Path, config: dict, rows: list[dict], command: list[str]) -> dict:
+    """Writes the run's document to ``path``; returns it."""
+    document = {
+        "schema_version": SCHEMA_VERSION,
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "git": git_revision(),
+        "machine": machine_info(),
+        "config": config,
+        "results": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return document
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or value != value else format(value, spec)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The results as a fixed-width text table (failed loaders show their error)."""
+    header = (
+        f"{'loader':<13} {'images/s':>9} {'x torchvision':>13} {'x decode-only':>13} {'x dali':>7} "
+        f"{'CPU ms/image':>12} {'peak MB':>8}"
+    )
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['loader']:<13} failed: {r['error']}")
+            continue
+        cpu_ms = r["cpu_s_per_image"] * 1000
+        lines.append(
+            f"{r['loader']:<13} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r['x_torchvision'], '13.2f')} "
+            f"{_fmt(r['x_decode_only'], '13.2f')} {_fmt(r['x_dali'], '7.2f')} {_fmt(cpu_ms, '12.2f')} "
+            f"{r['peak_pss_bytes'] / 2**20:8.0f}"
+        )
+        if r.get("clients", 1) > 1:
+            rates = ", ".join(f"{x:.0f}" for x in r["per_client_images_per_s"])
+            lines.append(f"{'':<13} {r['clients']} clients: {rates} images/s each, spread {r['client_spread']:.1%}")
+    return "\n".join(lines)
+
+
+def plot(path: Path, rows: list[dict], title: str) -> None:
+    """Horizontal bar chart of images/s per loader, ratios to torchvision on the bars.
+
+    The ``synthetic`` bound (millions of images/s) is named in the title instead of
+    drawn, so that the real loaders stay readable.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if "error" not in r and r["loader"] != _UNDRAWN]
+    bound = next((r for r in rows if r["loader"] == _UNDRAWN and "error" not in r), None)
+    if bound is not None:
+        title += f"\nsynthetic (harness bound): {bound['images_per_s']:,.0f} images/s"
+    names = [r["loader"] for r in done]
+    rates = [r["images_per_s"] for r in done]
+    colours = ["tab:orange" if n.startswith("feeder") else "tab:blue" for n in names]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(done) + 1.6))
+    bars = ax.barh(names, rates, color=colours)
+    ax.invert_yaxis()
+    for bar, row in zip(bars, done):
+        ratio = row.get("x_torchvision")
+        label = f" {row['images_per_s']:.0f}" + (f"  ({ratio:.2f}x torchvision)" if ratio else "")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9)
+    ax.set_xlabel("images/s (median of repeats)")
+    ax.set_xlim(0, max(rates, default=1) * 1.45)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,79 @@
+"""From the windows each loader's consumers measured to one row per loader.
+
+Every figure is a median over the ``repeats`` windows. With several consumers the
+windows of repeat ``k`` are added up (they run at the same time, lined up by a
+barrier); CPU seconds per image divide the tree's CPU rate by that aggregate rate.
+"""
+
+from __future__ import annotations
+
+from statistics import mean, median
+from typing import Any
+
+__all__ = ["RATIO_PEERS", "add_ratios", "summarise"]
+
+# Column name -> loader every row is divided by (ratios are to peers in the same run).
+RATIO_PEERS = {"x_torchvision": "torchvision", "x_decode_only": "decode-only", "x_dali": "dali"}
+
+
+def _rate(window: dict) -> float:
+    return window["images"] / window["duration_s"] if window["duration_s"] > 0 else 0.0
+
+
+def _per_repeat(clients: list[dict]) -> tuple[list[float], list[float]]:
+    """Aggregate images/s and CPU s/image for each repeat."""
+    repeats = min(len(c["windows"]) for c in clients)
+    rates, cpu = [], []
+    for k in range(repeats):
+        windows = [c["windows"][k] for c in clients]
+        total = sum(_rate(w) for w in windows)
+        cpu_per_s = mean(w["cpu_s"] / w["duration_s"] for w in windows if w["duration_s"] > 0)
+        rates.append(total)
+        cpu.append(cpu_per_s / total if total > 0 else float("nan"))
+    return rates, cpu
+
+
+def _client_figures(clients: list[dict]) -> dict[str, Any]:
+    per_client = [median(_rate(w) for w in c["windows"]) for c in clients]
+    spread = (max(per_client) - min(per_client)) / mean(per_client) if mean(per_client) > 0 else 0.0
+    return {"per_client_images_per_s": per_client, "client_spread": spread}
+
+
+def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
+    """One table row from a worker's result and the memory its process tree peaked at.
+
+    Args:
+        result: what ``bench.worker.run`` returned (or ``{"loader", "error"}``).
+        memory: ``{"peak_pss_bytes", "peak_rss_bytes"}`` of the loader's process tree.
+
+    Returns:
+        A JSON-able row; ``error`` is set (and figures are absent) if the loader failed.
+    """
+    row: dict[str, Any] = {"loader": result["loader"], **memory}
+    failed = [c for c in result.get("clients", []) if "error" in c or not c["windows"]]
+    if "error" in result or failed:
+        row["error"] = result.get("error") or "; ".join(c.get("error", "no complete window") for c in failed)
+        return row
+    clients = result["clients"]
+    rates, cpu = _per_repeat(clients)
+    row.update(
+        images_per_s=median(rates),
+        images_per_s_repeats=rates,
+        cpu_s_per_image=median(cpu),
+        setup_s=max(c["setup_s"] for c in clients),
+        batches=sum(c["batches"] for c in clients),
+        problems=sorted({p for c in clients for p in c["problems"]}),
+        cpus=result["cpus"],
+        clients=len(clients),
+        **_client_figures(clients),
+    )
+    return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Sets ``x_<peer>`` on every measured row: its images/s over the peer's."""
+    rates = {r["loader"]: r.get("images_per_s") for r in rows}
+    for row in rows:
+        for column, peer in RATIO_PEERS.items():
+            mine, theirs = row.get("images_per_s"), rates.get(peer)
+            row[column] = mine / theirs if mine is not None and theirs else None

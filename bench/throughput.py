@@ -1,0 +1,180 @@
+"""Images/s of feeder beside the loaders users would otherwise pick, on the same data.
+
+Every loader does the same work (RandomResizedCrop to ``--image-size``, horizontal
+flip, uint8 batches at the consumer, ``--split``) with the same CPU budget
+(``--threads``), each in a fresh process pinned to that many CPUs, one after another
+in one invocation. Setup is not timed; after a warm-up, the median of ``--repeats``
+windows of ``--seconds`` is reported, with CPU seconds per image and the peak memory
+of the loader's whole process tree (workers and daemon included).
+
+Example::
+
+    python bench/throughput.py --image-size 224 --json bench/results/throughput.json \\
+        --plot bench/results/throughput.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if not __package__:  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.data import BenchData, prepare_sample, resolve  # noqa: E402
+from bench.loaders import LOADERS, LoaderSpec  # noqa: E402
+from bench.measure import Schedule  # noqa: E402
+from bench.proctree import memory_bytes, tree_pids  # noqa: E402
+from bench.report import format_table, plot, write_json  # noqa: E402
+from bench.summary import add_ratios, summarise  # noqa: E402
+from bench.worker import request_for  # noqa: E402
+
+__all__ = ["main", "parse_args", "run_loader"]
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CACHE = REPO / ".bench"
+# How often the parent samples a loader's memory (seconds).
+_MEMORY_PERIOD_S = 0.25
+# Time a loader may take beyond its schedule (process start, imports, setup, shutdown).
+_SETUP_ALLOWANCE_S = 300.0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, help="shard directory (default: the sample data, made once under --cache)")
+    p.add_argument("--source", type=Path, help="JPEG tree the shards came from (default: the manifest's source)")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the default sample data is kept")
+    p.add_argument("--split", default="train")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU budget of every loader")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds consumed before measuring")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {', '.join(LOADERS)}")
+    p.add_argument("--clients", type=int, default=1, help="concurrent consumers of one daemon (feeder loaders)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: DALI and feeder decode on CUDA")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the results and the configuration here")
+    p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.loaders.split(",") if n not in LOADERS]
+    if unknown:
+        p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    return args
+
+
+class _MemoryWatch(threading.Thread):
+    """Samples the memory of a process tree until stopped; keeps the peaks."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(_MEMORY_PERIOD_S):
+            self.peak_pss = max(self.peak_pss, memory_bytes(self.pid))
+            self.peak_rss = max(self.peak_rss, sum(_rss_bytes(p) for p in tree_pids(self.pid)))
+
+    def stop(self) -> dict[str, int]:
+        self._stop_event.set()
+        self.join()
+        return {"peak_pss_bytes": self.peak_pss, "peak_rss_bytes": self.peak_rss}
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own process group
+    except ProcessLookupError:
+        pass
+
+
+def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> dict:
+    """Runs loader ``name`` in a fresh process and returns its summary row."""
+    request, result = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
+    request.write_text(json.dumps(request_for(name, spec, schedule)))
+    log = workdir / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    limit_s = _SETUP_ALLOWANCE_S + 3 * (schedule.warmup_s + schedule.repeats * schedule.seconds)
+    with open(log, "w") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.worker", str(request), str(result)],
+            cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        watch = _MemoryWatch(proc.pid)
+        watch.start()
+        try:
+            proc.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc)
+            proc.wait()
+        memory = watch.stop()
+    _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+    if result.is_file():
+        return summarise(json.loads(result.read_text()), memory)
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return {"loader": name, **memory, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def _data(args: argparse.Namespace) -> BenchData:
+    if args.data is None:
+        return prepare_sample(args.cache, seed=args.seed)
+    return resolve(args.data, args.source)
+
+
+def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict:
+    return {
+        "data": str(data.shards), "source": str(data.source) if data.source else None, "split": args.split,
+        "batch_size": args.batch_size, "image_size_px": args.image_size, "threads": args.threads,
+        "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "loaders": names,
+        "clients": args.clients, "device": args.device, "seed": args.seed,
+    }
+
+
+def _progress(index: int, total: int, row: dict) -> None:
+    figure = row.get("error") or f"{row['images_per_s']:.0f} images/s"
+    print(f"[{index}/{total}] {row['loader']}: {figure}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmark; returns 0 when every loader produced correct batches."""
+    args = parse_args(argv)
+    data, names = _data(args), args.loaders.split(",")
+    spec = LoaderSpec(shards=data.shards, source=data.source, split=args.split, batch_size=args.batch_size,
+                      image_size_px=args.image_size, threads=args.threads, device=args.device, seed=args.seed,
+                      clients=args.clients)
+    schedule = Schedule(warmup_s=args.warmup, seconds=args.seconds, repeats=args.repeats)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
+        for i, name in enumerate(names, start=1):
+            rows.append(run_loader(name, spec, schedule, Path(tmp)))
+            _progress(i, len(names), rows[-1])
+    add_ratios(rows)
+    print(format_table(rows))
+    config = _config(args, data, names)
+    if args.json:
+        write_json(args.json, config, rows, [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+    if args.plot:
+        title = f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, {args.device}"
+        plot(args.plot, rows, title)
+    return 0 if all("error" not in r and not r["problems"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

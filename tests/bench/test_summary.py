@@ -1,0 +1,62 @@
+"""Figures of a run: medians over repeats, several clients added up, ratios to peers."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.summary import add_ratios, summarise
+
+MEMORY = {"peak_pss_bytes": 1, "peak_rss_bytes": 2}
+
+
+def _client(rank: int, windows: list[tuple[int, float, float]]) -> dict:
+    return {
+        "rank": rank, "setup_s": 0.5, "batches": 10, "problems": [],
+        "windows": [{"images": i, "duration_s": d, "cpu_s": c} for i, d, c in windows],
+    }
+
+
+def test_one_client_reports_the_median_window_and_cpu_per_image() -> None:
+    result = {"loader": "dali", "cpus": [0], "clients": [_client(0, [(100, 1.0, 2.0), (300, 1.0, 2.0), (200, 1.0, 2.0)])]}
+
+    row = summarise(result, MEMORY)
+
+    assert row["images_per_s"] == 200
+    assert row["images_per_s_repeats"] == [100, 300, 200]
+    assert row["cpu_s_per_image"] == pytest.approx(2.0 / 200)
+    assert row["client_spread"] == 0
+
+
+def test_clients_add_up_per_repeat_and_their_spread_is_reported() -> None:
+    # Both clients read the CPU of the same process tree: 3 CPU s per s in all.
+    clients = [_client(0, [(300, 1.0, 3.0), (300, 1.0, 3.0)]), _client(1, [(100, 1.0, 3.0), (100, 1.0, 3.0)])]
+
+    row = summarise({"loader": "feeder-grpc", "cpus": [0, 1], "clients": clients}, MEMORY)
+
+    assert row["images_per_s"] == 400
+    assert row["per_client_images_per_s"] == [300, 100]
+    assert row["client_spread"] == pytest.approx((300 - 100) / 200)
+    assert row["cpu_s_per_image"] == pytest.approx(3.0 / 400)
+    assert row["clients"] == 2
+
+
+def test_a_failed_client_fails_the_row() -> None:
+    clients = [_client(0, [(300, 1.0, 3.0)]), {"rank": 1, "error": "ServiceUnavailable: gone"}]
+
+    row = summarise({"loader": "feeder-grpc", "cpus": [0], "clients": clients}, MEMORY)
+
+    assert row["error"] == "ServiceUnavailable: gone"
+    assert "images_per_s" not in row
+
+
+def test_ratios_divide_by_the_peer_in_the_same_run_and_skip_missing_peers() -> None:
+    rows = [
+        {"loader": "torchvision", "images_per_s": 100.0},
+        {"loader": "dali", "images_per_s": 250.0},
+        {"loader": "decode-only", "error": "broken"},
+    ]
+
+    add_ratios(rows)
+
+    assert rows[1]["x_torchvision"] == 2.5 and rows[0]["x_dali"] == 0.4
+    assert rows[1]["x_decode_only"] is None and rows[2]["x_torchvision"] is None

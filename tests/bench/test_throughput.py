@@ -1,0 +1,75 @@
+"""Smoke test of ``bench/throughput.py``: every loader, a few batches, tiny images.
+
+Only that each loader runs and produces the right batches, and that the JSON and the
+PNG come out; speed is measured by running the benchmark, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import throughput
+
+# Every loader whose code is in the tree (feeder-grpc joins once the daemon serves).
+SMOKE_LOADERS = ["dali", "torchvision", "webdataset", "decode-only", "synthetic"]
+IMAGE_SIZE_PX = 32
+BATCH = 8
+
+ROW_KEYS = {
+    "loader", "images_per_s", "images_per_s_repeats", "cpu_s_per_image", "peak_pss_bytes", "peak_rss_bytes",
+    "setup_s", "batches", "problems", "cpus", "clients", "per_client_images_per_s", "client_spread",
+    "x_torchvision", "x_decode_only", "x_dali",
+}
+
+
+def _run(tmp_path: Path, shards: Path, source: Path, loaders: list[str]) -> tuple[int, dict]:
+    out = tmp_path / "result.json"
+    argv = [
+        "--data", str(shards), "--source", str(source), "--loaders", ",".join(loaders),
+        "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH), "--threads", "1",
+        "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1",
+        "--json", str(out), "--plot", str(tmp_path / "result.png"),
+    ]
+    code = throughput.main(argv)
+    return code, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
+    tmp_path: Path, bench_shards: Path, bench_source: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, doc = _run(tmp_path, bench_shards, bench_source, SMOKE_LOADERS)
+
+    rows = {r["loader"]: r for r in doc["results"]}
+    assert list(rows) == SMOKE_LOADERS
+    for name, row in rows.items():
+        assert "error" not in row, f"{name}: {row.get('error')}"
+        assert row["problems"] == [], f"{name}: {row['problems']}"
+        assert set(row) == ROW_KEYS, name
+        assert row["batches"] >= 2 and row["images_per_s"] > 0, name
+        assert row["cpus"] == [row["cpus"][0]], "the budget of one thread pins one CPU"
+        assert row["peak_pss_bytes"] > 0
+    assert code == 0
+    assert rows["torchvision"]["x_torchvision"] == pytest.approx(1.0)
+    assert rows["decode-only"]["x_decode_only"] == pytest.approx(1.0)
+    assert doc["schema_version"] == 1
+    assert doc["config"]["image_size_px"] == IMAGE_SIZE_PX and doc["config"]["loaders"] == SMOKE_LOADERS
+    assert doc["machine"]["cores"] >= 1 and doc["machine"]["cpu_model"]
+    assert len(doc["git"]["revision"] or "") == 40
+    assert (tmp_path / "result.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out
+    assert all(name in table for name in SMOKE_LOADERS)
+
+
+def test_a_failing_loader_is_reported_and_fails_the_run(tmp_path: Path, bench_shards: Path) -> None:
+    empty = tmp_path / "no-images"
+    empty.mkdir()
+
+    code, doc = _run(tmp_path, bench_shards, empty, ["torchvision"])
+
+    (row,) = doc["results"]
+    assert code == 1
+    assert "no-images" in row["error"]
