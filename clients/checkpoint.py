@@ -1,0 +1,112 @@
+"""Mid-epoch checkpoints that survive a crash during writing.
+
+Layout under the checkpoint directory::
+
+    step-000120/shared.pt     model, optimizer, scaler, trainer state (rank 0 writes)
+    step-000120/rank-0.pt     loader state and RNG of rank 0 (each rank its own)
+    LATEST                    name of the last complete step directory
+
+``LATEST`` moves only after every rank has written its file, so a crash while writing
+leaves the previous checkpoint in force.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from clients.distributed import Dist, barrier
+from feeder.errors import NotFound
+
+__all__ = ["capture_rng", "latest_checkpoint", "load_checkpoint", "restore_rng",
+           "save_checkpoint"]
+
+LATEST = "LATEST"
+KEEP = 2  # step directories kept; older ones are removed
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every random generator the trainer may touch."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Puts the generators back as ``capture_rng`` found them."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
+                    dist: Dist) -> Path:
+    """Writes one checkpoint collectively (every rank must call it at the same step).
+
+    Args:
+        root: Checkpoint directory.
+        step: Global optimizer step, names the step directory.
+        shared: State equal on all ranks (model, optimizer...); rank 0 writes it.
+        per_rank: This rank's own state (loader position, RNG).
+        dist: This process's place in the job.
+
+    Returns:
+        The step directory.
+    """
+    folder = root / f"step-{step:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        _atomic_save(shared, folder / "shared.pt")
+    _atomic_save(per_rank, folder / f"rank-{dist.rank}.pt")
+    barrier()
+    if dist.is_main:
+        tmp = root / f"{LATEST}.tmp"
+        tmp.write_text(folder.name)
+        os.replace(tmp, root / LATEST)
+        for old in sorted(root.glob("step-*"))[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return folder
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The last complete step directory under ``root``, or None."""
+    marker = root / LATEST
+    if not marker.is_file():
+        return None
+    return root / marker.read_text().strip()
+
+
+def load_checkpoint(root: Path, dist: Dist) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Reads the latest checkpoint: ``(shared, this rank's state)``.
+
+    Raises:
+        NotFound: No complete checkpoint under ``root``, or none for this rank.
+    """
+    folder = latest_checkpoint(root)
+    if folder is None:
+        raise NotFound(f"no checkpoint under {root} (no {LATEST} file)")
+    mine = folder / f"rank-{dist.rank}.pt"
+    if not mine.is_file():
+        raise NotFound(f"checkpoint {folder} has no state for rank {dist.rank} "
+                       f"(saved with another world size?)")
+    # weights_only=False: the files hold RNG states and plain dicts this trainer wrote
+    shared = torch.load(folder / "shared.pt", map_location=dist.device, weights_only=False)
+    per_rank = torch.load(mine, map_location="cpu", weights_only=False)
+    return shared, per_rank

@@ -1,0 +1,62 @@
+"""The trainer's loaders: train and validation from the daemon, or synthetic tensors."""
+
+from __future__ import annotations
+
+import grpc
+
+from clients.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
+from clients.distributed import Dist
+from clients.loader import FeederLoader
+from clients.schedule import Phase
+from clients.synthetic import SyntheticLoader
+from protos import feeder_pb2, feeder_pb2_grpc
+
+__all__ = ["make_loaders"]
+
+IMAGENET_CLASSES = 1000
+
+
+def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
+    """Epoch length and class count for synthetic data: the dataset's if a daemon is
+    given, ImageNet's otherwise."""
+    if not config.server:
+        return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
+    with grpc.insecure_channel(config.server) as channel:
+        reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
+            feeder_pb2.ListDatasetsRequest(), timeout=30)
+    for info in reply.datasets:
+        if info.name == config.dataset:
+            sizes = {s.name: s.num_samples for s in info.splits}
+            return config.synthetic_samples or sizes.get(config.train_split, 1), len(info.classes)
+    return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
+
+
+def make_loaders(
+    config: TrainConfig, dist: Dist, first: Phase
+) -> tuple[FeederLoader | SyntheticLoader, FeederLoader | None, int]:
+    """Builds ``(train loader, validation loader or None, number of classes)``.
+
+    The validation loader pads the last batch (every image once across ranks) and
+    yields the padding mask so the pads can be left out of the metrics.
+    """
+    if config.data == "synthetic":
+        samples, classes = _describe_synthetic(config)
+        train = SyntheticLoader(samples, classes, first.batch_size, first.image_size,
+                                world_size=dist.world_size, device=dist.device,
+                                seed=config.seed)
+        return train, None, classes
+    common = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
+                  seed=config.seed, job_id=f"train-{config.dataset}-{config.seed}",
+                  prefetch_batches=config.prefetch_batches,
+                  reconnect_timeout_s=config.reconnect_timeout_s)
+    train_loader = FeederLoader(
+        config.server, config.dataset, config.train_split, first.batch_size, first.image_size,
+        last_batch="drop", return_keys=config.visit_log is not None, augment="train",
+        min_scale=first.min_scale, **common)
+    val_loader = None
+    if config.val_every_epochs:
+        val_loader = FeederLoader(
+            config.server, config.dataset, config.val_split, first.batch_size,
+            first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
+            prefetch_next_epoch=False, **common)
+    return train_loader, val_loader, len(train_loader.classes)

@@ -1,0 +1,74 @@
+"""Process-group setup for the trainer: NCCL with CUDA, gloo without, same command.
+Under ``torchrun`` the ranks come from its environment; run plainly, world size 1."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Dist", "all_reduce_sum", "barrier", "init_distributed", "shutdown_distributed"]
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Where this process stands in the job.
+
+    Attributes:
+        rank: Global rank.
+        world_size: Ranks in the job.
+        local_rank: Rank on this node (picks the CUDA device).
+        device: This rank's device.
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the one that logs and writes shared files."""
+        return self.rank == 0
+
+
+def init_distributed(device: str = "auto") -> Dist:
+    """Joins the process group torchrun describes (if any) and picks the device.
+
+    Args:
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        where = torch.device("cuda", local_rank)
+    else:
+        where = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Dist(rank, world_size, local_rank, where)
+
+
+def shutdown_distributed() -> None:
+    """Leaves the process group, if one was joined."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    """Waits for every rank (no-op alone)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sum of ``values`` over all ranks."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor)
+    return tensor.tolist()

@@ -1,0 +1,70 @@
+"""Validation: top-1 / top-5 over the whole split, every image once across ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from clients.distributed import all_reduce_sum
+from clients.loader import FeederLoader
+from clients.metrics import topk_correct
+
+__all__ = ["Evaluation", "evaluate"]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Validation figures, summed over all ranks.
+
+    Attributes:
+        top1: Fraction of images whose label is the top prediction.
+        top5: Fraction whose label is among the top five.
+        loss: Mean cross-entropy (no smoothing).
+        images: Images counted (padding excluded): the split's size when all is well.
+    """
+
+    top1: float
+    top5: float
+    loss: float
+    images: int
+
+
+def evaluate(
+    model: torch.nn.Module,
+    loader: FeederLoader,
+    image_size: int,
+    batch_size: int,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> Evaluation:
+    """Runs the whole validation split through ``model`` (collective: all ranks call it).
+
+    Args:
+        model: The model (put in eval mode here, back to train mode after).
+        loader: A ``last_batch="pad"``, ``return_padding=True`` loader.
+        image_size: Validation image side in pixels.
+        batch_size: Validation batch size per rank.
+        autocast: Mixed-precision context for the forward pass.
+
+    Returns:
+        The figures over every image of the split.
+    """
+    loader.set_epoch(0)  # the same deterministic pass every time
+    loader.set_image_size(image_size)
+    loader.set_batch_size(batch_size)
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=loader.device)
+    with torch.no_grad():
+        for images, labels, padding in loader:
+            with autocast or contextlib.nullcontext():
+                logits = model(images)
+            (top1, top5), count = topk_correct(logits, labels, padding)
+            losses = F.cross_entropy(logits.float(), labels, reduction="none")[~padding]
+            sums += torch.tensor([top1, top5, count, float(losses.sum())],
+                                 dtype=torch.float64, device=sums.device)
+    model.train()
+    top1, top5, count, loss = all_reduce_sum(sums.tolist(), loader.device)
+    count = max(count, 1.0)
+    return Evaluation(top1 / count, top5 / count, loss / count, int(count))

@@ -1,0 +1,334 @@
+"""``FeederLoader``: batches from a feeder daemon, on the device, ready to train on."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import torch
+
+from clients.stream import HostBatch, StreamFetcher, error_from_rpc
+from clients.transfer import DeviceTransfer
+from feeder.errors import ConfigError, NotFound, ServiceUnavailable
+from protos import feeder_pb2, feeder_pb2_grpc
+
+__all__ = ["FeederLoader", "resolve_rank"]
+
+_LAST_BATCH = {"drop": feeder_pb2.LAST_BATCH_DROP, "pad": feeder_pb2.LAST_BATCH_PAD}
+_AUGMENT = {"auto": feeder_pb2.AUGMENT_AUTO, "train": feeder_pb2.AUGMENT_TRAIN,
+            "val": feeder_pb2.AUGMENT_VAL}
+# A 256 x 288 x 288 x 3 batch is 64 MB; gRPC's 4 MB default would refuse it.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1)]
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: as given, else from torch.distributed, else torchrun's env."""
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        found = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    else:
+        found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    return (found[0] if rank is None else rank), (found[1] if world_size is None else world_size)
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class FeederLoader:
+    """An iterable of ``(images, labels)`` streamed from a feeder daemon.
+
+    Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
+    int64. Batches are prefetched by a background thread, so the training step does
+    not wait on a network round trip. Position is ``(epoch, sample cursor)``:
+    iterating yields the rest of the current epoch, then moves to the next one.
+
+    Args:
+        address: ``host:port`` of the daemon.
+        dataset: Name of a dataset the daemon serves.
+        split: Split of the dataset (``train``, ``val``).
+        batch_size: Samples per batch, per rank.
+        image_size: Side of the square output images, pixels.
+        seed: Seed of the shuffle plan (the same on every rank).
+        rank: This rank; None: from torch.distributed or torchrun's ``RANK``.
+        world_size: Ranks in the job; None: as for ``rank``.
+        device: Where the tensors go (``"cuda"`` means the current CUDA device).
+        normalize: Convert to ``dtype`` with the ImageNet mean/std, else keep uint8.
+        channels_last: NHWC memory layout behind the NCHW shape.
+        last_batch: ``"drop"`` (equal full batches on every rank) or ``"pad"`` (every
+            sample once; the last batch is filled with repeats, see ``return_padding``).
+        return_keys: Also yield the list of sample keys.
+        return_padding: Also yield a bool tensor, True where a sample is a repeat.
+        dtype: Floating dtype of normalised images.
+        augment: ``"auto"`` (train augmentation on ``train``), ``"train"`` or ``"val"``.
+        min_scale: RandomResizedCrop minimum area fraction (0: daemon default).
+        job_id: Identifies the job to the daemon (ranks of one job share it).
+        prefetch_batches: Ready batches held in memory per loader.
+        prefetch_next_epoch: Open the next epoch's stream as soon as one ends.
+        connect_timeout_s: How long the first contact may take.
+        reconnect_timeout_s: How long to keep reconnecting after the daemon goes away.
+
+    Raises:
+        ServiceUnavailable: The daemon cannot be reached within ``connect_timeout_s``.
+        NotFound: The daemon does not serve ``dataset`` / ``split``.
+        ConfigError: An argument out of range.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        dataset: str,
+        split: str = "train",
+        batch_size: int = 256,
+        image_size: int = 224,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        device: str | torch.device = "cpu",
+        normalize: bool = True,
+        channels_last: bool = True,
+        last_batch: str = "drop",
+        return_keys: bool = False,
+        return_padding: bool = False,
+        dtype: torch.dtype = torch.float32,
+        augment: str = "auto",
+        min_scale: float = 0.0,
+        job_id: str = "",
+        prefetch_batches: int = 4,
+        prefetch_next_epoch: bool = True,
+        connect_timeout_s: float = 30.0,
+        reconnect_timeout_s: float = 60.0,
+    ) -> None:
+        if last_batch not in _LAST_BATCH:
+            raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {last_batch!r}")
+        if augment not in _AUGMENT:
+            raise ConfigError(f"augment must be one of {sorted(_AUGMENT)}, got {augment!r}")
+        if prefetch_batches < 1 or connect_timeout_s <= 0 or reconnect_timeout_s <= 0:
+            raise ConfigError("prefetch_batches and the timeouts must be positive")
+        self.address, self.dataset, self.split = address, dataset, split
+        self.seed, self.last_batch, self.augment = seed, last_batch, augment
+        self.return_keys, self.return_padding = return_keys, return_padding
+        self.job_id = job_id
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(f"rank {self.rank} outside world of {self.world_size}")
+        self.device = _resolve_device(device)
+        self._transfer = DeviceTransfer(self.device, normalize, channels_last, dtype)
+        self._depth, self._prefetch_next = prefetch_batches, prefetch_next_epoch
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._fetcher: StreamFetcher | None = None
+        self._batch_size = self._image_size = 0
+        self._min_scale = 0.0
+        self.set_batch_size(batch_size)
+        self.set_image_size(image_size)
+        self.set_min_scale(min_scale)
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._stub = feeder_pb2_grpc.FeederStub(self._channel)
+        self.num_samples, self.classes = self._describe(connect_timeout_s)
+        self._samples_per_rank = self._expected_samples_per_rank()
+        self._epoch = self._cursor = 0
+        self.wait_seconds = 0.0
+        self._reconnects = 0
+        self._epoch_wait_s = self._epoch_wall_s = 0.0
+
+    # -- what the daemon has -------------------------------------------------
+    def _describe(self, timeout_s: float) -> tuple[int, list[str]]:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
+            reply = self._stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
+        except grpc.FutureTimeoutError as e:
+            raise ServiceUnavailable(
+                f"daemon {self.address} not reachable within {timeout_s:.0f} s"
+            ) from e
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, self.address) from e
+        for info in reply.datasets:
+            if info.name != self.dataset:
+                continue
+            for split in info.splits:
+                if split.name == self.split:
+                    return split.num_samples, list(info.classes)
+            names = [s.name for s in info.splits]
+            raise NotFound(f"daemon {self.address}: dataset {self.dataset!r} has no split "
+                           f"{self.split!r} (splits: {names})")
+        names = [d.name for d in reply.datasets]
+        raise NotFound(f"daemon {self.address} does not serve dataset {self.dataset!r} "
+                       f"(it serves {names})")
+
+    def _expected_samples_per_rank(self) -> int:
+        if self.last_batch == "pad":
+            return math.ceil(self.num_samples / self.world_size)
+        return self.num_samples // self.world_size
+
+    # -- position and sizes --------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    @property
+    def cursor(self) -> int:
+        """Samples of this rank's part of the current epoch already yielded."""
+        return self._cursor
+
+    @property
+    def samples_per_rank(self) -> int:
+        """Length of this rank's part of an epoch, in samples."""
+        return self._samples_per_rank
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch from the next batch on."""
+        return self._batch_size
+
+    @property
+    def image_size(self) -> int:
+        """Image side in pixels from the next batch on."""
+        return self._image_size
+
+    @property
+    def reconnects(self) -> int:
+        """Times a stream was reopened after a transient failure."""
+        return self._reconnects + (self._fetcher.reconnects if self._fetcher else 0)
+
+    @property
+    def stall_fraction(self) -> float:
+        """Share of the current (or last) epoch's iteration time spent waiting for data."""
+        return self._epoch_wait_s / self._epoch_wall_s if self._epoch_wall_s > 0 else 0.0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed cursor)."""
+        if epoch != self._epoch:
+            self._epoch, self._cursor = epoch, 0
+            self._drop_fetcher()
+
+    def set_batch_size(self, batch_size: int) -> None:
+        """Batch size from the next batch on (the stream reopens at the cursor)."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        if batch_size != self._batch_size:
+            self._batch_size = batch_size
+            self._drop_fetcher()
+
+    def set_image_size(self, image_size: int) -> None:
+        """Image side from the next batch on (the stream reopens at the cursor)."""
+        if image_size < 1:
+            raise ConfigError(f"image_size must be >= 1, got {image_size}")
+        if image_size != self._image_size:
+            self._image_size = image_size
+            self._drop_fetcher()
+
+    def set_min_scale(self, min_scale: float) -> None:
+        """RandomResizedCrop minimum area fraction from the next batch on (0: default)."""
+        if not 0 <= min_scale <= 1:
+            raise ConfigError(f"min_scale must be in [0, 1], got {min_scale}")
+        if min_scale != self._min_scale:
+            self._min_scale = min_scale
+            self._drop_fetcher()
+
+    def __len__(self) -> int:
+        """Batches left in the current epoch for this rank (equal on every rank)."""
+        remaining = max(self._samples_per_rank - self._cursor, 0)
+        if self.last_batch == "pad":
+            return math.ceil(remaining / self._batch_size)
+        return remaining // self._batch_size
+
+    # -- resumable state -----------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Position to resume from: epoch and sample cursor (not a batch index)."""
+        return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
+                "world_size": self.world_size, "dataset": self.dataset, "split": self.split}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continues from ``state``: the next batch starts at its cursor.
+
+        Raises:
+            ConfigError: The state was saved for another dataset, split, seed or world.
+        """
+        for key in ("dataset", "split", "seed", "world_size"):
+            if key in state and state[key] != getattr(self, key):
+                raise ConfigError(f"loader state is for {key}={state[key]!r}, "
+                                  f"this loader has {getattr(self, key)!r}")
+        self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
+        self._drop_fetcher()
+
+    # -- iteration -------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        self._epoch_wait_s = self._epoch_wall_s = 0.0
+        started = time.perf_counter()
+        while len(self) > 0:
+            waited = time.perf_counter()
+            host = self._next_host_batch()
+            if host is None:
+                break
+            out = self._deliver(host)
+            now = time.perf_counter()
+            self._account(now - waited, now - started)
+            yield out
+        self._end_epoch()
+        self._epoch_wall_s = time.perf_counter() - started
+
+    def _account(self, wait_s: float, wall_s: float) -> None:
+        self.wait_seconds += wait_s
+        self._epoch_wait_s += wait_s
+        self._epoch_wall_s = wall_s
+
+    def _next_host_batch(self) -> HostBatch | None:
+        if self._fetcher is None:
+            self._fetcher = self._start_fetcher(self._epoch, self._cursor)
+        return self._fetcher.get()
+
+    def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
+        self._cursor = host.cursor
+        if host.samples_per_rank:
+            self._samples_per_rank = host.samples_per_rank
+        images, labels, padding = self._transfer(host.images, host.labels, host.padding)
+        out: tuple[Any, ...] = (images, labels)
+        if self.return_keys:
+            out += (host.keys,)
+        if self.return_padding:
+            out += (padding,)
+        return out
+
+    def _end_epoch(self) -> None:
+        self._drop_fetcher()
+        self._epoch, self._cursor = self._epoch + 1, 0
+        if self._prefetch_next:
+            self._fetcher = self._start_fetcher(self._epoch, 0)
+
+    def _start_fetcher(self, epoch: int, cursor: int) -> StreamFetcher:
+        request = feeder_pb2.StreamRequest(
+            dataset=self.dataset, split=self.split, job_id=self.job_id, seed=self.seed,
+            epoch=epoch, rank=self.rank, world_size=self.world_size,
+            batch_size=self._batch_size, image_size=self._image_size, start_cursor=cursor,
+            last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
+            min_scale=self._min_scale,
+        )
+        return StreamFetcher(self._stub.StreamBatches, request, self.address, self._depth,
+                             self._reconnect_timeout_s, pin=self.device.type == "cuda")
+
+    def _drop_fetcher(self) -> None:
+        if self._fetcher is not None:
+            self._reconnects += self._fetcher.reconnects
+            self._fetcher.close()
+            self._fetcher = None
+
+    def close(self) -> None:
+        """Stops prefetching and closes the connection."""
+        self._drop_fetcher()
+        self._channel.close()
+
+    def __enter__(self) -> FeederLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

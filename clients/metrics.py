@@ -1,0 +1,136 @@
+"""Accuracy counting, the per-epoch log (stdout and CSV) and the end-of-run plot."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+__all__ = ["EpochRecord", "MetricsLog", "plot_records", "topk_correct"]
+
+
+def topk_correct(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    padding: torch.Tensor | None = None,
+    ks: tuple[int, ...] = (1, 5),
+) -> tuple[list[int], int]:
+    """Counts samples whose label is among the top-k predictions, pads excluded.
+
+    Args:
+        logits: ``[N, classes]``.
+        labels: ``[N]`` int64.
+        padding: ``[N]`` bool, True for samples to leave out; None: none.
+        ks: The k values (clipped to the number of classes).
+
+    Returns:
+        ``([correct@k for k in ks], counted samples)``.
+    """
+    keep = ~padding if padding is not None else torch.ones_like(labels, dtype=torch.bool)
+    logits, labels = logits[keep], labels[keep]
+    top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
+    hits = top.eq(labels.unsqueeze(1))
+    correct = [int(hits[:, : min(k, top.shape[1])].any(dim=1).sum()) for k in ks]
+    return correct, int(labels.numel())
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch's figures (a row of the CSV).
+
+    ``stall_fraction`` is the share of training time spent waiting for data;
+    ``wall_s`` counts from the start of training (after start-up).
+    """
+
+    epoch: int
+    phase: int
+    image_size: int
+    batch_size: int
+    lr: float
+    momentum: float
+    train_loss: float
+    train_images: int
+    train_s: float
+    images_per_s: float
+    stall_fraction: float
+    val_loss: float = math.nan
+    val_top1: float = math.nan
+    val_top5: float = math.nan
+    val_images: int = 0
+    wall_s: float = 0.0
+
+    def line(self) -> str:
+        """The stdout line for this epoch."""
+        return (f"epoch {self.epoch} phase {self.phase} size {self.image_size} "
+                f"bs {self.batch_size} lr {self.lr:.4g} loss {self.train_loss:.4f} "
+                f"{self.images_per_s:.1f} img/s stall {self.stall_fraction:.1%} "
+                f"val top1 {self.val_top1:.2%} top5 {self.val_top5:.2%} "
+                f"({self.val_images} images) wall {self.wall_s:.1f} s")
+
+
+class MetricsLog:
+    """Keeps ``EpochRecord`` rows and mirrors them to a CSV file, header first.
+
+    Args:
+        path: The CSV file.
+        write: False on ranks that keep the rows but leave the file to rank 0.
+    """
+
+    def __init__(self, path: Path, write: bool = True) -> None:
+        self.path = path
+        self.write = write
+        self.records: list[EpochRecord] = []
+
+    def append(self, record: EpochRecord) -> None:
+        """Adds a row (and writes it out at once, so a crash keeps it)."""
+        self.records.append(record)
+        self._write()
+
+    def load_records(self, records: list[dict]) -> None:
+        """Restores earlier rows (from a checkpoint)."""
+        self.records = [EpochRecord(**r) for r in records]
+        self._write()
+
+    def _write(self) -> None:
+        if not self.write:
+            return
+        names = [f.name for f in fields(EpochRecord)]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=names)
+            writer.writeheader()
+            for record in self.records:
+                writer.writerow(asdict(record))
+
+
+def plot_records(records: list[EpochRecord], path: Path, title: str = "") -> Path:
+    """Draws accuracy against wall time and images/s per epoch into a PNG.
+
+    Returns:
+        ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc, speed) = plt.subplots(1, 2, figsize=(11, 4))
+    wall = [r.wall_s for r in records]
+    acc.plot(wall, [100 * r.val_top1 for r in records], marker="o", label="top-1")
+    acc.plot(wall, [100 * r.val_top5 for r in records], marker="s", label="top-5")
+    acc.set(xlabel="wall time (s)", ylabel="validation accuracy (%)", ylim=(0, 100))
+    acc.legend()
+    acc.grid(alpha=0.3)
+    speed.bar([r.epoch for r in records], [r.images_per_s for r in records])
+    speed.set(xlabel="epoch", ylabel="training images/s")
+    speed.grid(alpha=0.3, axis="y")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

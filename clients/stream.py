@@ -1,0 +1,221 @@
+"""The background half of ``FeederLoader``: a thread that keeps a gRPC batch stream
+open, turns each message into host tensors and puts them in a bounded queue.
+
+It owns the reconnect policy: on a transient failure it reopens the stream at the
+cursor after the last batch it queued, with exponential backoff, until a deadline
+measured from the first failure in a row; bad-argument errors end it at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from feeder.errors import (
+    ConfigError,
+    DataError,
+    FeederError,
+    InvalidArgument,
+    NotFound,
+    ServiceUnavailable,
+)
+from protos import feeder_pb2
+
+__all__ = ["HostBatch", "StreamFetcher", "error_from_rpc", "is_transient"]
+
+# Codes that a daemon restart, a dropped connection or an overloaded daemon produce.
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+_ERRORS: dict[grpc.StatusCode, type[FeederError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.DATA_LOSS: DataError,
+    grpc.StatusCode.FAILED_PRECONDITION: ConfigError,
+    grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
+}
+_END = object()  # queued after the last batch of a stream
+
+
+@dataclass(frozen=True)
+class HostBatch:
+    """One batch as it arrived, in host memory.
+
+    Attributes:
+        images: uint8 ``[N, H, W, 3]`` (pinned when the consumer is on CUDA).
+        labels: int64 ``[N]``.
+        padding: bool ``[N]``, True for samples repeated to fill the last batch.
+        keys: Sample keys, in batch order.
+        epoch: Epoch the batch belongs to.
+        cursor: Sample cursor after this batch.
+        samples_per_rank: Length of this rank's part of the epoch, in samples.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    padding: torch.Tensor
+    keys: list[str]
+    epoch: int
+    cursor: int
+    samples_per_rank: int
+
+
+def is_transient(error: grpc.RpcError) -> bool:
+    """True for failures worth retrying (daemon restart, dropped connection)."""
+    code = error.code()
+    if code in _TRANSIENT:
+        return True
+    # A connection reset mid-stream surfaces as INTERNAL with this detail.
+    return code == grpc.StatusCode.INTERNAL and "RST_STREAM" in (error.details() or "")
+
+
+def error_from_rpc(error: grpc.RpcError, address: str) -> FeederError:
+    """The project error for a failed call to the daemon at ``address``."""
+    cls = _ERRORS.get(error.code(), FeederError)
+    return cls(f"daemon {address}: {error.details()} ({error.code().name})")
+
+
+def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
+    shape = tuple(message.shape)
+    if len(shape) != 4 or shape[3] != 3:
+        raise DataError(f"batch with shape {shape}, expected [N, H, W, 3]")
+    pixels = np.frombuffer(message.images, dtype=np.uint8)
+    if pixels.size != int(np.prod(shape)):
+        raise DataError(f"batch of {pixels.size} bytes does not match shape {shape}")
+    images = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
+    images.numpy()[...] = pixels.reshape(shape)
+    count = shape[0]
+    padding = list(message.padding) or [False] * count
+    return HostBatch(
+        images=images,
+        labels=torch.tensor(list(message.labels), dtype=torch.int64),
+        padding=torch.tensor(padding, dtype=torch.bool),
+        keys=list(message.keys),
+        epoch=message.epoch,
+        cursor=message.cursor,
+        samples_per_rank=message.samples_per_rank,
+    )
+
+
+class StreamFetcher:
+    """A thread that streams one epoch from ``request.start_cursor`` into a queue.
+
+    Args:
+        open_stream: Opens ``StreamBatches`` for a request (the stub method).
+        request: What to ask for; ``start_cursor`` is where the stream begins.
+        address: The daemon's address, for error messages.
+        depth: Batches to hold ready (the bound of the queue).
+        reconnect_timeout_s: Give up after failing for this long in a row.
+        pin: Put images in pinned memory (for non-blocking copies to CUDA).
+    """
+
+    def __init__(
+        self,
+        open_stream: Callable[[feeder_pb2.StreamRequest], Iterator[feeder_pb2.Batch]],
+        request: feeder_pb2.StreamRequest,
+        address: str,
+        depth: int,
+        reconnect_timeout_s: float,
+        pin: bool,
+    ) -> None:
+        self.request = request
+        self._open = open_stream
+        self._address = address
+        self._timeout_s = reconnect_timeout_s
+        self._pin = pin
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._call: object | None = None
+        self.reconnects = 0
+        self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
+        self._thread.start()
+
+    def get(self) -> HostBatch | None:
+        """The next batch, or None at the end of the stream.
+
+        Raises:
+            FeederError: What ended the stream (bad request, daemon gone too long).
+        """
+        item = self._queue.get()
+        if item is _END:
+            self._queue.put(_END)  # later calls see the end too
+            return None
+        if isinstance(item, BaseException):
+            self._queue.put(item)
+            raise item
+        return item  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Cancels the stream and waits for the thread to end."""
+        self._stop.set()
+        call = self._call
+        if call is not None:
+            call.cancel()  # type: ignore[attr-defined]
+        while self._thread.is_alive():
+            try:
+                self._queue.get_nowait()  # unblock a pending put
+            except queue.Empty:
+                pass
+            self._thread.join(timeout=0.05)
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        cursor = self.request.start_cursor
+        failing_since: float | None = None
+        delay_s = 0.05
+        while not self._stop.is_set():
+            try:
+                for message in self._stream_from(cursor):
+                    batch = _to_host(message, self._pin)
+                    cursor = batch.cursor
+                    failing_since, delay_s = None, 0.05
+                    if not self._put(batch):
+                        return
+                self._put(_END)
+                return
+            except grpc.RpcError as e:
+                if self._stop.is_set():
+                    return
+                if not is_transient(e):
+                    self._put(error_from_rpc(e, self._address))
+                    return
+                failing_since = failing_since or time.monotonic()
+                if time.monotonic() - failing_since > self._timeout_s:
+                    self._put(ServiceUnavailable(
+                        f"daemon {self._address} unreachable for {self._timeout_s:.0f} s "
+                        f"(last error: {e.code().name}: {e.details()})"
+                    ))
+                    return
+                self.reconnects += 1
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, 2.0)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer thread
+                self._put(e)
+                return
+
+    def _stream_from(self, cursor: int) -> Iterator[feeder_pb2.Batch]:
+        request = feeder_pb2.StreamRequest()
+        request.CopyFrom(self.request)
+        request.start_cursor = cursor
+        call = self._open(request)
+        self._call = call
+        return call  # type: ignore[return-value]

@@ -1,0 +1,273 @@
+"""The bundled trainer: DDP ResNet on feeder batches, phase schedules, AMP,
+time-to-accuracy, mid-epoch checkpoints. It uses only the loader's public API."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from clients.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng
+from clients.checkpoint import save_checkpoint
+from clients.config import TrainConfig
+from clients.data import make_loaders
+from clients.distributed import Dist, all_reduce_sum, init_distributed, shutdown_distributed
+from clients.evaluate import Evaluation, evaluate
+from clients.metrics import EpochRecord, MetricsLog, plot_records
+from clients.model import build_model, build_optimizer
+from clients.schedule import load_schedule
+
+__all__ = ["Trainer", "train"]
+
+
+def train(config: TrainConfig) -> dict[str, Any]:
+    """Runs training as configured, in this process (one rank of a torchrun job, or
+    alone). Returns the summary that is also written to ``out_dir/summary.json``."""
+    dist = init_distributed(config.device)
+    try:
+        trainer = Trainer(config, dist)
+        try:
+            return trainer.run()
+        finally:
+            trainer.close()
+    finally:
+        shutdown_distributed()
+
+
+def _precision(config: TrainConfig, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for fp32."""
+    if config.precision == "auto":
+        cuda_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if cuda_bf16 else None
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+
+
+class Trainer:
+    """One rank's training run; see ``TrainConfig`` for what it does."""
+
+    def __init__(self, config: TrainConfig, dist: Dist) -> None:
+        self.config, self.dist = config, dist
+        self.schedule = load_schedule(config.schedule)
+        self.total_epochs = config.epochs or self.schedule.total_epochs
+        torch.manual_seed(config.seed)  # the same initial weights on every rank
+        first = self.schedule.phases[0]
+        self.train_loader, self.val_loader, classes = make_loaders(config, dist, first)
+        self.model = build_model(config.arch, classes, dist.device)
+        self.net: torch.nn.Module = self.model
+        if dist.world_size > 1:
+            ids = [dist.device.index] if dist.device.type == "cuda" else None
+            self.net = DistributedDataParallel(self.model, device_ids=ids,
+                                               gradient_as_bucket_view=True)
+        self.optimizer = build_optimizer(self.model, self.schedule.weight_decay)
+        self.amp_dtype = _precision(config, dist.device)
+        self.scaler = torch.amp.GradScaler(dist.device.type,
+                                           enabled=self.amp_dtype == torch.float16)
+        self.log = MetricsLog(config.out_dir / "metrics.csv", write=dist.is_main)
+        self.epoch = self.step = 0
+        self.elapsed_s = 0.0
+        self.time_to_target_s: float | None = None
+        self.visits: Counter[str] = Counter()
+        if config.resume and latest_checkpoint(config.checkpoints) is not None:
+            self._restore()
+
+    # -- helpers ---------------------------------------------------------------
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dist.device.type, dtype=self.amp_dtype)
+
+    def _say(self, line: str) -> None:
+        if self.dist.is_main:
+            print(line, flush=True)
+
+    def _set_hyper(self, lr: float, momentum: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"], group["momentum"] = lr, momentum
+
+    # -- the run ---------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Trains through the schedule (or to the target); returns the summary."""
+        self._say(f"training {self.config.arch} on {self.config.data} data, "
+                  f"{self.dist.world_size} rank(s) on {self.dist.device}, "
+                  f"{self.total_epochs} epochs, precision "
+                  f"{self.amp_dtype or torch.float32}".replace("torch.", ""))
+        started = time.perf_counter() - self.elapsed_s
+        while self.epoch < self.total_epochs:
+            record = self._run_epoch(self.epoch, started)
+            self.log.append(record)
+            self._say(record.line())
+            self.epoch += 1
+            if self._reached(record):
+                self.time_to_target_s = record.wall_s
+                self._say(f"target reached after {record.wall_s:.1f} s (epoch {record.epoch})")
+                break
+        return self._finish()
+
+    def _run_epoch(self, epoch: int, started: float) -> EpochRecord:
+        index = self.schedule.phase_index(epoch)
+        phase = self.schedule.phases[index]
+        loader = self.train_loader
+        loader.set_epoch(epoch)
+        loader.set_batch_size(phase.batch_size)
+        loader.set_image_size(phase.image_size)
+        loader.set_min_scale(phase.min_scale)
+        loss, images, train_s, stall = self._train_epoch(epoch, phase.momentum, started)
+        evaluation = self._validate(epoch, phase)
+        return EpochRecord(
+            epoch=epoch, phase=index, image_size=phase.image_size, batch_size=phase.batch_size,
+            lr=self.optimizer.param_groups[0]["lr"], momentum=phase.momentum,
+            train_loss=loss, train_images=images, train_s=train_s,
+            images_per_s=images / train_s if train_s > 0 else 0.0, stall_fraction=stall,
+            val_loss=evaluation.loss, val_top1=evaluation.top1, val_top5=evaluation.top5,
+            val_images=evaluation.images, wall_s=time.perf_counter() - started,
+        )
+
+    def _train_epoch(self, epoch: int, momentum: float,
+                     started: float) -> tuple[float, int, float, float]:
+        loader, config = self.train_loader, self.config
+        self.net.train()
+        wait_before, t0 = loader.wait_seconds, time.perf_counter()
+        loss_sum = torch.zeros((), device=self.dist.device)
+        count = steps = 0
+        for batch in loader:
+            images, labels = batch[0], batch[1]
+            position = epoch + max(loader.cursor - len(labels), 0) / loader.samples_per_rank
+            self._set_hyper(self.schedule.lr_at(position, self.dist.world_size), momentum)
+            loss_sum += self._step(images, labels) * len(labels)
+            count += len(labels)
+            steps += 1
+            self.step += 1
+            if config.visit_log is not None:
+                self.visits.update(batch[2])
+            self._after_step(epoch, steps, loss_sum, count, started)
+            if config.max_steps_per_epoch and steps >= config.max_steps_per_epoch:
+                break
+        if self.dist.device.type == "cuda":
+            torch.cuda.synchronize(self.dist.device)
+        train_s = time.perf_counter() - t0
+        stall = (loader.wait_seconds - wait_before) / train_s if train_s > 0 else 0.0
+        total_loss, total, stall_sum = all_reduce_sum(
+            [float(loss_sum), count, stall], self.dist.device)
+        return total_loss / max(total, 1), int(total), train_s, stall_sum / self.dist.world_size
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with self._autocast():
+            logits = self.net(images)
+            loss = F.cross_entropy(logits, labels,
+                                   label_smoothing=self.schedule.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach().float()
+
+    def _after_step(self, epoch: int, steps: int, loss_sum: torch.Tensor, count: int,
+                    started: float) -> None:
+        config = self.config
+        if config.log_every_steps and steps % config.log_every_steps == 0:
+            self._say(f"  epoch {epoch} step {steps} ({self.train_loader.cursor}/"
+                      f"{self.train_loader.samples_per_rank} samples) "
+                      f"loss {float(loss_sum) / max(count, 1):.4f}")
+        if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
+            self.elapsed_s = time.perf_counter() - started
+            self._checkpoint()
+        if config.exit_after_steps and self.step >= config.exit_after_steps:
+            self._say(f"stopping abruptly after step {self.step} (--exit-after-steps)")
+            sys.stdout.flush()
+            os._exit(3)
+
+    def _validate(self, epoch: int, phase: Any) -> Evaluation:
+        every = self.config.val_every_epochs
+        due = every and ((epoch + 1) % every == 0 or epoch + 1 == self.total_epochs)
+        if self.val_loader is None or not due:
+            return Evaluation(float("nan"), float("nan"), float("nan"), 0)
+        return evaluate(self.net, self.val_loader, phase.eval_image_size, phase.batch_size,
+                        self._autocast())
+
+    def _reached(self, record: EpochRecord) -> bool:
+        config = self.config
+        if not config.has_target or record.val_images == 0:
+            return False
+        return (100 * record.val_top1 >= config.target_top1
+                and 100 * record.val_top5 >= config.target_top5)
+
+    # -- checkpoints -----------------------------------------------------------
+    def _checkpoint(self) -> None:
+        shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                  "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
+                  "elapsed_s": self.elapsed_s,
+                  "records": [vars(r) for r in self.log.records]}
+        per_rank = {"loader": self.train_loader.state_dict(), "rng": capture_rng(),
+                    "visits": dict(self.visits)}
+        folder = save_checkpoint(self.config.checkpoints, self.step, shared, per_rank, self.dist)
+        self._say(f"  checkpoint {folder} (epoch {self.epoch}, cursor "
+                  f"{self.train_loader.cursor})")
+
+    def _restore(self) -> None:
+        shared, per_rank = load_checkpoint(self.config.checkpoints, self.dist)
+        self.model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        self.scaler.load_state_dict(shared["scaler"])
+        self.epoch, self.step = shared["epoch"], shared["step"]
+        self.elapsed_s = shared["elapsed_s"]
+        self.log.load_records(shared["records"])
+        self.train_loader.load_state_dict(per_rank["loader"])
+        restore_rng(per_rank["rng"])
+        self.visits = Counter(per_rank["visits"])
+        self._say(f"resumed at step {self.step}: epoch {self.epoch}, cursor "
+                  f"{self.train_loader.cursor}")
+
+    # -- the end -----------------------------------------------------------------
+    def _finish(self) -> dict[str, Any]:
+        config, records = self.config, self.log.records
+        if config.visit_log is not None:
+            config.visit_log.mkdir(parents=True, exist_ok=True)
+            path = config.visit_log / f"rank-{self.dist.rank}.json"
+            path.write_text(json.dumps(dict(self.visits), sort_keys=True))
+        if config.checkpoint_every_steps:
+            self.elapsed_s = records[-1].wall_s if records else self.elapsed_s
+            self._checkpoint()
+        summary = self._summary()
+        if self.dist.is_main and records:
+            plot_records(records, config.out_dir / "metrics.png",
+                         f"{config.arch} on {config.dataset} ({config.data})")
+            (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            self._say(f"final top-1 {summary['val_top1']:.2%} top-5 {summary['val_top5']:.2%}, "
+                      f"{summary['images_per_s']:.1f} img/s, stall "
+                      f"{summary['stall_fraction']:.1%}; log {self.log.path}")
+        return summary
+
+    def _summary(self) -> dict[str, Any]:
+        records = self.log.records
+        validated = [r for r in records if r.val_images]
+        last = validated[-1] if validated else None
+        images = sum(r.train_images for r in records)
+        seconds = sum(r.train_s for r in records)
+        waited = sum(r.stall_fraction * r.train_s for r in records)
+        return {
+            "epochs": len(records), "steps": self.step, "world_size": self.dist.world_size,
+            "data": self.config.data, "arch": self.config.arch,
+            "images_per_s": images / seconds if seconds else 0.0,
+            "stall_fraction": waited / seconds if seconds else 0.0,
+            "val_top1": last.val_top1 if last else float("nan"),
+            "val_top5": last.val_top5 if last else float("nan"),
+            "val_images": last.val_images if last else 0,
+            "time_to_target_s": self.time_to_target_s,
+            "wall_s": records[-1].wall_s if records else 0.0,
+            "records": [vars(r) for r in records],
+        }
+
+    def close(self) -> None:
+        """Stops the loaders' streams."""
+        self.train_loader.close()
+        if self.val_loader is not None:
+            self.val_loader.close()

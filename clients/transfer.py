@@ -1,0 +1,74 @@
+"""Host batch to device tensors: copy uint8, then convert and normalise on the device.
+
+Moving uint8 and converting on the device moves 4x fewer bytes than float32. On CUDA
+the copy is non-blocking from pinned memory on a side stream, and the consumer's
+stream waits for it only when it uses the tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceTransfer"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class DeviceTransfer:
+    """Moves NHWC uint8 images to ``device`` as NCHW tensors.
+
+    Args:
+        device: Where the tensors go.
+        normalize: Convert to ``dtype`` and normalise with the ImageNet mean/std;
+            otherwise images stay uint8 (0-255).
+        channels_last: Keep the NHWC memory layout behind the NCHW shape (what
+            convolutions prefer); otherwise make them contiguous NCHW.
+        dtype: Floating dtype of normalised images.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        normalize: bool = True,
+        channels_last: bool = True,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.device = device
+        self.normalize = normalize
+        self.channels_last = channels_last
+        self.dtype = dtype
+        # mean/std on the 0-255 scale, shaped to broadcast over [N, 3, H, W]
+        mean = torch.tensor(IMAGENET_MEAN, device=device).mul_(255)
+        std = torch.tensor(IMAGENET_STD, device=device).mul_(255)
+        self._mean = mean.view(1, 3, 1, 1)
+        self._inv_std = std.reciprocal().view(1, 3, 1, 1)
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def __call__(self, images: torch.Tensor, *others: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Copies ``images`` (uint8 NHWC) and ``others`` (labels, masks) to the device.
+
+        Returns:
+            ``(images [N, 3, H, W], *others)`` on the device.
+        """
+        if self._side is None:
+            return (self._convert(images.to(self.device)),
+                    *(t.to(self.device) for t in others))
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._side):
+            moved = [t.to(self.device, non_blocking=True) for t in (images, *others)]
+            moved[0] = self._convert(moved[0])
+        current.wait_stream(self._side)
+        for tensor in moved:
+            tensor.record_stream(current)  # memory belongs to the consumer's stream now
+        return tuple(moved)
+
+    def _convert(self, nhwc: torch.Tensor) -> torch.Tensor:
+        images = nhwc.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory = channels_last
+        if not self.channels_last:
+            images = images.contiguous()
+        if not self.normalize:
+            return images
+        out = images.float()  # keeps the memory format; float32 for the arithmetic
+        out.sub_(self._mean).mul_(self._inv_std)
+        return out.to(self.dtype)
