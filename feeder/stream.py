@@ -81,6 +81,7 @@ class BatchStream:
         self._queue: queue.Queue = queue.Queue(maxsize=context.queue_batches)
         self._stop = threading.Event()
         self._healthy = True
+        self._read_s = 0.0  # total seconds spent reading, to separate it from decoding
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
@@ -147,7 +148,15 @@ class BatchStream:
     def _produce(self) -> None:
         pending: deque[BatchSlice] = deque()
         try:
-            for images in self._ctx.runner.run_many(self._jobs(pending)):
+            outputs = self._ctx.runner.run_many(self._jobs(pending))
+            while True:
+                started, read_before = time.perf_counter(), self._read_s
+                images = next(outputs, None)
+                if images is None:
+                    break
+                # Time blocked on DALI, less the reads of next batches done meanwhile.
+                waited = time.perf_counter() - started - (self._read_s - read_before)
+                self._metrics.stage("decode_augment", waited)
                 if not self._put(self._ready(pending.popleft(), images)):
                     return
             self._put(_END)
@@ -168,7 +177,9 @@ class BatchStream:
                 return
             started = time.perf_counter()
             jpegs = self._ctx.split.read_many(batch.indices)
-            self._metrics.stage("read", time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self._read_s += seconds
+            self._metrics.stage("read", seconds)
             pending.append(batch)
             yield jpegs, self._ctx.image_size
 

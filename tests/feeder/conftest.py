@@ -1,0 +1,60 @@
+"""Fixtures: real sample shards and an in-process daemon on port 0 serving them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pyarrow.parquet as pq
+import pytest
+
+from feeder.config import ServerConfig
+from feeder.server import FeederServer, create_server
+from protos import feeder_pb2, feeder_pb2_grpc
+from sharder.layout import index_path
+from tests.common.shards import build_sample_shards
+
+MAX_BATCH = 64
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_sample_shards(tmp_path_factory.mktemp("feeder-shards"))
+
+
+def start(datasets: dict[str, Path], **options) -> tuple[FeederServer, int]:
+    defaults = dict(port=0, device="cpu", threads=1, max_batch_size=MAX_BATCH, grace_s=0.5)
+    return create_server(ServerConfig(datasets=datasets, **(defaults | options)))
+
+
+def connect(port: int) -> grpc.Channel:
+    return grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+
+
+@pytest.fixture(scope="module")
+def server(shards: Path) -> Iterator[tuple[FeederServer, int]]:
+    server, port = start({"sample": shards})
+    yield server, port
+    server.stop(0).wait(10)
+
+
+@pytest.fixture(scope="module")
+def stub(server) -> Iterator[feeder_pb2_grpc.FeederStub]:
+    with connect(server[1]) as channel:
+        yield feeder_pb2_grpc.FeederStub(channel)
+
+
+@pytest.fixture(scope="session")
+def index_rows(shards: Path) -> dict[str, dict[str, int]]:
+    """split -> key -> label, read straight from the index files."""
+    rows = {}
+    for split in ("train", "val"):
+        table = pq.read_table(index_path(shards, split), columns=["key", "label"]).to_pydict()
+        rows[split] = dict(zip(table["key"], table["label"]))
+    return rows
+
+
+def request(**fields) -> feeder_pb2.StreamRequest:
+    base = dict(dataset="sample", split="train", world_size=1, batch_size=5, image_size=16)
+    return feeder_pb2.StreamRequest(**(base | fields))

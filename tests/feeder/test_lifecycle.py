@@ -1,0 +1,219 @@
+"""Streams that end badly, clients that leave, limits, metrics, start-up errors,
+SIGTERM, and the GPU path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import pyarrow.parquet as pq
+import pytest
+
+from feeder.errors import DataError, NotFound
+from protos import feeder_pb2, feeder_pb2_grpc
+from sharder.layout import index_path
+from tests.feeder.conftest import connect, request, start
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _open_and_abandon(stub, count: int) -> None:
+    for i in range(count):
+        stream = stub.StreamBatches(request(batch_size=4, seed=i))
+        next(stream)
+        stream.cancel()
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture()
+def private_server(shards):
+    servers = []
+
+    def make(**options):
+        servers.append(start({"sample": shards}, **options))
+        return servers[-1]
+
+    yield make
+    for server, _ in servers:
+        server.stop(0).wait(10)
+
+
+def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
+    before = threading.active_count()
+    server, port = private_server(rpc_threads=8)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        _open_and_abandon(stub, 80)
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert not [t for t in threading.enumerate() if t.name == "feeder-producer"]
+        assert stub.GetStats(feeder_pb2.StatsRequest()).open_streams == 0
+        assert server.metrics.registry.get_sample_value("feeder_open_streams") == 0
+        assert server.metrics.registry.get_sample_value("feeder_queued_batches") == 0
+        # What remains is gRPC's worker pool (bounded by rpc_threads) and its poller.
+        assert threading.active_count() <= before + 8 + 3
+        assert server.service.pool.idle_count() <= 2
+
+
+@pytest.mark.slow
+def test_memory_is_flat_after_a_thousand_abandoned_streams(private_server):
+    server, port = private_server()
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        _open_and_abandon(stub, 50)
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+        baseline = _rss_bytes()
+        _open_and_abandon(stub, 1000)
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert _rss_bytes() - baseline < 64 << 20
+
+
+def test_a_slow_client_fills_only_its_own_bounded_queue(private_server):
+    server, port = private_server(queue_batches=2)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        slow = stub.StreamBatches(request(batch_size=2))
+        next(slow)
+        other = list(stub.StreamBatches(request(split="val", batch_size=4)))
+        assert len(other) == 4
+        time.sleep(0.5)
+        assert server.metrics.registry.get_sample_value("feeder_queued_batches") <= 2
+        slow.cancel()
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+
+
+def test_max_streams_refuses_more_as_unavailable(private_server):
+    _, port = private_server(max_streams=2, queue_batches=1)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        held = [stub.StreamBatches(request(batch_size=2)) for _ in range(2)]
+        for stream in held:
+            next(stream)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.StreamBatches(request()))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "max_streams" in caught.value.details()
+        for stream in held:
+            stream.cancel()
+
+
+def _corrupt_copy(shards: Path, dest: Path, split: str, row: int) -> str:
+    copy = Path(shutil.copytree(shards, dest))
+    table = pq.read_table(index_path(copy, split)).to_pylist()
+    sample = table[row]
+    with open(copy / sample["shard"], "r+b") as f:
+        f.seek(sample["offset"])
+        f.write(b"\x00" * sample["size"])  # same size, so the start-up checks pass
+    return sample["key"]
+
+
+def test_undecodable_sample_ends_its_stream_with_data_loss_naming_the_key(shards, tmp_path):
+    key = _corrupt_copy(shards, tmp_path / "bad", "val", row=5)
+    server, port = start({"bad": tmp_path / "bad"})
+    try:
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.StreamBatches(request(dataset="bad", split="val", batch_size=4)))
+            assert caught.value.code() == grpc.StatusCode.DATA_LOSS
+            assert key in caught.value.details()
+            assert stub.GetStats(feeder_pb2.StatsRequest()).errors == 1
+            assert server.metrics.registry.get_sample_value("feeder_errors_total", {"kind": "DataError"}) == 1
+            assert len(list(stub.StreamBatches(request(dataset="bad", batch_size=8)))) == 8
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_metrics_endpoint_exports_counters_and_stage_times(private_server):
+    server, port = private_server(metrics_port=0)
+    with connect(port) as channel:
+        list(feeder_pb2_grpc.FeederStub(channel).StreamBatches(request(batch_size=4, max_samples=8)))
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    assert "feeder_images_total 8.0" in text
+    for stage in ("read", "decode_augment", "send"):
+        assert f'feeder_stage_seconds_count{{stage="{stage}"}}' in text
+
+
+def test_bad_dataset_paths_fail_at_start(tmp_path, shards):
+    with pytest.raises(NotFound, match="missing"):
+        start({"x": tmp_path / "missing"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotFound, match="manifest"):
+        start({"x": tmp_path / "empty"})
+    copy = Path(shutil.copytree(shards, tmp_path / "short"))
+    shard = next((copy / "train").glob("*.tar"))
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(DataError, match=shard.name):
+        start({"x": copy})
+
+
+def _serve(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "feeder", "serve", "--port", "0", "--threads", "1", *args],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_serve_with_a_bad_path_exits_1_with_one_line(tmp_path):
+    proc = _serve("--dataset", f"x={tmp_path / 'nowhere'}")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert err.strip().count("\n") == 0 and "nowhere" in err and err.startswith("feeder: ")
+
+
+def test_sigterm_stops_the_daemon_cleanly_and_exits_0(shards):
+    proc = _serve("--dataset", f"sample={shards}", "--grace-s", "1")
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("feeder: serving on 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        with connect(port) as channel:
+            stream = feeder_pb2_grpc.FeederStub(channel).StreamBatches(request(batch_size=2))
+            next(stream)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+            try:  # within the grace period the stream may finish, else it is cancelled
+                received = 1 + len(list(stream))
+            except grpc.RpcError as e:
+                assert e.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+            else:
+                assert received == 32
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert "feeder: stopped" in err
+
+
+@pytest.mark.gpu
+def test_gpu_daemon_streams_batches(shards):
+    server, port = start({"sample": shards}, device="gpu", threads=2)
+    try:
+        assert server.service.device == "gpu"
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            for split in ("train", "val"):
+                batches = list(stub.StreamBatches(request(split=split, batch_size=8, image_size=64)))
+                assert {tuple(b.shape) for b in batches} == {(8, 64, 64, 3)}
+    finally:
+        server.stop(0).wait(10)
