@@ -15,7 +15,15 @@ from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["JpegHeader", "ProcessedImage", "parse_jpeg_header", "process_image"]
+__all__ = [
+    "JpegHeader",
+    "ProcessedImage",
+    "check_without_decode",
+    "decode_and_reencode",
+    "parse_jpeg_header",
+    "process_image",
+    "read_input",
+]
 
 _SOI = b"\xff\xd8"
 _EOI = b"\xff\xd9"
@@ -139,6 +147,34 @@ def _decode_reencode(data: bytes, max_side_px: int | None, quality: int) -> Proc
     return ProcessedImage(_encode_rgb(rgb, quality), rgb.width, rgb.height, reencoded=True)
 
 
+def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality: int | None = None) -> ProcessedImage | None:
+    """The outcome for ``data`` when headers suffice, or None when it must be decoded.
+
+    Headers suffice to pass a valid JPEG through and to reject empty, truncated or
+    header-corrupt JPEGs; everything else needs ``decode_and_reencode``.
+    """
+    if not data:
+        return ProcessedImage(reject="empty file")
+    if not data.startswith(_SOI):
+        return None
+    header = parse_jpeg_header(data)
+    if header is None:
+        return ProcessedImage(reject="corrupt JPEG (no valid frame header)")
+    if not _ends_with_eoi(data):
+        return ProcessedImage(reject="truncated JPEG (no end-of-image marker)")
+    if header.width == 0 or header.height == 0:
+        return ProcessedImage(reject="corrupt JPEG (zero width or height in frame header)")
+    too_big = max_side_px is not None and max(header.width, header.height) > max_side_px
+    if header.passes_through and quality is None and not too_big:
+        return ProcessedImage(data, header.width, header.height)
+    return None
+
+
+def decode_and_reencode(data: bytes, *, max_side_px: int | None = None, quality: int = 95) -> ProcessedImage:
+    """Decode ``data`` fully, convert to RGB, downscale, encode as JPEG at ``quality``."""
+    return _decode_reencode(data, max_side_px, quality)
+
+
 def process_image(
     data: bytes, *, max_side_px: int | None = None, quality: int | None = None, reencode_quality: int = 95
 ) -> ProcessedImage:
@@ -153,25 +189,15 @@ def process_image(
     Returns:
         A ProcessedImage: JPEG bytes with width/height, or a reject reason.
     """
-    if not data:
-        return ProcessedImage(reject="empty file")
-    header = parse_jpeg_header(data)
-    if header is not None and data.startswith(_SOI) and not _ends_with_eoi(data):
-        return ProcessedImage(reject="truncated JPEG (no end-of-image marker)")
-    too_big = header is not None and max_side_px is not None and max(header.width, header.height) > max_side_px
-    if header is not None and header.passes_through and quality is None and not too_big:
-        if header.width == 0 or header.height == 0:
-            return ProcessedImage(reject="corrupt JPEG (zero width or height in frame header)")
-        return ProcessedImage(data, header.width, header.height)
-    if data.startswith(_SOI) and header is None:
-        return ProcessedImage(reject="corrupt JPEG (no valid frame header)")
+    quick = check_without_decode(data, max_side_px=max_side_px, quality=quality)
+    if quick is not None:
+        return quick
     return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality)
 
 
-def process_file(path: Path, max_side_px: int | None, quality: int | None, reencode_quality: int) -> ProcessedImage:
-    """``process_image`` on the content of ``path`` (unreadable files are rejected)."""
+def read_input(path: Path) -> bytes | ProcessedImage:
+    """The content of ``path``, or a reject when it cannot be read."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         return ProcessedImage(reject=f"unreadable: {e.strerror or e}")
-    return process_image(data, max_side_px=max_side_px, quality=quality, reencode_quality=reencode_quality)

@@ -20,6 +20,7 @@ from sharder.config import ShardConfig
 from sharder.layout import FORMAT_VERSION, INDEX_SCHEMA, LMDB_DIR, MANIFEST_NAME, index_path
 from sharder.manifest import write_json_atomic
 from sharder.sources import SourceTree, SplitSource, find_sources
+from sharder.normalise import worker_pool
 from sharder.split_writer import ShardRecord, write_split
 from sharder.writers import LmdbWriter, Sample, fsync_dir
 
@@ -182,9 +183,9 @@ def shard(config: ShardConfig) -> ShardReport:
     tar_root = config.out if "wds" in config.formats else work / "tars"
     splits: dict[str, Any] = {}
     total = sum(len(s.files) for s in tree.splits)
-    with tqdm(total=total, unit="img", desc="shard", disable=not config.progress, smoothing=0.1) as bar:
+    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not config.progress) as bar:
         for split in tree.splits:
-            records = write_split(config, split, tar_root, work / split.name, bar)
+            records = write_split(config, split, tar_root, work / split.name, bar, pool)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)
     manifest = {
         "format_version": FORMAT_VERSION,

@@ -12,10 +12,9 @@ the result is byte-identical to an uninterrupted run.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from multiprocessing.pool import Pool
 from pathlib import Path
 
 import numpy as np
@@ -23,16 +22,16 @@ from tqdm import tqdm
 
 from feeder.errors import DataError
 from sharder.config import ShardConfig
-from sharder.images import ProcessedImage, process_file
+from sharder.images import ProcessedImage
 from sharder.layout import shard_name
 from sharder.manifest import write_json_atomic
+from sharder.normalise import processed_in_order
 from sharder.sources import SourceFile, SplitSource
 from sharder.writers import Sample, TarShardWriter
 
-__all__ = ["ShardRecord", "shuffled", "write_split"]
+__all__ = ["ShardRecord", "load_records", "sample_key", "shuffled", "write_split"]
 
 _KEY_STEM_CHARS = 48  # keep tar member names far below the 100-byte ustar limit
-_CHUNK = 16  # inputs per worker task: amortises inter-process overhead
 
 
 @dataclass
@@ -62,23 +61,9 @@ def sample_key(position: int, source: str) -> str:
     return f"{position:08d}_{stem}"
 
 
-def _process(args: tuple[Path, int | None, int | None, int]) -> ProcessedImage:
-    return process_file(*args)
-
-
-def _results(config: ShardConfig, files: list[SourceFile]) -> Iterator[ProcessedImage]:
-    args = [(config.src / f.source, config.max_side_px, config.quality, config.reencode_quality) for f in files]
-    if config.workers == 1:
-        yield from map(_process, args)
-        return
-    # spawn: workers start clean, whatever threads the parent runs (pyarrow, tqdm).
-    with multiprocessing.get_context("spawn").Pool(config.workers) as pool:
-        yield from pool.imap(_process, args, chunksize=_CHUNK)
-
-
 def load_records(work_dir: Path) -> list[ShardRecord]:
     """The consecutive finished shards recorded in ``work_dir``."""
-    records = []
+    records: list[ShardRecord] = []
     while (path := work_dir / shard_name(len(records), ".json")).is_file():
         records.append(ShardRecord(**json.loads(path.read_text(encoding="utf-8"))))
     return records
@@ -132,7 +117,9 @@ class _Roller:
             self.writer.abort()
 
 
-def write_split(config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm) -> list[ShardRecord]:
+def write_split(
+    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | None
+) -> list[ShardRecord]:
     """Write (or finish writing) the tars of ``split`` under ``tar_root/<split>/``.
 
     Args:
@@ -141,6 +128,7 @@ def write_split(config: ShardConfig, split: SplitSource, tar_root: Path, work_di
         tar_root: OUT, or a staging folder when tars are not a requested format.
         work_dir: where finished shards are recorded for resume.
         bar: progress bar to advance by one per input.
+        pool: worker processes from ``worker_pool`` (None: work in this process).
 
     Returns:
         The records of all shards of the split, in order.
@@ -156,7 +144,7 @@ def write_split(config: ShardConfig, split: SplitSource, tar_root: Path, work_di
     bar.update(start)
     roller = _Roller(config, split.name, tar_root, work_dir, records)
     try:
-        for position, (source, image) in enumerate(zip(order[start:], _results(config, order[start:])), start):
+        for position, (source, image) in enumerate(zip(order[start:], processed_in_order(config, [config.src / f.source for f in order[start:]], pool)), start):
             if image.reject:
                 if config.on_error == "raise":
                     raise DataError(f"{config.src / source.source}: {image.reject}")

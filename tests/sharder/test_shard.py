@@ -183,3 +183,13 @@ def test_non_empty_out_needs_overwrite(odd_tree: Path, tmp_path: Path) -> None:
         shard(ShardConfig(odd_tree, out))
     shard(ShardConfig(odd_tree, out, overwrite=True))
     assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+
+
+def test_worker_processes_give_the_same_bytes_for_odd_files(odd_tree: Path, tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    shard(ShardConfig(odd_tree, one, max_side_px=32))
+    shard(ShardConfig(odd_tree, two, max_side_px=32, workers=2))
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
+    assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)
+    assert all(max(r["width"], r["height"]) <= 32 for r in _rows(two, "train"))

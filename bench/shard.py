@@ -1,0 +1,122 @@
+"""Sharder speed: images/s and MB/s of ``feeder shard`` on the sample data.
+
+For each mode and ``--workers`` setting: one untimed warm-up run, then the median of
+``--repeats`` timed runs. A run is the whole ``sharder.shard`` call (find inputs,
+check and write every image, index, manifest), input files already in the page
+cache, output to a fresh folder on the same disk. Modes:
+
+- ``passthrough``: valid JPEGs are only checked (headers, end marker) and copied.
+- ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
+
+Example::
+
+    python bench/shard.py --json bench/results/shard.json --plot bench/results/shard.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if not __package__:  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.report import write_json  # noqa: E402
+from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # noqa: E402
+
+__all__ = ["main", "measure"]
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = {"passthrough": {}, "reencode": {"max_side_px": 256}}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--src", type=Path, help="input tree (default: sample data made once under --cache)")
+    p.add_argument("--cache", type=Path, default=REPO / ".bench", help="where the default sample data is kept")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--train-per-class", type=int, default=300)
+    p.add_argument("--val-per-class", type=int, default=10)
+    p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
+    p.add_argument("--modes", default="passthrough,reencode", help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
+    p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
+    return p.parse_args(argv)
+
+
+def _sample_src(args: argparse.Namespace) -> Path:
+    if args.src is not None:
+        return args.src
+    src = args.cache / f"shard-sample-c{args.classes}-t{args.train_per_class}-v{args.val_per_class}"
+    if not (src / "LOC_synset_mapping.txt").is_file():
+        shutil.rmtree(src, ignore_errors=True)
+        make_sample_data(SampleDataConfig(src, args.classes, args.train_per_class, args.val_per_class))
+    return src
+
+
+def _input_bytes(src: Path) -> tuple[int, int]:
+    """Image count and bytes under ``src``; reading them also warms the page cache."""
+    files = [p for p in src.rglob("*") if p.suffix.lower() in (".jpeg", ".jpg")]
+    return len(files), sum(len(p.read_bytes()) for p in files)
+
+
+def measure(src: Path, workers: int, options: dict, repeats: int, scratch: Path) -> list[float]:
+    """Seconds of ``repeats`` shard runs after one warm-up run."""
+    seconds = []
+    for attempt in range(repeats + 1):
+        out = scratch / f"out-{workers}-{attempt}"
+        started = time.perf_counter()
+        shard(ShardConfig(src, out, workers=workers, **options))
+        elapsed = time.perf_counter() - started
+        shutil.rmtree(out)
+        if attempt > 0:
+            seconds.append(elapsed)
+    return seconds
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = [f"{r['mode']}\n--workers {r['workers']}" for r in rows]
+    ax.bar(labels, [r["images_per_s"] for r in rows], color=["tab:blue" if r["mode"] == "passthrough" else "tab:orange" for r in rows])
+    ax.set_ylabel("images/s (median)")
+    ax.set_title("feeder shard on the sample data")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    src = _sample_src(args)
+    images, input_bytes = _input_bytes(src)
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
+        for mode in args.modes.split(","):
+            for workers in (int(w) for w in args.workers.split(",")):
+                seconds = measure(src, workers, MODES[mode], args.repeats, Path(scratch))
+                median = statistics.median(seconds)
+                row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes, "seconds": seconds,
+                       "median_s": median, "images_per_s": images / median, "mb_per_s": input_bytes / median / 1e6}  # fmt: skip
+                rows.append(row)
+                print(f"{mode:<12} --workers {workers}: {row['images_per_s']:7.0f} images/s {row['mb_per_s']:7.1f} MB/s (median of {args.repeats})")
+    config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    if args.json:
+        write_json(args.json, config, rows, sys.argv)
+    if args.plot:
+        _plot(rows, args.plot)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Check and normalise inputs, in order, with decode work spread over processes.
+
+The writing process reads every file and checks it without decoding
+(``check_without_decode``): valid JPEGs pass through and bad headers are rejected
+right there, so pass-through inputs never cross a process boundary. Only inputs that
+need a decode (odd formats, ``--max-side``, ``--quality``) go to the worker pool.
+Results come back in input order, whatever order the workers finish in, so the
+output does not depend on the number of workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.pool import AsyncResult, Pool
+from pathlib import Path
+
+from sharder.config import ShardConfig
+from sharder.images import ProcessedImage, check_without_decode, decode_and_reencode, read_input
+
+__all__ = ["processed_in_order", "worker_pool"]
+
+# Inputs in flight per worker: enough to keep every worker busy while the writer
+# waits for the oldest one; bounds memory to a few images per worker.
+_IN_FLIGHT_PER_WORKER = 8
+
+
+@contextmanager
+def worker_pool(workers: int) -> Iterator[Pool | None]:
+    """Processes that decode and re-encode inputs (None: do it in this process).
+
+    Forked, not spawned: a spawned worker would re-import the program's main module
+    (the whole CLI) before doing any work. Create the pool before starting threads.
+    """
+    if workers == 1:
+        yield None
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield pool
+
+
+def _reencode(data: bytes, max_side_px: int | None, quality: int) -> ProcessedImage:
+    return decode_and_reencode(data, max_side_px=max_side_px, quality=quality)
+
+
+def _start(path: Path, config: ShardConfig, pool: Pool | None) -> ProcessedImage | AsyncResult:
+    data = read_input(path)
+    if isinstance(data, ProcessedImage):
+        return data
+    quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality)
+    if quick is not None:
+        return quick
+    if pool is None:
+        return _reencode(data, config.max_side_px, config.reencode_quality)
+    return pool.apply_async(_reencode, (data, config.max_side_px, config.reencode_quality))
+
+
+def _done(item: ProcessedImage | AsyncResult) -> ProcessedImage:
+    return item if isinstance(item, ProcessedImage) else item.get()
+
+
+def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None) -> Iterator[ProcessedImage]:
+    """The outcome for each of ``paths``, in the same order.
+
+    Args:
+        config: image options (``max_side_px``, ``quality``).
+        paths: input files.
+        pool: from ``worker_pool`` (None: decode in this process).
+
+    Yields:
+        One ProcessedImage per path.
+    """
+    in_flight: deque[ProcessedImage | AsyncResult] = deque()
+    limit = _IN_FLIGHT_PER_WORKER * max(1, config.workers)
+    for path in paths:
+        in_flight.append(_start(path, config, pool))
+        while in_flight and (len(in_flight) > limit or isinstance(in_flight[0], ProcessedImage) or in_flight[0].ready()):
+            yield _done(in_flight.popleft())
+    while in_flight:
+        yield _done(in_flight.popleft())
