@@ -72,20 +72,21 @@ def train_pipeline(device: str, crop: CropRange, decode_seed: int = -1):
     Inputs (external_source): ``jpegs`` (uint8 bytes per sample) and ``sizes``
     (float32 ``[image_size]`` per sample). Output: uint8 HWC, RGB.
     """
-    jpegs = fn.external_source(name=_JPEGS, dtype=types.UINT8, ndim=1)
-    sizes = fn.external_source(name=_SIZES, dtype=types.FLOAT, ndim=1)
+    jpegs = fn.external_source(name=_JPEGS, dtype=types.DALIDataType.UINT8, ndim=1)
+    sizes = fn.external_source(name=_SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
     images = fn.decoders.image_random_crop(
         jpegs,
         device=_decoder_device(device),
-        output_type=types.RGB,
+        output_type=types.DALIImageType.RGB,
         random_area=[crop.min_scale, crop.max_scale],
         random_aspect_ratio=[crop.min_ratio, crop.max_ratio],
         num_attempts=100,  # torchvision tries 10 then centre-crops; more tries, fewer fallbacks
         seed=decode_seed,
     )
     side = sizes[0]
-    images = fn.resize(images, resize_x=side, resize_y=side, antialias=True)
-    return fn.flip(images, horizontal=fn.random.coin_flip(probability=0.5))
+    resized = fn.resize(images, resize_x=side, resize_y=side, antialias=True)
+    # DALI's stubs type every op's result as a union; this op has one output.
+    return fn.flip(resized, horizontal=fn.random.coin_flip(probability=0.5))  # type: ignore[arg-type]
 
 
 @pipeline_def
@@ -94,12 +95,12 @@ def val_pipeline(device: str):
 
     Same inputs and output as :func:`train_pipeline`.
     """
-    jpegs = fn.external_source(name=_JPEGS, dtype=types.UINT8, ndim=1)
-    sizes = fn.external_source(name=_SIZES, dtype=types.FLOAT, ndim=1)
-    images = fn.decoders.image(jpegs, device=_decoder_device(device), output_type=types.RGB)
+    jpegs = fn.external_source(name=_JPEGS, dtype=types.DALIDataType.UINT8, ndim=1)
+    sizes = fn.external_source(name=_SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
+    images = fn.decoders.image(jpegs, device=_decoder_device(device), output_type=types.DALIImageType.RGB)
     side = sizes[0]
-    images = fn.resize(images, resize_shorter=side / VAL_CROP_FRACTION, antialias=True)
-    return fn.crop(images, crop_h=side, crop_w=side, out_of_bounds_policy="pad")
+    resized = fn.resize(images, resize_shorter=side / VAL_CROP_FRACTION, antialias=True)
+    return fn.crop(resized, crop_h=side, crop_w=side, out_of_bounds_policy="pad")  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

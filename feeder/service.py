@@ -59,10 +59,11 @@ def resolve_device(device: str) -> str:
     """``auto`` -> ``gpu`` when DALI sees a CUDA device, else ``cpu``."""
     if device != "auto":
         return device
-    from nvidia.dali.backend import GetCUDADeviceCount
+    from nvidia.dali import backend
 
     try:
-        return "gpu" if GetCUDADeviceCount() > 0 else "cpu"
+        count = getattr(backend, "GetCUDADeviceCount")()  # not in DALI's type stubs
+        return "gpu" if count > 0 else "cpu"
     except RuntimeError:
         return "cpu"
 

@@ -97,6 +97,8 @@ class BatchStream:
                 return
             if isinstance(item, FeederError):
                 raise item
+            if not isinstance(item, ReadyBatch):
+                raise TypeError(f"unexpected queue item {item!r}")
             waited = time.perf_counter()
             yield item
             self._metrics.stage("send", time.perf_counter() - waited)
