@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -61,7 +62,11 @@ def shard_command(
             src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
             max_side_px=max_side, quality=quality, on_error=on_error, overwrite=overwrite, progress=progress,
         )  # fmt: skip
-        print(shard(config).summary())
+        try:
+            print(shard(config).summary())
+        except KeyboardInterrupt:
+            print(f"feeder: interrupted; run the same command again to resume into {out}", file=sys.stderr)
+            raise typer.Exit(130) from None
 
     run_command(run)
 

@@ -4,13 +4,16 @@ Shape (``FORMAT_VERSION`` 1)::
 
     {"format_version": 1, "layout": "ilsvrc"|"folders", "source": str,
      "classes": [sorted class names],                # label = index in this list
-     "splits": {"train": {"num_samples", "accepted", "rejected", "ignored", "inputs",
+     "splits": {"train": {"num_samples", "accepted", "rejected", "reencoded", "ignored", "inputs",
                           "per_class": {class name: accepted count},
                           "index": "train/index.parquet",
                           "shards": [{"path", "index", "samples", "bytes", "sha256"}],
                           "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
                           "rejects": [{"source", "reason"}]}, ...},
      "options": {...}}
+
+``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
+RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than byte for byte.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class ShardReport:
         return (
             f"sharded {self.total('accepted')} images ({per_split}) into {self.total('shards')} shards, "
             f"{self.total('bytes') / 1e6:.1f} MB; rejected {self.total('rejected')}, "
-            f"ignored {self.total('ignored')}; {self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
+            f"re-encoded {self.total('reencoded')}, ignored {self.total('ignored')}; {self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
         )
 
 
@@ -142,6 +142,7 @@ def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRec
         "num_samples": accepted,
         "accepted": accepted,
         "rejected": len(rejects),
+        "reencoded": sum(rec.reencoded for rec in records),
         "ignored": split.ignored,
         "inputs": accepted + len(rejects),
         "per_class": per_class,
@@ -199,7 +200,7 @@ def shard(config: ShardConfig) -> ShardReport:
     shutil.rmtree(work)
     report = ShardReport(config.out, seconds=time.monotonic() - started)
     for name, entry in splits.items():
-        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "ignored")}
+        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
         counts["shards"] = len(entry["shards"])
         counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
         report.splits[name] = counts

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from pathlib import Path
 
@@ -45,6 +45,7 @@ class ShardRecord:
     samples: int
     bytes: int
     sha256: str
+    reencoded: int = 0
     rows: list[list] = field(default_factory=list)  # key, label, offset, size, source, width, height
     rejects: list[list[str]] = field(default_factory=list)  # source, reason
 
@@ -78,12 +79,14 @@ class _Roller:
         self.writer: TarShardWriter | None = None
         self.rows: list[list] = []
         self.rejects: list[list[str]] = []
+        self.reencoded = 0
 
     def add(self, position: int, source: SourceFile, image: ProcessedImage) -> None:
         if self.writer is not None and self.writer.bytes_after(len(image.data)) > self.config.shard_size_bytes:
             self.close(consumed_end=position)
         if self.writer is None:
             self.writer = TarShardWriter(self.tar_root / self.split / shard_name(len(self.records)))
+        self.reencoded += image.reencoded
         key = sample_key(position, source.source)
         offset, size = self.writer.write(Sample(key, source.label, image.data, image.width, image.height))
         self.rows.append([key, source.label, offset, size, source.source, image.width, image.height])
@@ -103,12 +106,13 @@ class _Roller:
             samples=writer.samples if writer else 0,
             bytes=writer.bytes_written if writer else 0,
             sha256=writer.sha256 if writer else "",
+            reencoded=self.reencoded,
             rows=self.rows,
             rejects=self.rejects,
         )
-        write_json_atomic(self.work_dir / shard_name(number, ".json"), asdict(record))
+        write_json_atomic(self.work_dir / shard_name(number, ".json"), vars(record))
         self.records.append(record)
-        self.writer, self.rows, self.rejects = None, [], []
+        self.writer, self.rows, self.rejects, self.reencoded = None, [], [], 0
         if self.config.on_shard_done is not None:
             self.config.on_shard_done(self.split, number)
 

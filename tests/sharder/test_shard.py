@@ -49,6 +49,7 @@ def test_plain_tree_normalises_rejects_and_counts_everything(odd_tree: Path, tmp
     rejected = {f"zebra/{n}" for n, (_, outcome) in expected.items() if outcome == "reject"}
     assert {r["source"] for r in split["rejects"]} == rejected and all(r["reason"] for r in split["rejects"])
     assert split["ignored"] == 2 and split["rejected"] == len(rejected)
+    assert split["reencoded"] == sum(outcome == "reencode" for _, outcome in expected.values())
     assert split["accepted"] + split["rejected"] == split["inputs"] == len(expected) + 5
     assert split["per_class"] == {"apple": 5, "zebra": len(expected) - len(rejected)}
     for row in _rows(out, "train"):
@@ -60,7 +61,7 @@ def test_plain_tree_normalises_rejects_and_counts_everything(odd_tree: Path, tmp
             assert stored == original
         else:
             assert stored[:2] == b"\xff\xd8" and stored != original
-    assert f"rejected {len(rejected)}, ignored 2" in report.summary()
+    assert f"rejected {len(rejected)}, re-encoded {split['reencoded']}, ignored 2" in report.summary()
     assert not verify(out, full=True).problems
 
 
