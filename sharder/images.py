@@ -159,6 +159,8 @@ def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality
         return None
     header = parse_jpeg_header(data)
     if header is None:
+        if not _ends_with_eoi(data):
+            return ProcessedImage(reject="truncated JPEG (ends inside its headers)")
         return ProcessedImage(reject="corrupt JPEG (no valid frame header)")
     if not _ends_with_eoi(data):
         return ProcessedImage(reject="truncated JPEG (no end-of-image marker)")
