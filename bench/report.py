@@ -94,7 +94,10 @@ def write_json(path: Path, config: dict, rows: list[dict], command: list[str]) -
 
 
 def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None or value != value else format(value, spec)
+    """``value`` in format ``spec`` (e.g. ``"9.2f"``), or a dash of the same width."""
+    if value is None or value != value:  # missing peer, or NaN
+        return "-".rjust(int(spec.split(".")[0]))
+    return format(value, spec)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -15,6 +15,7 @@ __all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "check_batch", "loa
 
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {
+    "feeder-grpc": "feeder_grpc",
     "dali": "dali_inprocess",
     "torchvision": "imagefolder",
     "webdataset": "webdataset_tars",

@@ -13,8 +13,7 @@ import pytest
 
 from bench import throughput
 
-# Every loader whose code is in the tree (feeder-grpc joins once the daemon serves).
-SMOKE_LOADERS = ["dali", "torchvision", "webdataset", "decode-only", "synthetic"]
+SMOKE_LOADERS = ["feeder-grpc", "dali", "torchvision", "webdataset", "decode-only", "synthetic"]
 IMAGE_SIZE_PX = 32
 BATCH = 8
 
@@ -25,12 +24,14 @@ ROW_KEYS = {
 }
 
 
-def _run(tmp_path: Path, shards: Path, source: Path, loaders: list[str]) -> tuple[int, dict]:
+def _run(
+    tmp_path: Path, shards: Path, source: Path, loaders: list[str], clients: int = 1, split: str = "train"
+) -> tuple[int, dict]:
     out = tmp_path / "result.json"
     argv = [
-        "--data", str(shards), "--source", str(source), "--loaders", ",".join(loaders),
+        "--data", str(shards), "--split", split, "--source", str(source), "--loaders", ",".join(loaders),
         "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH), "--threads", "1",
-        "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1",
+        "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1", "--clients", str(clients),
         "--json", str(out), "--plot", str(tmp_path / "result.png"),
     ]
     code = throughput.main(argv)
@@ -41,7 +42,8 @@ def _run(tmp_path: Path, shards: Path, source: Path, loaders: list[str]) -> tupl
 def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     tmp_path: Path, bench_shards: Path, bench_source: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, doc = _run(tmp_path, bench_shards, bench_source, SMOKE_LOADERS)
+    # Two consumers of the daemon; the loaders without a daemon ignore --clients.
+    code, doc = _run(tmp_path, bench_shards, bench_source, SMOKE_LOADERS, clients=2)
 
     rows = {r["loader"]: r for r in doc["results"]}
     assert list(rows) == SMOKE_LOADERS
@@ -53,6 +55,8 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
         assert row["cpus"] == [row["cpus"][0]], "the budget of one thread pins one CPU"
         assert row["peak_pss_bytes"] > 0
     assert code == 0
+    assert rows["feeder-grpc"]["clients"] == 2 and len(rows["feeder-grpc"]["per_client_images_per_s"]) == 2
+    assert rows["dali"]["clients"] == 1
     assert rows["torchvision"]["x_torchvision"] == pytest.approx(1.0)
     assert rows["decode-only"]["x_decode_only"] == pytest.approx(1.0)
     assert doc["schema_version"] == 1
@@ -64,12 +68,9 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     assert all(name in table for name in SMOKE_LOADERS)
 
 
-def test_a_failing_loader_is_reported_and_fails_the_run(tmp_path: Path, bench_shards: Path) -> None:
-    empty = tmp_path / "no-images"
-    empty.mkdir()
+def test_a_failing_loader_is_reported_and_fails_the_run(tmp_path: Path, bench_shards: Path, bench_source: Path) -> None:
+    code, doc = _run(tmp_path, bench_shards, bench_source, ["decode-only"], split="no-such-split")
 
-    code, doc = _run(tmp_path, bench_shards, empty, ["torchvision"])
-
-    (row,) = doc["results"]
+    (failed,) = doc["results"]
     assert code == 1
-    assert "no-images" in row["error"]
+    assert "no-such-split" in failed["error"] and "images_per_s" not in failed
