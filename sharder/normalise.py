@@ -11,6 +11,7 @@ output does not depend on the number of workers.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,8 +38,13 @@ def worker_pool(workers: int) -> Iterator[Pool | None]:
     if workers == 1:
         yield None
         return
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_ignore_interrupts) as pool:
         yield pool
+
+
+def _ignore_interrupts() -> None:
+    # Ctrl-C reaches the whole process group; the writer handles it and ends the pool.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _reencode(data: bytes, max_side_px: int | None, quality: int) -> ProcessedImage:
