@@ -65,20 +65,19 @@ def _epoch_request(args: argparse.Namespace, epoch: int) -> feeder_pb2.StreamReq
 
 
 def grpc_batches(stub: feeder_pb2_grpc.FeederStub, args: argparse.Namespace) -> Generator[np.ndarray, None, None]:
-    """Endless train batches received from the daemon, as NHWC uint8 arrays.
-
-    Like a training client, it opens the next epoch's stream when it starts reading
-    the current one, so the daemon's pipeline has no bubble at epoch boundaries.
-    """
-    calls = [stub.StreamBatches(_epoch_request(args, 0))]
+    """Endless train batches received from the daemon, as NHWC uint8 arrays: one
+    stream of many epochs back to back (``StreamRequest.epochs``), as the in-process
+    loop runs epoch after epoch without a pause."""
+    request = feeder_pb2.StreamRequest(
+        dataset="bench", split="train", seed=args.seed, epoch=0, epochs=1_000_000, world_size=1,
+        batch_size=args.batch_size, image_size=args.image_size,
+    )
+    call = stub.StreamBatches(request)
     try:
-        for epoch in count():
-            calls.append(stub.StreamBatches(_epoch_request(args, epoch + 1)))
-            for batch in calls.pop(0):
-                yield np.frombuffer(batch.images, dtype=np.uint8).reshape(tuple(batch.shape))
+        for batch in call:
+            yield np.frombuffer(batch.images, dtype=np.uint8).reshape(tuple(batch.shape))
     finally:
-        for call in calls:
-            call.cancel()  # a consumer that stops early frees the daemon's streams
+        call.cancel()  # a consumer that stops early frees the daemon's stream
 
 
 def rate(batches: Iterator[np.ndarray], warmup_s: float, seconds: float) -> float:

@@ -66,11 +66,12 @@ class RankPart:
 
 @dataclass(frozen=True)
 class BatchSlice:
-    """The samples of one batch and the cursor after it."""
+    """The samples of one batch, the cursor after it and the epoch it belongs to."""
 
     indices: np.ndarray
     padding: np.ndarray
     cursor: int
+    epoch: int = 0
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -132,8 +133,9 @@ def iter_batches(
     batch_size: int,
     policy: LastBatch,
     max_samples: int = 0,
+    epoch: int = 0,
 ) -> Iterator[BatchSlice]:
-    """Batches of ``part`` from ``start_cursor``.
+    """Batches of ``part`` from ``start_cursor``, stamped with ``epoch``.
 
     The stream covers ``[start_cursor, end)`` with ``end = part end`` or
     ``start_cursor + max_samples`` if that is sooner. A window that stops before the
@@ -153,9 +155,9 @@ def iter_batches(
         if hi - lo < batch_size and at_part_end:
             if policy is LastBatch.DROP:
                 return
-            yield _padded(part, lo, hi, batch_size)
+            yield _padded(part, lo, hi, batch_size, epoch)
             return
-        yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi)
+        yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi, epoch=epoch)
 
 
 def tail_skipped(part_length: int, start_cursor: int, batch_size: int, max_samples: int = 0) -> int:
@@ -167,9 +169,9 @@ def tail_skipped(part_length: int, start_cursor: int, batch_size: int, max_sampl
     return (end - start_cursor) % batch_size
 
 
-def _padded(part: RankPart, lo: int, hi: int, batch_size: int) -> BatchSlice:
+def _padded(part: RankPart, lo: int, hi: int, batch_size: int, epoch: int) -> BatchSlice:
     fill = batch_size - (hi - lo)
     repeat = np.resize(part.indices, fill)  # cycles from the part's start
     indices = np.concatenate([part.indices[lo:hi], repeat])
     padding = np.concatenate([part.padding[lo:hi], np.ones(fill, dtype=bool)])
-    return BatchSlice(indices, padding, cursor=hi)
+    return BatchSlice(indices, padding, cursor=hi, epoch=epoch)

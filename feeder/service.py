@@ -4,7 +4,7 @@ pipeline pool and the open streams. The servicer only converts messages."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +13,16 @@ from feeder.dataset import ShardDataset, SplitIndex
 from feeder.errors import InvalidArgument, NotFound, ServiceUnavailable
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
-from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part, tail_skipped
+from feeder.plan import (
+    BatchSlice,
+    LastBatch,
+    RankPart,
+    epoch_order,
+    iter_batches,
+    rank_part,
+    tail_skipped,
+    validate_window,
+)
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.stream import BatchStream, StreamContext
 
@@ -31,6 +40,8 @@ class StreamSpec:
 
     ``augment`` None means: train augmentation for the split named ``train``,
     validation transform otherwise. Train augmentation also shuffles the order.
+    ``epochs`` > 1 streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
+    ``max_samples`` apply to the first.
     """
 
     dataset: str
@@ -43,6 +54,7 @@ class StreamSpec:
     epoch: int = 0
     start_cursor: int = 0
     max_samples: int = 0
+    epochs: int = 1
     last_batch: LastBatch = LastBatch.DROP
     augment: AugmentKind | None = None
     crop: CropRange = field(default_factory=CropRange)
@@ -104,19 +116,32 @@ class FeederService:
         """
         split = self._split(spec)
         self._check_sizes(spec)
-        order = epoch_order(len(split), spec.seed, spec.epoch, shuffle=spec.kind is AugmentKind.TRAIN)
-        part = rank_part(order, spec.rank, spec.world_size, spec.last_batch)
-        slices = iter_batches(part, spec.start_cursor, spec.batch_size, spec.last_batch, spec.max_samples)
-        if spec.last_batch is LastBatch.DROP:
-            skipped = tail_skipped(len(part), spec.start_cursor, spec.batch_size, spec.max_samples)
-            self.metrics.skipped.inc(skipped + (part.skipped if spec.start_cursor == 0 else 0))
+        part = self._part(spec, split, spec.epoch)
+        validate_window(len(part), spec.start_cursor, spec.max_samples)
+        slices = self._slices(spec, split, part)
         runner = self.pool.acquire(self._pipeline_spec(spec))
         context = StreamContext(
-            split, runner, spec.image_size, spec.epoch, len(part), self.config.queue_batches
+            split, runner, spec.image_size, len(part), self.config.queue_batches
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         self._admit(stream, runner)
         return stream.start()
+
+    def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
+        shuffle = spec.kind is AugmentKind.TRAIN
+        order = epoch_order(len(split), spec.seed, epoch, shuffle=shuffle)
+        return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
+
+    def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
+        """The batches of every requested epoch; counts what ``drop`` skips."""
+        for k in range(spec.epochs):
+            epoch = spec.epoch + k
+            part = first if k == 0 else self._part(spec, split, epoch)
+            cursor, limit = (spec.start_cursor, spec.max_samples) if k == 0 else (0, 0)
+            if spec.last_batch is LastBatch.DROP:
+                tail = tail_skipped(len(part), cursor, spec.batch_size, limit)
+                self.metrics.skipped.inc(tail + (part.skipped if cursor == 0 else 0))
+            yield from iter_batches(part, cursor, spec.batch_size, spec.last_batch, limit, epoch=epoch)
 
     def _split(self, spec: StreamSpec) -> SplitIndex:
         dataset = self.datasets.get(spec.dataset)
@@ -128,6 +153,8 @@ class FeederService:
         return split
 
     def _check_sizes(self, spec: StreamSpec) -> None:
+        if spec.epochs < 1:
+            raise InvalidArgument(f"epochs: must be >= 1, got {spec.epochs}")
         limit = self.config.max_batch_size
         if not 1 <= spec.batch_size <= limit:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{limit}")

@@ -59,6 +59,7 @@ def stream_spec(request: feeder_pb2.StreamRequest) -> StreamSpec:
         epoch=request.epoch,
         start_cursor=request.start_cursor,
         max_samples=request.max_samples,
+        epochs=max(1, request.epochs) if request.epochs >= 0 else request.epochs,
         last_batch=_LAST_BATCH[request.last_batch],
         augment=_AUGMENT[request.augment],
         crop=_crop(request),

@@ -51,7 +51,6 @@ class StreamContext:
     split: SplitIndex
     runner: PipelineRunner
     image_size: int
-    epoch: int
     samples_per_rank: int
     queue_batches: int
 
@@ -188,7 +187,7 @@ class BatchStream:
     def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
         split = self._ctx.split
         return ReadyBatch(
-            epoch=self._ctx.epoch,
+            epoch=batch.epoch,
             cursor=batch.cursor,
             samples_per_rank=self._ctx.samples_per_rank,
             keys=[split.keys[int(i)] for i in batch.indices],

@@ -74,6 +74,19 @@ def test_train_order_depends_on_seed_and_epoch(stub):
     assert keys(seed=1, epoch=0) != keys(seed=1, epoch=1)
 
 
+def test_several_epochs_back_to_back_match_single_epoch_streams(stub):
+    def keys(batches):
+        return [(b.epoch, k, b.cursor) for b in batches for k in b.keys]
+
+    fields = dict(batch_size=6, world_size=2, rank=1, seed=3)
+    joined = keys(stub.StreamBatches(request(epoch=4, epochs=3, start_cursor=12, **fields)))
+    single = keys(stub.StreamBatches(request(epoch=4, start_cursor=12, **fields)))
+    for epoch in (5, 6):
+        single += keys(stub.StreamBatches(request(epoch=epoch, **fields)))
+    assert joined == single
+    assert {e for e, _, _ in joined} == {4, 5, 6}
+
+
 def test_list_datasets_and_stats(stub, index_rows):
     (info,) = stub.ListDatasets(feeder_pb2.ListDatasetsRequest()).datasets
     assert info.name == "sample"
@@ -100,6 +113,7 @@ BAD_REQUESTS = [
     (dict(start_cursor=65), grpc.StatusCode.INVALID_ARGUMENT, "start_cursor"),
     (dict(min_scale=0.9, max_scale=0.5), grpc.StatusCode.INVALID_ARGUMENT, "min_scale"),
     (dict(last_batch=7), grpc.StatusCode.INVALID_ARGUMENT, "last_batch"),
+    (dict(epochs=-1), grpc.StatusCode.INVALID_ARGUMENT, "epochs"),
 ]
 
 
