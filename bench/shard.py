@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     src = _sample_src(args)
     images, input_bytes = _input_bytes(src)
+    load_before = os.getloadavg()[0]  # other work on the machine skews every figure
     rows = []
     with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
         for mode in args.modes.split(","):
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 rows.append(row)
                 print(f"{mode:<12} --workers {workers}: {row['images_per_s']:7.0f} images/s {row['mb_per_s']:7.1f} MB/s (median of {args.repeats})")
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    config.update(src=str(src), load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0])
     if args.json:
         write_json(args.json, config, rows, sys.argv)
     if args.plot:
