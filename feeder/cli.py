@@ -41,16 +41,12 @@ def run_command(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def _register() -> None:
     # Each area owns the module that defines its commands; they are attached here.
-    from importlib import import_module
+    from clients import commands as train_commands
+    from feeder import commands as serve_commands
+    from sharder import commands as shard_commands
 
-    for module in ("sharder.commands", "feeder.commands", "clients.commands"):
-        try:
-            mod = import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            continue
-        mod.register(app)
+    for module in (shard_commands, serve_commands, train_commands):
+        module.register(app)
 
 
 _register()
