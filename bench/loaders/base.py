@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "check_batch"]
+__all__ = ["DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "check_batch", "dtype_name"]
 
 DEVICES = ("cpu", "gpu")
 # "decoded": full-size decoded images whose pixels stay where they were decoded;

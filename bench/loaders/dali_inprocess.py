@@ -14,7 +14,7 @@ from itertools import count
 
 import numpy as np
 
-from bench.loaders.base import Batch, LoaderSpec
+from bench.loaders.base import Batch, LoaderSpec, dtype_name
 from feeder.dataset import ShardDataset, SplitIndex
 from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part
@@ -45,4 +45,4 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
         seed=spec.seed,
     )
     outputs = runner.run_many(_jpeg_batches(split, spec))
-    yield (Batch(len(images), images, "NHWC", str(images.dtype)) for images in outputs)
+    yield (Batch(len(images), images, "NHWC", dtype_name(images)) for images in outputs)

@@ -35,7 +35,7 @@ def _keep(jpegs: list[bytes]) -> None:
     _jpegs.extend(jpegs)
 
 
-def _decode(start: int, count: int) -> list[tuple[int, ...]]:
+def _decode(start: int, count: int) -> list[tuple[int, int, int]]:
     """Decodes ``count`` JPEGs from ``start`` (wrapping); returns their HWC shapes."""
     shapes = []
     for i in range(start, start + count):

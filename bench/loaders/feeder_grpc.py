@@ -1,10 +1,11 @@
 """``feeder-grpc``: ``feeder serve`` in a process of its own, consumed over gRPC.
 
 The daemon is started once (``open_shared``) with the thread budget as its DALI
-threads; each consumer opens ``StreamBatches`` for its rank, epoch after epoch, and
-turns every message into a uint8 NHWC array, as a training process would before moving
-it to its device. The daemon is a child of the loader's process, so its CPU time and
-memory are charged to this loader.
+threads; each consumer is a ``clients.FeederLoader`` for its rank, as a training
+process uses it, epoch after epoch, kept as uint8 on the CPU (``normalize=False``: the
+other loaders stop at uint8 too; both DALI loaders hand over host memory). The daemon
+is a child of the loader's process, so its CPU time and memory are charged to this
+loader.
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import count
 
-import grpc
-import numpy as np
-
-from bench.loaders.base import Batch, LoaderSpec
-from protos import feeder_pb2, feeder_pb2_grpc
+from bench.loaders.base import Batch, LoaderSpec, dtype_name
+from clients import FeederLoader
 
 __all__ = ["DATASET", "open_loader", "open_shared"]
 
@@ -31,8 +28,6 @@ _READY = "feeder: serving on "
 _START_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 15.0
 _LOG_LINES = 20
-# Batches are tens of MB at large sizes: lift gRPC's 4 MB receive limit.
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1)]
 
 
 def _daemon_command(spec: LoaderSpec) -> list[str]:
@@ -77,29 +72,25 @@ def open_shared(spec: LoaderSpec) -> Iterator[str]:
             proc.wait()
 
 
-def _request(spec: LoaderSpec, epoch: int) -> feeder_pb2.StreamRequest:
-    return feeder_pb2.StreamRequest(
-        dataset=DATASET, split=spec.split, job_id="bench", seed=spec.seed, epoch=epoch,
-        rank=spec.client_rank, world_size=spec.clients, batch_size=spec.batch_size,
-        image_size=spec.image_size_px, augment=feeder_pb2.AUGMENT_TRAIN,
-    )
-
-
-def _batches(stub: feeder_pb2_grpc.FeederStub, spec: LoaderSpec) -> Iterator[Batch]:
-    for epoch in count():
-        for message in stub.StreamBatches(_request(spec, epoch)):
-            images = np.frombuffer(message.images, dtype=np.uint8).reshape(tuple(message.shape))
-            yield Batch(len(images), images, "NHWC", "uint8")
+def _batches(loader: FeederLoader) -> Iterator[Batch]:
+    while True:  # each pass over the loader is the rest of one epoch
+        for images, _ in loader:
+            yield Batch(len(images), images, "NCHW", dtype_name(images))
 
 
 @contextmanager
 def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Batch]]:
-    """Yields endless uint8 NHWC batches streamed by the daemon at ``shared``.
+    """Yields endless uint8 NCHW batches streamed by the daemon at ``shared``.
 
     Raises:
         ValueError: ``shared`` is not a daemon address (``open_shared`` was not run).
     """
     if not isinstance(shared, str):
         raise ValueError("feeder-grpc needs the address of a running daemon (open_shared)")
-    with grpc.insecure_channel(shared, options=_CHANNEL_OPTIONS) as channel:
-        yield _batches(feeder_pb2_grpc.FeederStub(channel), spec)
+    loader = FeederLoader(
+        shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
+        seed=spec.seed, rank=spec.client_rank, world_size=spec.clients, device="cpu", normalize=False,
+        augment="train", job_id="bench",
+    )
+    with loader:
+        yield _batches(loader)
