@@ -1,0 +1,47 @@
+"""Checkpoints: save then load gives back model, loader position and RNG streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clients.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
+from clients.distributed import Dist
+from feeder.errors import NotFound
+
+ALONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def test_save_then_load_restores_state_and_rng(tmp_path: Path) -> None:
+    model = torch.nn.Linear(3, 2)
+    torch.manual_seed(5)
+    rng = capture_rng()
+    expected = torch.rand(4)
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, {"model": model.state_dict(), "step": step},
+                        {"loader": {"epoch": 1, "cursor": 8 * step}, "rng": rng}, ALONE)
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-000006"
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000006"]
+    torch.rand(10)  # move the generator on
+    shared, mine = load_checkpoint(tmp_path, ALONE)
+    assert shared["step"] == 6 and mine["loader"] == {"epoch": 1, "cursor": 48}
+    torch.testing.assert_close(shared["model"]["weight"], model.weight)
+    restore_rng(mine["rng"])
+    torch.testing.assert_close(torch.rand(4), expected)
+
+
+def test_missing_checkpoints_are_reported(tmp_path: Path) -> None:
+    with pytest.raises(NotFound, match="no checkpoint"):
+        load_checkpoint(tmp_path, ALONE)
+    save_checkpoint(tmp_path, 1, {}, {}, ALONE)
+    other = Dist(rank=3, world_size=4, local_rank=3, device=torch.device("cpu"))
+    with pytest.raises(NotFound, match="rank 3"):
+        load_checkpoint(tmp_path, other)
