@@ -10,7 +10,8 @@ reported (the daemon aims for >= 0.85).
 
 Example::
 
-    python bench/serve.py --image-size 224 --threads 2 --json bench/results/serve.json
+    python bench/serve.py --image-size 224 --threads 2 --json bench/results/serve.json \\
+        --plot bench/results/serve.png
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec  # noqa: E
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protos import feeder_pb2, feeder_pb2_grpc  # noqa: E402
 
-__all__ = ["grpc_batches", "inprocess_batches", "main", "rate"]
+__all__ = ["grpc_batches", "inprocess_batches", "main", "parse_args", "plot", "rate"]
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -108,6 +109,26 @@ def _start_daemon(shards: Path, args: argparse.Namespace) -> tuple[subprocess.Po
     return proc, int(line.rsplit(":", 1)[1])
 
 
+def plot(path: Path, results: dict[str, list[float]], ratio: float, title: str) -> None:
+    """Bar per side at its median, each repeat as a dot, the ratio in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["dali_inprocess", "feeder_grpc"]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.barh(names, [statistics.median(results[n]) for n in names], color=["#999999", "#2a7ab0"])
+    for y, name in enumerate(names):
+        ax.plot(results[name], [y] * len(results[name]), "k.", markersize=4)
+    ax.set_xlabel("images/s received (median of repeats; dots: repeats)")
+    ax.set_title(f"{title}\nfeeder over gRPC / in-process DALI = {ratio:.2f}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=Path, help="shard directory (default: the sample data)")
@@ -121,6 +142,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--plot", type=Path, help="draw the two rates here (PNG)")
     return parser.parse_args(argv)
 
 
@@ -156,6 +178,9 @@ def main(argv: list[str] | None = None) -> dict:
         "git": git_revision(),
         "machine": machine_info(),
     }
+    if args.plot:
+        title = f"{len(split)} sample images, {args.image_size} px, CPU pipeline, {args.threads} DALI threads"
+        plot(args.plot, results, ratio, title)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")
