@@ -98,6 +98,8 @@ def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> dic
 def _check_rows(result: VerifyResult, split: str, table: Any, members: dict[str, dict], manifest: dict) -> None:
     entry = manifest["splits"][split]
     rows = table.to_pylist()
+    if entry["accepted"] + entry["rejected"] != entry["inputs"] or len(entry["rejects"]) != entry["rejected"]:
+        result.problems.append(f"{split}: accepted + rejected != inputs, or rejects not all listed")
     if len(rows) != entry["accepted"]:
         result.problems.append(f"{split}: index has {len(rows)} rows, manifest says {entry['accepted']} accepted")
     counts = np.bincount([r["label"] for r in rows], minlength=len(manifest["classes"]))
