@@ -1,0 +1,53 @@
+"""Opening shard directories and reading sample bytes through the index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from feeder.dataset import ShardDataset
+from feeder.errors import DataError, NotFound
+
+
+def test_bytes_by_index_are_the_tar_members(shards):
+    dataset = ShardDataset.open("sample", shards)
+    assert set(dataset.splits) == {"train", "val"}
+    split = dataset.splits["val"]
+    members = {}
+    for tar_path in sorted((shards / "val").glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar.getmembers():
+                members[member.name] = tar.extractfile(member).read()
+    for i, key in enumerate(split.keys):
+        assert split.read(i).tobytes() == members[f"{key}.jpg"]
+        assert int(members[f"{key}.cls"]) == split.labels[i]
+    assert [a.tobytes() for a in split.read_many([3, 1])] == [members[f"{split.keys[j]}.jpg"] for j in (3, 1)]
+
+
+def test_manifest_problems_are_named(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["splits"]["val"]["num_samples"] += 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="rows, manifest says"):
+        ShardDataset.open("x", copy)
+    manifest["format_version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="format_version"):
+        ShardDataset.open("x", copy)
+    (copy / "manifest.json").write_text("{not json")
+    with pytest.raises(DataError, match="manifest"):
+        ShardDataset.open("x", copy)
+    with pytest.raises(NotFound):
+        ShardDataset.open("x", tmp_path / "absent")
+
+
+def test_missing_index_is_a_data_error(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    (copy / "train" / "index.parquet").unlink()
+    with pytest.raises(DataError, match="index"):
+        ShardDataset.open("x", copy)
