@@ -17,8 +17,8 @@ from feeder.config import ServerConfig
 from feeder.errors import ConfigError
 from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, open_datasets
-from feeder.servicer import FeederServicer
-from protos import feeder_pb2, feeder_pb2_grpc
+from feeder.servicer import FeederServicer, add_to_server
+from protos import feeder_pb2
 
 __all__ = ["FeederServer", "create_server", "format_address", "serve"]
 
@@ -49,7 +49,7 @@ class FeederServer(grpc.Server):
             futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
             options=[("grpc.so_reuseport", 0)],
         )
-        feeder_pb2_grpc.add_FeederServicer_to_server(FeederServicer(self.service), self._grpc)
+        add_to_server(FeederServicer(self.service), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
