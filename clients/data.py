@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from clients.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
@@ -45,7 +47,7 @@ def make_loaders(
                                 world_size=dist.world_size, device=dist.device,
                                 seed=config.seed)
         return train, None, classes
-    common = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
+    common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
                   seed=config.seed, job_id=f"train-{config.dataset}-{config.seed}",
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s)

@@ -60,11 +60,10 @@ def evaluate(
         for images, labels, padding in loader:
             with autocast or contextlib.nullcontext():
                 logits = model(images)
-            (top1, top5), count = topk_correct(logits, labels, padding)
-            losses = F.cross_entropy(logits.float(), labels, reduction="none")[~padding]
-            sums += torch.tensor([top1, top5, count, float(losses.sum())],
-                                 dtype=torch.float64, device=sums.device)
+            sums[:3] += topk_correct(logits, labels, padding)
+            losses = F.cross_entropy(logits.float(), labels, reduction="none")
+            sums[3] += losses.masked_fill(padding, 0.0).sum()
     model.train()
     top1, top5, count, loss = all_reduce_sum(sums.tolist(), loader.device)
-    count = max(count, 1.0)
-    return Evaluation(top1 / count, top5 / count, loss / count, int(count))
+    denominator = max(count, 1.0)
+    return Evaluation(top1 / denominator, top5 / denominator, loss / denominator, int(count))

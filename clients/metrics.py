@@ -17,8 +17,10 @@ def topk_correct(
     labels: torch.Tensor,
     padding: torch.Tensor | None = None,
     ks: tuple[int, ...] = (1, 5),
-) -> tuple[list[int], int]:
+) -> torch.Tensor:
     """Counts samples whose label is among the top-k predictions, pads excluded.
+
+    Stays on the device (no host synchronisation), so it can run every batch.
 
     Args:
         logits: ``[N, classes]``.
@@ -27,14 +29,13 @@ def topk_correct(
         ks: The k values (clipped to the number of classes).
 
     Returns:
-        ``([correct@k for k in ks], counted samples)``.
+        int64 tensor ``[correct@k for k in ks] + [samples counted]``.
     """
     keep = ~padding if padding is not None else torch.ones_like(labels, dtype=torch.bool)
-    logits, labels = logits[keep], labels[keep]
     top = logits.topk(min(max(ks), logits.shape[1]), dim=1).indices
-    hits = top.eq(labels.unsqueeze(1))
-    correct = [int(hits[:, : min(k, top.shape[1])].any(dim=1).sum()) for k in ks]
-    return correct, int(labels.numel())
+    hits = top.eq(labels.unsqueeze(1)) & keep.unsqueeze(1)
+    counts = [hits[:, : min(k, top.shape[1])].any(dim=1).sum() for k in ks]
+    return torch.stack([*counts, keep.sum()])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def build_model(arch: str, num_classes: int, device: torch.device) -> torch.nn.M
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """Two groups: weights with ``weight_decay``, BN parameters and biases without."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for param in model.parameters():
         if not param.requires_grad:
             continue
