@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "format_table", "git_revision", "machine_info", "plot", "write_json"]
+__all__ = ["SCHEMA_VERSION", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_json"]
 
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parent.parent
@@ -77,8 +77,16 @@ def git_revision() -> dict[str, Any]:
         return {"revision": None, "dirty": None}
 
 
-def write_json(path: Path, config: dict, rows: list[dict], command: list[str]) -> dict:
-    """Writes the run's document to ``path``; returns it."""
+def write_json(path: Path, config: dict, rows: list[dict], command: list[str], targets: list[dict] | None = None) -> dict:
+    """Writes the run's document to ``path``; returns it.
+
+    Args:
+        path: file to write (its folder is created).
+        config: the options of the run.
+        rows: one result per measured thing.
+        command: the command line that produced it.
+        targets: targets checked against ``rows`` (left out when None).
+    """
     document = {
         "schema_version": SCHEMA_VERSION,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -88,6 +96,8 @@ def write_json(path: Path, config: dict, rows: list[dict], command: list[str]) -
         "config": config,
         "results": rows,
     }
+    if targets is not None:
+        document["targets"] = targets
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
     return document
@@ -98,6 +108,15 @@ def _fmt(value: float | None, spec: str) -> str:
     if value is None or value != value:  # missing peer, or NaN
         return "-".rjust(int(spec.split(".")[0]))
     return format(value, spec)
+
+
+def format_targets(targets: list[dict]) -> str:
+    """One line per feeder-grpc target: the ratio reached, and whether it is met."""
+    return "\n".join(
+        f"feeder-grpc vs {t['peer']}: {t['achieved_ratio']:.2f}x (target >= {t['ratio']:.2f}x) "
+        f"{'met' if t['met'] else 'not met'}"
+        for t in targets
+    )
 
 
 def format_table(rows: list[dict]) -> str:
@@ -123,7 +142,7 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(path: Path, rows: list[dict], title: str) -> None:
+def plot(path: Path, rows: list[dict], title: str, targets: list[dict] | None = None) -> None:
     """Horizontal bar chart of images/s per loader, ratios to torchvision on the bars.
 
     The ``synthetic`` bound (millions of images/s) is named in the title instead of
@@ -141,15 +160,21 @@ def plot(path: Path, rows: list[dict], title: str) -> None:
     names = [r["loader"] for r in done]
     rates = [r["images_per_s"] for r in done]
     colours = ["tab:orange" if n.startswith("feeder") else "tab:blue" for n in names]
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(done) + 1.6))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(done) + 2.0))
     bars = ax.barh(names, rates, color=colours)
     ax.invert_yaxis()
     for bar, row in zip(bars, done):
         ratio = row.get("x_torchvision")
         label = f" {row['images_per_s']:.0f}" + (f"  ({ratio:.2f}x torchvision)" if ratio else "")
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label, va="center", fontsize=9)
-    ax.set_xlabel("images/s (median of repeats)")
-    ax.set_xlim(0, max(rates, default=1) * 1.45)
+    goal = max((t["target_images_per_s"] for t in targets or []), default=None)
+    xlabel = "images/s (median of repeats)"
+    if goal is not None:
+        ax.axvline(goal, color="tab:orange", linestyle="--", linewidth=1)
+        wanted = ", ".join(f">= {t['ratio']}x {t['peer']}" for t in targets or [])
+        xlabel += f"\ndashed: feeder-grpc target ({wanted})"
+    ax.set_xlabel(xlabel)
+    ax.set_xlim(0, max([*rates, goal or 0], default=1) * 1.5)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

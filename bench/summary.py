@@ -10,10 +10,13 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Any
 
-__all__ = ["RATIO_PEERS", "add_ratios", "summarise"]
+__all__ = ["FEEDER_TARGETS", "RATIO_PEERS", "add_ratios", "check_targets", "summarise"]
 
 # Column name -> loader every row is divided by (ratios are to peers in the same run).
 RATIO_PEERS = {"x_torchvision": "torchvision", "x_decode_only": "decode-only", "x_dali": "dali"}
+# What feeder-grpc aims for on CPU at 224 px, as a fraction of each peer's images/s.
+FEEDER_TARGETS = {"dali": 0.85, "torchvision": 1.5, "decode-only": 0.7}
+_FEEDER = "feeder-grpc"
 
 
 def _rate(window: dict) -> float:
@@ -77,3 +80,25 @@ def add_ratios(rows: list[dict]) -> None:
         for column, peer in RATIO_PEERS.items():
             mine, theirs = row.get("images_per_s"), rates.get(peer)
             row[column] = mine / theirs if mine is not None and theirs else None
+
+
+def check_targets(rows: list[dict]) -> list[dict]:
+    """feeder-grpc against each target whose peer was measured in this run.
+
+    Returns:
+        ``[{"peer", "ratio", "target_images_per_s", "achieved_ratio", "met"}]``; empty
+        when feeder-grpc did not run or failed.
+    """
+    rates = {r["loader"]: r.get("images_per_s") for r in rows}
+    mine = rates.get(_FEEDER)
+    if not mine:
+        return []
+    checks = []
+    for peer, ratio in FEEDER_TARGETS.items():
+        theirs = rates.get(peer)
+        if theirs:
+            checks.append(
+                {"peer": peer, "ratio": ratio, "target_images_per_s": ratio * theirs,
+                 "achieved_ratio": mine / theirs, "met": mine >= ratio * theirs}
+            )
+    return checks

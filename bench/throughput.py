@@ -33,8 +33,8 @@ from bench.data import BenchData, prepare_sample, resolve  # noqa: E402
 from bench.loaders import LOADERS, LoaderSpec  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
 from bench.proctree import memory_bytes, tree_pids  # noqa: E402
-from bench.report import format_table, plot, write_json  # noqa: E402
-from bench.summary import add_ratios, summarise  # noqa: E402
+from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
+from bench.summary import add_ratios, check_targets, summarise  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
@@ -69,7 +69,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [n for n in args.loaders.split(",") if n not in LOADERS]
     if unknown:
         p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
+    if args.device == "gpu" and not _cuda_available():
+        p.error("--device gpu needs a CUDA device, and none is visible")
+    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.clients) < 1 or args.seconds <= 0:
+        p.error("--batch-size, --image-size, --threads, --repeats, --clients and --seconds must be positive")
     return args
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class _MemoryWatch(threading.Thread):
@@ -166,13 +176,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_loader(name, spec, schedule, Path(tmp)))
             _progress(i, len(names), rows[-1])
     add_ratios(rows)
-    print(format_table(rows))
+    targets = check_targets(rows)
+    print("\n".join(filter(None, [format_table(rows), format_targets(targets)])))
     config = _config(args, data, names)
     if args.json:
-        write_json(args.json, config, rows, [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])
+        command = [f"bench/{Path(__file__).name}", *(argv if argv is not None else sys.argv[1:])]
+        write_json(args.json, config, rows, command, targets)
     if args.plot:
         title = f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, {args.device}"
-        plot(args.plot, rows, title)
+        plot(args.plot, rows, title, targets)
     return 0 if all("error" not in r and not r["problems"] for r in rows) else 1
 
 

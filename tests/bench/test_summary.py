@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.summary import add_ratios, summarise
+from bench.summary import add_ratios, check_targets, summarise
 
 MEMORY = {"peak_pss_bytes": 1, "peak_rss_bytes": 2}
 
@@ -60,3 +60,19 @@ def test_ratios_divide_by_the_peer_in_the_same_run_and_skip_missing_peers() -> N
 
     assert rows[1]["x_torchvision"] == 2.5 and rows[0]["x_dali"] == 0.4
     assert rows[1]["x_decode_only"] is None and rows[2]["x_torchvision"] is None
+
+
+def test_feeder_targets_are_checked_against_the_peers_that_ran() -> None:
+    rows = [
+        {"loader": "feeder-grpc", "images_per_s": 90.0},
+        {"loader": "dali", "images_per_s": 100.0},
+        {"loader": "torchvision", "images_per_s": 50.0},
+    ]
+
+    checks = {c["peer"]: c for c in check_targets(rows)}
+
+    assert set(checks) == {"dali", "torchvision"}
+    assert checks["dali"]["met"] and checks["dali"]["achieved_ratio"] == 0.9
+    assert checks["torchvision"]["met"] and checks["torchvision"]["target_images_per_s"] == 75.0
+    assert not check_targets([{"loader": "feeder-grpc", "images_per_s": 60.0}, {"loader": "dali", "images_per_s": 100.0}])[0]["met"]
+    assert check_targets([{"loader": "feeder-grpc", "error": "down"}, {"loader": "dali", "images_per_s": 1.0}]) == []

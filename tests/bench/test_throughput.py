@@ -60,6 +60,7 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     assert rows["torchvision"]["x_torchvision"] == pytest.approx(1.0)
     assert rows["decode-only"]["x_decode_only"] == pytest.approx(1.0)
     assert doc["schema_version"] == 1
+    assert [t["peer"] for t in doc["targets"]] == ["dali", "torchvision", "decode-only"]
     assert doc["config"]["image_size_px"] == IMAGE_SIZE_PX and doc["config"]["loaders"] == SMOKE_LOADERS
     assert doc["machine"]["cores"] >= 1 and doc["machine"]["cpu_model"]
     assert len(doc["git"]["revision"] or "") == 40
@@ -74,3 +75,11 @@ def test_a_failing_loader_is_reported_and_fails_the_run(tmp_path: Path, bench_sh
     (failed,) = doc["results"]
     assert code == 1
     assert "no-such-split" in failed["error"] and "images_per_s" not in failed
+
+
+def test_bad_options_are_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--loaders", "torchvision,pytorch-lightning"])
+    assert "pytorch-lightning" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--threads", "0"])
