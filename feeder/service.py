@@ -10,7 +10,7 @@ from pathlib import Path
 
 from feeder.config import ServerConfig
 from feeder.dataset import ShardDataset, SplitIndex
-from feeder.errors import InvalidArgument, NotFound, ServiceUnavailable
+from feeder.errors import ConfigError, FeederError, InvalidArgument, NotFound, ServiceUnavailable
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
 from feeder.plan import (
@@ -26,7 +26,7 @@ from feeder.plan import (
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.stream import BatchStream, StreamContext
 
-__all__ = ["FeederService", "StreamSpec", "open_datasets", "resolve_device"]
+__all__ = ["FeederService", "StreamSpec", "cuda_devices", "open_datasets", "resolve_device"]
 
 MIN_IMAGE_SIZE = 16
 MAX_IMAGE_SIZE = 1024
@@ -67,17 +67,27 @@ class StreamSpec:
         return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``gpu`` when DALI sees a CUDA device, else ``cpu``."""
-    if device != "auto":
-        return device
+def cuda_devices() -> int:
+    """CUDA devices DALI can use (0 without a driver)."""
     from nvidia.dali import backend
 
     try:
-        count = getattr(backend, "GetCUDADeviceCount")()  # not in DALI's type stubs
-        return "gpu" if count > 0 else "cpu"
+        return int(getattr(backend, "GetCUDADeviceCount")())  # not in DALI's type stubs
     except RuntimeError:
-        return "cpu"
+        return 0
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``gpu`` when DALI sees a CUDA device, else ``cpu``.
+
+    Raises:
+        ConfigError: ``gpu`` asked for on a machine without one.
+    """
+    if device == "auto":
+        return "gpu" if cuda_devices() > 0 else "cpu"
+    if device == "gpu" and cuda_devices() == 0:
+        raise ConfigError("device: gpu asked for, but no CUDA device is visible (use auto or cpu)")
+    return device
 
 
 def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
@@ -119,7 +129,10 @@ class FeederService:
         part = self._part(spec, split, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         slices = self._slices(spec, split, part)
-        runner = self.pool.acquire(self._pipeline_spec(spec))
+        try:
+            runner = self.pool.acquire(self._pipeline_spec(spec))
+        except RuntimeError as e:  # DALI could not build the pipeline
+            raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         context = StreamContext(
             split, runner, spec.image_size, len(part), self.config.queue_batches
         )

@@ -173,11 +173,14 @@ class BatchStream:
             self._put(error)
 
     def _jobs(self, pending: deque[BatchSlice]) -> Iterator[tuple[Sequence[np.ndarray], int]]:
-        for batch in self._slices:
-            if self._stop.is_set():
-                return
+        split = self._ctx.split
+        upcoming = next(self._slices, None)
+        while upcoming is not None and not self._stop.is_set():
+            batch, upcoming = upcoming, next(self._slices, None)
             started = time.perf_counter()
-            jpegs = self._ctx.split.read_many(batch.indices)
+            if upcoming is not None:
+                split.will_need(upcoming.indices)  # one batch of read-ahead
+            jpegs = split.read_many(batch.indices)
             seconds = time.perf_counter() - started
             self._read_s += seconds
             self._metrics.stage("read", seconds)

@@ -17,7 +17,8 @@ import grpc
 import pyarrow.parquet as pq
 import pytest
 
-from feeder.errors import DataError, NotFound
+from feeder.errors import ConfigError, DataError, NotFound
+from feeder.service import cuda_devices
 from protos import feeder_pb2, feeder_pb2_grpc
 from sharder.layout import index_path
 from tests.feeder.conftest import connect, request, start
@@ -165,6 +166,12 @@ def test_bad_dataset_paths_fail_at_start(tmp_path, shards):
     shard.write_bytes(shard.read_bytes()[:100])
     with pytest.raises(DataError, match=shard.name):
         start({"x": copy})
+
+
+@pytest.mark.skipif(cuda_devices() > 0, reason="this machine has a GPU")
+def test_gpu_without_cuda_is_refused_at_start(shards):
+    with pytest.raises(ConfigError, match="device"):
+        start({"sample": shards}, device="gpu")
 
 
 def _serve(*args: str) -> subprocess.Popen:
