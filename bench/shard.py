@@ -16,18 +16,21 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.report import write_json  # noqa: E402
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # noqa: E402
 
 __all__ = ["main", "measure"]
@@ -41,11 +44,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--src", type=Path, help="input tree (default: sample data made once under --cache)")
     p.add_argument("--cache", type=Path, default=REPO / ".bench", help="where the default sample data is kept")
     p.add_argument("--classes", type=int, default=10)
-    p.add_argument("--train-per-class", type=int, default=300)
+    p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
     p.add_argument("--modes", default="passthrough,reencode", help=f"comma list of {', '.join(MODES)}")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     return p.parse_args(argv)
@@ -79,6 +82,30 @@ def measure(src: Path, workers: int, options: dict, repeats: int, scratch: Path)
         if attempt > 0:
             seconds.append(elapsed)
     return seconds
+
+
+def _git_revision() -> dict:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20).stdout.strip()
+
+    try:
+        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "sharder", "bench/shard.py"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"revision": None, "dirty": None}
+
+
+def _write_json(path: Path, config: dict, rows: list[dict]) -> None:
+    document = {
+        "benchmark": "shard",
+        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+        "git": _git_revision(),
+        "machine": {"cpus_allowed": len(os.sched_getaffinity(0)), "python": platform.python_version(), "platform": platform.platform()},
+        "config": config,
+        "results": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
 
 
 def _plot(rows: list[dict], path: Path) -> None:
@@ -115,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     config.update(src=str(src), load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0])
     if args.json:
-        write_json(args.json, config, rows, sys.argv)
+        _write_json(args.json, config, rows)
     if args.plot:
         _plot(rows, args.plot)
     return rows

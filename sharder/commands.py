@@ -19,6 +19,7 @@ def sample_data_command(
     train_per_class: Annotated[int, typer.Option(help="Training images per class.")] = 100,
     val_per_class: Annotated[int, typer.Option(help="Validation images per class.")] = 10,
     seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Make a small real-photo ImageNet in the ILSVRC2012 layout.
 
@@ -28,7 +29,9 @@ def sample_data_command(
     from sharder import SampleDataConfig, make_sample_data
 
     def run() -> None:
-        config = SampleDataConfig(out, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed)
+        config = SampleDataConfig(
+            out, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed, progress=progress
+        )
         make_sample_data(config)
         total = classes * (train_per_class + val_per_class)
         print(f"wrote {total} images of {classes} classes ({classes * train_per_class} train, {classes * val_per_class} val) -> {out}")

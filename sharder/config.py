@@ -100,6 +100,7 @@ class SampleDataConfig:
         seed: same seed -> byte-identical files.
         min_side_px / max_side_px: range of the output image sides (ImageNet-like
             300..500 by default; tests use small sizes for speed).
+        progress: show a progress bar on stderr.
     """
 
     out: Path
@@ -109,6 +110,7 @@ class SampleDataConfig:
     seed: int = 0
     min_side_px: int = 300
     max_side_px: int = 500
+    progress: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from tqdm import tqdm
 
 from feeder.errors import ConfigError
 from sharder.config import SampleDataConfig
@@ -123,18 +124,21 @@ def make_sample_data(config: SampleDataConfig) -> Path:
     rng = np.random.default_rng(config.seed)
     names = PHOTO_NAMES[: config.classes]
     val_labels: list[int] = []
-    for index, name in enumerate(names):
-        photo, wnid = _load_photo(name), sample_wnid(index)
-        for n in range(1, config.train_per_class + 1):
-            _write(config.out / "train" / wnid / f"{wnid}_{n}.JPEG", _variant(photo, rng, config)[0])
-        val_labels += [index] * config.val_per_class
-    _write_val(config, names, rng.permutation(np.array(val_labels, dtype=np.int64)), rng)
+    total = config.classes * (config.train_per_class + config.val_per_class)
+    with tqdm(total=total, unit="img", desc="sample-data", disable=not config.progress) as bar:
+        for index, name in enumerate(names):
+            photo, wnid = _load_photo(name), sample_wnid(index)
+            for n in range(1, config.train_per_class + 1):
+                _write(config.out / "train" / wnid / f"{wnid}_{n}.JPEG", _variant(photo, rng, config)[0])
+                bar.update(1)
+            val_labels += [index] * config.val_per_class
+        _write_val(config, names, rng.permutation(np.array(val_labels, dtype=np.int64)), rng, bar)
     mapping = "".join(f"{sample_wnid(i)} {name}\n" for i, name in enumerate(names))
     _write(config.out / "LOC_synset_mapping.txt", mapping.encode())
     return config.out
 
 
-def _write_val(config: SampleDataConfig, names: tuple[str, ...], labels: np.ndarray, rng: np.random.Generator) -> None:
+def _write_val(config: SampleDataConfig, names: tuple[str, ...], labels: np.ndarray, rng: np.random.Generator, bar: tqdm) -> None:
     """Flat val/ in Kaggle form: images numbered from 1, labels in LOC_val_solution.csv."""
     photos = {int(label): _load_photo(names[int(label)]) for label in set(labels.tolist())}
     rows = ["ImageId,PredictionString"]
@@ -143,5 +147,6 @@ def _write_val(config: SampleDataConfig, names: tuple[str, ...], labels: np.ndar
         image_id = f"ILSVRC2012_val_{number:08d}"
         data, width, height = _variant(photos[label], rng, config)
         _write(config.out / "val" / f"{image_id}.JPEG", data)
+        bar.update(1)
         rows.append(f"{image_id},{sample_wnid(label)} 0 0 {width - 1} {height - 1}")
     _write(config.out / "LOC_val_solution.csv", ("\n".join(rows) + "\n").encode())

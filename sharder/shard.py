@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,10 +18,10 @@ from feeder.errors import ConfigError
 from sharder.config import ShardConfig
 from sharder.layout import FORMAT_VERSION, INDEX_SCHEMA, LMDB_DIR, MANIFEST_NAME, index_path
 from sharder.manifest import write_json_atomic
-from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.normalise import worker_pool
+from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
-from sharder.writers import LmdbWriter, Sample, fsync_dir
+from sharder.writers import LmdbWriter, Sample, file_sha256, fsync_dir
 
 __all__ = ["ShardReport", "shard"]
 
@@ -48,7 +47,8 @@ class ShardReport:
         return (
             f"sharded {self.total('accepted')} images ({per_split}) into {self.total('shards')} shards, "
             f"{self.total('bytes') / 1e6:.1f} MB; rejected {self.total('rejected')}, "
-            f"re-encoded {self.total('reencoded')}, ignored {self.total('ignored')}; {self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
+            f"re-encoded {self.total('reencoded')}, ignored {self.total('ignored')}; "
+            f"{self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
         )
 
 
@@ -63,6 +63,9 @@ def _prepare_out(config: ShardConfig) -> None:
         ConfigError: OUT is a file, not empty, holds another run, or is not writable.
     """
     out, run_file = config.out, config.out / WORK_DIR / _RUN_FILE
+    src, resolved = config.src.resolve(), out.resolve()
+    if resolved == src or resolved in src.parents or src in resolved.parents:
+        raise ConfigError(f"OUT {out} and SRC {config.src} overlap; shard into a folder outside SRC")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} exists and is not a directory")
     resumable = run_file.is_file() and json.loads(run_file.read_text()) == _run_identity(config)
@@ -72,7 +75,10 @@ def _prepare_out(config: ShardConfig) -> None:
             raise ConfigError(f"OUT {out} {what} (use --overwrite to replace its contents)")
     if config.overwrite and out.is_dir():
         for child in out.iterdir():
-            shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
     try:
         (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
         write_json_atomic(run_file, _run_identity(config))
@@ -101,14 +107,6 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
     fsync_dir(path.parent)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord]) -> dict[str, Any]:
     """Build ``OUT/<split>/lmdb`` from the finished tars (same samples, same order)."""
     total = sum(rec.bytes for rec in records)
@@ -122,7 +120,7 @@ def _write_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord
         writer.finish()
     data = out / split / LMDB_DIR / "data.mdb"
     samples = sum(len(rec.rows) for rec in records)
-    return {"path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": _sha256(data)}
+    return {"path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": file_sha256(data)}
 
 
 def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRecord], wds: bool) -> dict[str, Any]:

@@ -7,7 +7,6 @@ decodes a seeded sample of the images (``full=True``: every image).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from PIL import Image
 from sharder.datum import decode_datum
 from sharder.layout import INDEX_SCHEMA
 from sharder.manifest import read_manifest
+from sharder.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]
 
@@ -43,14 +43,6 @@ class VerifyResult:
         return f"verified {self.root}: {self.samples} samples, {self.files} files, {self.decoded} images decoded: {state}"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> bool:
     result.files += 1
     if not path.is_file():
@@ -58,7 +50,7 @@ def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> boo
         return False
     if path.stat().st_size != size:
         result.problems.append(f"{path}: {path.stat().st_size} bytes, manifest says {size}")
-    elif _sha256(path) != sha256:
+    elif file_sha256(path) != sha256:
         result.problems.append(f"{path}: sha256 differs from the manifest")
     else:
         return True

@@ -22,7 +22,16 @@ import lmdb
 
 from sharder.datum import encode_datum
 
-__all__ = ["LmdbWriter", "Sample", "ShardWriter", "TarShardWriter", "fsync_dir", "tar_member_bytes", "ustar_header"]
+__all__ = [
+    "LmdbWriter",
+    "Sample",
+    "ShardWriter",
+    "TarShardWriter",
+    "file_sha256",
+    "fsync_dir",
+    "tar_member_bytes",
+    "ustar_header",
+]
 
 _BLOCK = 512
 _END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
@@ -37,6 +46,15 @@ class Sample:
     data: bytes
     width: int
     height: int
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of the file at ``path``."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:

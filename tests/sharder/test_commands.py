@@ -30,7 +30,7 @@ def _one_line_error(result, *fragments: str) -> None:
 
 
 def test_sample_data_shard_verify(tmp_path: Path) -> None:
-    made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1")
+    made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1", "--no-progress")
     assert made.exit_code == 0 and "wrote 6 images" in made.output
     sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--format", "wds,lmdb", "--no-progress")
     assert sharded.exit_code == 0, sharded.output
@@ -79,6 +79,12 @@ def test_unwritable_out(src: Path, tmp_path: Path) -> None:
 def test_on_error_raise_names_the_bad_file(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
     _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "raise", "--no-progress"), "bad data", "broken.jpg", "truncated")
+
+
+def test_out_overlapping_src_is_refused(src: Path) -> None:
+    _one_line_error(_run("shard", src, src, "--overwrite"), "overlap")
+    _one_line_error(_run("shard", src / "train", src, "--overwrite"), "overlap")
+    assert (src / "LOC_val_solution.csv").is_file()
 
 
 def test_bad_option_values(src: Path, tmp_path: Path) -> None:
