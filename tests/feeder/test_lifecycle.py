@@ -86,7 +86,7 @@ def test_memory_is_flat_after_a_thousand_abandoned_streams(private_server):
         baseline = _rss_bytes()
         _open_and_abandon(stub, 1000)
         assert _wait_for(lambda: server.service.open_streams() == 0)
-        assert _rss_bytes() - baseline < 16 << 20  # measured: about 1 MiB
+        assert _rss_bytes() - baseline < 16 << 20  # measured: about 3 MiB
 
 
 def test_a_slow_client_fills_only_its_own_bounded_queue(private_server):
