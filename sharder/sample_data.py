@@ -77,15 +77,16 @@ def sample_wnid(class_index: int) -> str:
 def _variant(photo: Image.Image, rng: np.random.Generator, config: SampleDataConfig) -> tuple[bytes, int, int]:
     """One augmented JPEG of ``photo``; returns (bytes, width, height)."""
     width, height = photo.size
-    scale = rng.uniform(0.45, 1.0)
-    crop_w, crop_h = max(16, int(width * scale)), max(16, int(height * rng.uniform(0.45, 1.0)))
+    out_w, out_h = (int(side) for side in rng.integers(config.min_side_px, config.max_side_px + 1, size=2))
+    size = (out_w, out_h)
+    aspect = out_w / out_h
+    area = rng.uniform(0.3, 1.0) * width * height  # crop covers 30..100 % of the photo
+    crop_w = int(min(width, max(16, (area * aspect) ** 0.5)))
+    crop_h = int(min(height, max(16, crop_w / aspect)))
     left, top = int(rng.integers(0, width - crop_w + 1)), int(rng.integers(0, height - crop_h + 1))
     image = photo.crop((left, top, left + crop_w, top + crop_h))
     if rng.random() < 0.5:
         image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    longer = int(rng.integers(config.min_side_px, config.max_side_px + 1))
-    ratio = longer / max(crop_w, crop_h)
-    size = (max(config.min_side_px // 2, round(crop_w * ratio)), max(config.min_side_px // 2, round(crop_h * ratio)))
     image = image.resize(size, Image.Resampling.BILINEAR)
     pixels = np.asarray(image, dtype=np.float32)
     gain = rng.uniform(0.9, 1.1, size=(3,) if pixels.ndim == 3 else ()) * rng.uniform(0.9, 1.1)

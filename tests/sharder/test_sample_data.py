@@ -29,7 +29,7 @@ def test_layout_sizes_and_labels(tmp_path: Path) -> None:
     assert sorted(f for f in files if f.startswith("val/")) == [f"val/ILSVRC2012_val_{n:08d}.JPEG" for n in range(1, 7)]
     for name in train:
         with Image.open(root / name) as image:
-            assert image.format == "JPEG" and 60 <= max(image.size) <= 90
+            assert image.format == "JPEG" and 60 <= min(image.size) <= max(image.size) <= 90
     with open(root / "LOC_val_solution.csv", newline="") as f:
         labels = [row["PredictionString"].split()[0] for row in csv.DictReader(f)]
     assert sorted(labels) == ["n00000001", "n00000001", "n00000002", "n00000002", "n00000003", "n00000003"]
