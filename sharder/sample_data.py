@@ -14,7 +14,10 @@ The tree looks like a Kaggle ILSVRC download::
 from __future__ import annotations
 
 import io
+import os
+import shutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -116,12 +119,24 @@ def make_sample_data(config: SampleDataConfig) -> Path:
         ``config.out``.
 
     Raises:
-        ConfigError: more classes than photographs, or a non-empty ``config.out``.
+        ConfigError: more classes than photographs, a non-empty or unwritable ``config.out``.
     """
     if config.classes > len(_PHOTOS):
         raise ConfigError(f"--classes can be at most {len(_PHOTOS)} (one per bundled photograph), got {config.classes}")
     if config.out.exists() and any(config.out.iterdir()):
         raise ConfigError(f"{config.out} is not empty")
+    # Built beside OUT and renamed at the end: an interrupted run leaves no half tree.
+    partial = config.out.with_name(config.out.name + ".partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        _build(replace(config, out=partial))
+        os.replace(partial, config.out)
+    except OSError as e:
+        raise ConfigError(f"cannot write the sample data to {config.out}: {e.strerror or e}") from e
+    return config.out
+
+
+def _build(config: SampleDataConfig) -> None:
     rng = np.random.default_rng(config.seed)
     names = PHOTO_NAMES[: config.classes]
     val_labels: list[int] = []
@@ -136,7 +151,6 @@ def make_sample_data(config: SampleDataConfig) -> Path:
         _write_val(config, names, rng.permutation(np.array(val_labels, dtype=np.int64)), rng, bar)
     mapping = "".join(f"{sample_wnid(i)} {name}\n" for i, name in enumerate(names))
     _write(config.out / "LOC_synset_mapping.txt", mapping.encode())
-    return config.out
 
 
 def _write_val(config: SampleDataConfig, names: tuple[str, ...], labels: np.ndarray, rng: np.random.Generator, bar: tqdm) -> None:

@@ -57,3 +57,9 @@ def test_too_many_classes_or_non_empty_out(tmp_path: Path) -> None:
     (tmp_path / "y" / "f").write_text("x")
     with pytest.raises(ConfigError, match="not empty"):
         make_sample_data(SampleDataConfig(tmp_path / "y", classes=1))
+
+
+def test_unwritable_out_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="cannot write"):
+        make_sample_data(SampleDataConfig(tmp_path / "file" / "data", classes=1, train_per_class=1, val_per_class=0))
