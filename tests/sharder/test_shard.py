@@ -72,9 +72,12 @@ def test_on_error_raise_stops_at_the_first_bad_file(odd_tree: Path, tmp_path: Pa
 
 def test_kaggle_val_labels_follow_loc_val_solution(tmp_path: Path) -> None:
     src = build_sample_tree(tmp_path, classes=3, train_per_class=4, val_per_class=3)
+    (src / "val" / "ILSVRC2012_val_00000099.JPEG").write_bytes(rgb_jpeg())  # not in the csv
     out = tmp_path / "out"
     shard(ShardConfig(src, out))
     classes = _manifest(out)["classes"]
+    rejects = _manifest(out)["splits"]["val"]["rejects"]
+    assert rejects == [{"source": "val/ILSVRC2012_val_00000099.JPEG", "reason": "no label in LOC_val_solution.csv"}]
     with open(src / "LOC_val_solution.csv", newline="") as f:
         truth = {row["ImageId"]: row["PredictionString"].split()[0] for row in csv.DictReader(f)}
     rows = _rows(out, "val")
@@ -129,7 +132,7 @@ def test_ground_truth_naming_an_unknown_class_is_an_error(tmp_path: Path) -> Non
         shard(ShardConfig(src, tmp_path / "out"))
 
 
-def test_val_in_class_folders_and_unlabelled_flat_files(tmp_path: Path) -> None:
+def test_val_in_class_folders(tmp_path: Path) -> None:
     src = write_tree(tmp_path / "src", {f"{s}/{c}": {f"{c}_{s}.jpg": rgb_jpeg(i)} for i, c in enumerate("ab") for s in ("train", "val")})
     shard(ShardConfig(src, tmp_path / "out"))
     assert [(r["source"], r["label"]) for r in sorted(_rows(tmp_path / "out", "val"), key=lambda r: r["label"])] == [
