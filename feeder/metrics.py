@@ -27,6 +27,7 @@ class Stats:
     streams_opened: int
     errors: int
     uptime_s: float
+    samples_skipped: int
 
 
 class ServerMetrics:
@@ -36,7 +37,7 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
-        self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0)
+        self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0)
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
         self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
@@ -75,6 +76,10 @@ class ServerMetrics:
         self._add(errors=1)
         self.errors.labels(kind=kind).inc()
 
+    def samples_skipped(self, count: int) -> None:
+        self._add(skipped=count)
+        self.skipped.inc(count)
+
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
 
@@ -89,6 +94,7 @@ class ServerMetrics:
             streams_opened=t["opened"],
             errors=t["errors"],
             uptime_s=time.monotonic() - self._started_s,
+            samples_skipped=t["skipped"],
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

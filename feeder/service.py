@@ -153,7 +153,8 @@ class FeederService:
             cursor, limit = (spec.start_cursor, spec.max_samples) if k == 0 else (0, 0)
             if spec.last_batch is LastBatch.DROP:
                 tail = tail_skipped(len(part), cursor, spec.batch_size, limit)
-                self.metrics.skipped.inc(tail + (part.skipped if cursor == 0 else 0))
+                remainder = part.skipped if cursor == 0 and spec.rank == 0 else 0  # once per job
+                self.metrics.samples_skipped(tail + remainder)
             yield from iter_batches(part, cursor, spec.batch_size, spec.last_batch, limit, epoch=epoch)
 
     def _split(self, spec: StreamSpec) -> SplitIndex:

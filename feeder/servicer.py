@@ -155,6 +155,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
             streams_opened=stats.streams_opened,
             errors=stats.errors,
             uptime_s=stats.uptime_s,
+            samples_skipped=stats.samples_skipped,
         )
 
 

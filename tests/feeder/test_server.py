@@ -22,6 +22,7 @@ def _images(batch: feeder_pb2.Batch) -> np.ndarray:
 @pytest.mark.parametrize("policy", [DROP, PAD])
 def test_each_sample_once_per_epoch_across_ranks(stub, index_rows, world, policy):
     n = len(index_rows["train"])
+    skipped_before = stub.GetStats(feeder_pb2.StatsRequest()).samples_skipped
     batch_size = 3 if world < 7 else 2  # 64 samples: neither divides a rank's part evenly
     per_rank = [
         list(stub.StreamBatches(request(rank=r, world_size=world, batch_size=batch_size, last_batch=policy, seed=5, epoch=2)))
@@ -39,6 +40,8 @@ def test_each_sample_once_per_epoch_across_ranks(stub, index_rows, world, policy
     else:
         assert not any(p for bs in per_rank for b in bs for p in b.padding)
         assert len(real) == world * (part - part % batch_size)
+    skipped = stub.GetStats(feeder_pb2.StatsRequest()).samples_skipped - skipped_before
+    assert skipped == (n - len(real) if policy == DROP else 0), "every skipped sample is counted"
 
 
 def test_resume_from_cursor_with_other_batch_and_image_size(stub):
