@@ -78,6 +78,7 @@ def verify_command(
     out: Annotated[Path, typer.Argument(help="Shard directory made by feeder shard.")],
     full: Annotated[bool, typer.Option(help="Decode every image, not a sample.")] = False,
     seed: Annotated[int, typer.Option(help="Seed choosing the decoded sample.")] = 0,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Check a shard directory: manifest, sha256, counts, index offsets, decodable images.
 
@@ -87,7 +88,7 @@ def verify_command(
     from sharder.verify import verify
 
     def run() -> None:
-        result = verify(out, full=full, seed=seed)
+        result = verify(out, full=full, seed=seed, progress=progress)
         for problem in result.problems:
             print(f"problem: {problem}")
         print(result.summary())

@@ -17,6 +17,7 @@ import lmdb
 import numpy as np
 import pyarrow.parquet as pq
 from PIL import Image
+from tqdm import tqdm
 
 from sharder.datum import decode_datum
 from sharder.layout import INDEX_SCHEMA
@@ -147,9 +148,12 @@ def _check_lmdb(result: VerifyResult, root: Path, entry: dict[str, Any]) -> None
                 result.problems.append(f"{path}: {env.stat()['entries']} entries, manifest says {entry['samples']}")
 
 
-def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, full: bool, seed: int) -> None:
+def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
     entry = manifest["splits"][split]
-    members = {s["path"]: _check_shard(result, root, s) for s in entry["shards"]}
+    members = {}
+    for shard_entry in entry["shards"]:
+        members[shard_entry["path"]] = _check_shard(result, root, shard_entry)
+        bar.update(1)
     if "lmdb" in entry:
         _check_lmdb(result, root, entry["lmdb"])
     index_file = root / entry["index"]
@@ -171,13 +175,14 @@ def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, f
     _decode_sample(result, root, rows, None if entry["shards"] else root / entry["lmdb"]["path"])
 
 
-def verify(root: Path, *, full: bool = False, seed: int = 0) -> VerifyResult:
+def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool = False) -> VerifyResult:
     """Check the shard directory ``root``.
 
     Args:
         root: a directory written by ``feeder shard``.
         full: decode every image instead of ``SAMPLE_PER_SPLIT`` per split.
         seed: chooses the decoded sample.
+        progress: show a progress bar (shards checked) on stderr.
 
     Returns:
         A VerifyResult; ``problems`` is empty when everything matches.
@@ -189,6 +194,8 @@ def verify(root: Path, *, full: bool = False, seed: int = 0) -> VerifyResult:
     root = Path(root)
     manifest = read_manifest(root)
     result = VerifyResult(root)
-    for split in manifest["splits"]:
-        _check_split(result, root, manifest, split, full, seed)
+    total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
+    with tqdm(total=total, unit="shard", desc="verify", disable=not progress) as bar:
+        for split in manifest["splits"]:
+            _check_split(result, root, manifest, split, full, seed, bar)
     return result

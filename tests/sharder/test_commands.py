@@ -35,7 +35,7 @@ def test_sample_data_shard_verify(tmp_path: Path) -> None:
     sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--format", "wds,lmdb", "--no-progress")
     assert sharded.exit_code == 0, sharded.output
     assert sharded.output.strip().splitlines()[-1].startswith("sharded 6 images (train 4, val 2)")
-    checked = _run("verify", tmp_path / "out", "--full")
+    checked = _run("verify", tmp_path / "out", "--full", "--no-progress")
     assert checked.exit_code == 0 and checked.output.strip().endswith("6 images decoded: OK")
 
 
@@ -45,7 +45,7 @@ def test_verify_reports_a_damaged_shard(src: Path, tmp_path: Path) -> None:
     data = bytearray(tar.read_bytes())
     data[700] ^= 0xFF
     tar.write_bytes(bytes(data))
-    result = _run("verify", tmp_path / "out")
+    result = _run("verify", tmp_path / "out", "--no-progress")
     assert result.exit_code == 1 and f"problem: {tar}: sha256 differs" in result.output
 
 
