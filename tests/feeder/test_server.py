@@ -3,6 +3,8 @@ bad requests, health."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import grpc
 import numpy as np
 import pytest
@@ -42,6 +44,16 @@ def test_each_sample_once_per_epoch_across_ranks(stub, index_rows, world, policy
         assert len(real) == world * (part - part % batch_size)
     skipped = stub.GetStats(feeder_pb2.StatsRequest()).samples_skipped - skipped_before
     assert skipped == (n - len(real) if policy == DROP else 0), "every skipped sample is counted"
+
+
+def test_ranks_streaming_at_the_same_time_split_the_epoch(stub, index_rows):
+    world = 4
+    with ThreadPoolExecutor(world) as pool:
+        per_rank = list(pool.map(
+            lambda r: [k for b in stub.StreamBatches(request(rank=r, world_size=world, batch_size=4, epoch=1)) for k in b.keys],
+            range(world),
+        ))
+    assert sorted(k for keys in per_rank for k in keys) == sorted(index_rows["train"])
 
 
 def test_resume_from_cursor_with_other_batch_and_image_size(stub):
