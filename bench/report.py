@@ -59,6 +59,7 @@ def machine_info() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "cpus_allowed": len(os.sched_getaffinity(0)),
         "memory_bytes": pages,
+        "load_average_1m": os.getloadavg()[0],
         "gpus": _gpus(),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -174,7 +175,7 @@ def plot(path: Path, rows: list[dict], title: str, targets: list[dict] | None = 
         wanted = ", ".join(f">= {t['ratio']}x {t['peer']}" for t in targets or [])
         xlabel += f"\ndashed: feeder-grpc target ({wanted})"
     ax.set_xlabel(xlabel)
-    ax.set_xlim(0, max([*rates, goal or 0], default=1) * 1.5)
+    ax.set_xlim(0, (max([*rates, goal or 0.0]) or 1.0) * 1.5)  # 1.0: nothing measured
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

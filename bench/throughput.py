@@ -122,6 +122,9 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
     log = workdir / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     limit_s = _SETUP_ALLOWANCE_S + 3 * (schedule.warmup_s + schedule.repeats * schedule.seconds)
+    # Runnable processes on the machine before this loader starts: a busy machine
+    # (other jobs) makes every figure of the run less trustworthy.
+    load = {"load_average_1m": os.getloadavg()[0]}
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.worker", str(request), str(result)],
@@ -137,9 +140,9 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
         memory = watch.stop()
     _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
     if result.is_file():
-        return summarise(json.loads(result.read_text()), memory)
+        return {**summarise(json.loads(result.read_text()), memory), **load}
     tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    return {"loader": name, **memory, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return {"loader": name, **memory, **load, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
 
 
 def _data(args: argparse.Namespace) -> BenchData:

@@ -66,6 +66,7 @@ def _run_clients(name: str, spec: LoaderSpec, schedule: Schedule, shared: object
 
 def run(name: str, spec: LoaderSpec, schedule: Schedule) -> dict:
     """Measures loader ``name``; returns ``{"loader", "cpus", "clients": [per consumer]}``."""
+    loader_module(name)  # imported before pinning: a slow import is setup, not budget
     cpus = restrict_cpus(spec.threads)
     with _shared(name, spec) as shared:
         if spec.clients > 1 and name in MULTI_CLIENT:
