@@ -36,6 +36,7 @@ from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
 from bench.summary import add_ratios, check_targets, summarise  # noqa: E402
 from bench.worker import request_for  # noqa: E402
+from feeder.errors import FeederError  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
 
@@ -48,7 +49,7 @@ _SETUP_ALLOWANCE_S = 300.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="shard directory (default: the sample data, made once under --cache)")
     p.add_argument("--source", type=Path, help="JPEG tree the shards came from (default: the manifest's source)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the default sample data is kept")
@@ -168,7 +169,11 @@ def _progress(index: int, total: int, row: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 0 when every loader produced correct batches."""
     args = parse_args(argv)
-    data, names = _data(args), args.loaders.split(",")
+    try:
+        data, names = _data(args), args.loaders.split(",")
+    except (OSError, FeederError) as e:  # no shards there, or the sample data cannot be made
+        print(f"throughput: {e}", file=sys.stderr)
+        return 2
     spec = LoaderSpec(shards=data.shards, source=data.source, split=args.split, batch_size=args.batch_size,
                       image_size_px=args.image_size, threads=args.threads, device=args.device, seed=args.seed,
                       clients=args.clients)

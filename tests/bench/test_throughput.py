@@ -85,3 +85,8 @@ def test_bad_options_are_refused_before_anything_runs(capsys: pytest.CaptureFixt
     assert "pytorch-lightning" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         throughput.parse_args(["--threads", "0"])
+
+
+def test_a_folder_without_shards_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert throughput.main(["--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
