@@ -42,10 +42,10 @@ def sample_data_command(
 def shard_command(
     src: Annotated[Path, typer.Argument(help="Input tree: ILSVRC2012 layout (train/, val/) or class folders.")],
     out: Annotated[Path, typer.Argument(help="Shard directory to create (or to resume into).")],
-    format: Annotated[str, typer.Option("--format", help="Comma list of wds, lmdb.")] = "wds",
+    format_list: Annotated[str, typer.Option("--format", help="Comma list of wds, lmdb.")] = "wds",
     seed: Annotated[int, typer.Option(help="Seed of the global shuffle.")] = 0,
     shard_size_mb: Annotated[float, typer.Option(help="Largest tar size in MiB.")] = 256,
-    workers: Annotated[int, typer.Option(help="Processes that read and check images.")] = 1,
+    workers: Annotated[int, typer.Option(help="Processes for images that need a decode (odd formats, --max-side, --quality).")] = 1,
     max_side: Annotated[int | None, typer.Option(help="Downscale images whose longer side exceeds N px.")] = None,
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
     on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
@@ -60,7 +60,7 @@ def shard_command(
     from sharder import ShardConfig, shard
 
     def run() -> None:
-        formats = tuple(f.strip() for f in format.split(",") if f.strip())
+        formats = tuple(f.strip() for f in format_list.split(",") if f.strip())
         config = ShardConfig(
             src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
             max_side_px=max_side, quality=quality, on_error=on_error, overwrite=overwrite, progress=progress,
