@@ -10,7 +10,7 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Any
 
-__all__ = ["FEEDER_TARGETS", "RATIO_PEERS", "add_ratios", "check_targets", "summarise"]
+__all__ = ["FEEDER_TARGETS", "RATIO_PEERS", "add_ratios", "check_targets", "merge_results", "summarise", "summarise_runs"]
 
 # Column name -> loader every row is divided by (ratios are to peers in the same run).
 RATIO_PEERS = {"x_torchvision": "torchvision", "x_decode_only": "decode-only", "x_dali": "dali"}
@@ -70,6 +70,33 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
         clients=len(clients),
         **_client_figures(clients),
     )
+    return row
+
+
+def merge_results(results: list[dict]) -> dict:
+    """One worker result from several starts of the same loader: each consumer's
+    windows one after another (the first failure, if any, instead)."""
+    failed = [r for r in results if "error" in r or any("error" in c for c in r["clients"])]
+    if failed:
+        return failed[0]
+    merged = []
+    for rank, group in enumerate(zip(*(r["clients"] for r in results))):
+        merged.append({
+            "rank": rank,
+            "setup_s": max(c["setup_s"] for c in group),
+            "batches": sum(c["batches"] for c in group),
+            "problems": sorted({p for c in group for p in c["problems"]}),
+            "windows": [w for c in group for w in c["windows"]],
+        })
+    return {"loader": results[0]["loader"], "cpus": results[0]["cpus"], "clients": merged}
+
+
+def summarise_runs(runs: list[dict]) -> dict[str, Any]:
+    """One table row from every start of one loader (see ``throughput.run_loader``)."""
+    memory = {key: max(r["memory"][key] for r in runs) for key in runs[0]["memory"]}
+    row = summarise(merge_results([r["result"] for r in runs]), memory)
+    row["load_average_1m"] = max(r["load_average_1m"] for r in runs)
+    row["starts"] = len(runs)
     return row
 
 

@@ -34,7 +34,7 @@ from bench.loaders import LOADERS, LoaderSpec  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
 from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
-from bench.summary import add_ratios, check_targets, summarise  # noqa: E402
+from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 from feeder.errors import FeederError  # noqa: E402
 
@@ -59,7 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="CPU budget of every loader")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each measured window")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds consumed before measuring")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="measured windows per loader start")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="start every loader this many times, in turn (spreads slow drifts of a shared "
+                   "machine over all loaders); the median is over all windows of all rounds")
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {', '.join(LOADERS)}")
     p.add_argument("--clients", type=int, default=1, help="concurrent consumers of one daemon (feeder loaders)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: DALI and feeder decode on CUDA")
@@ -72,8 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     if args.device == "gpu" and not _cuda_available():
         p.error("--device gpu needs a CUDA device, and none is visible")
-    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.clients) < 1 or args.seconds <= 0:
-        p.error("--batch-size, --image-size, --threads, --repeats, --clients and --seconds must be positive")
+    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.rounds, args.clients) < 1 or args.seconds <= 0:
+        p.error("--batch-size, --image-size, --threads, --repeats, --rounds, --clients and --seconds must be positive")
     return args
 
 
@@ -117,15 +120,20 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 
 def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> dict:
-    """Runs loader ``name`` in a fresh process and returns its summary row."""
-    request, result = workdir / f"{name}.request.json", workdir / f"{name}.result.json"
+    """Runs loader ``name`` once in a fresh process.
+
+    Returns:
+        ``{"result": what bench.worker wrote (or {"loader", "error"}), "memory": peaks,
+        "load_average_1m": machine load before the start}``.
+    """
+    stem = workdir / f"{name}-{len(list(workdir.glob(f'{name}-*.log')))}"
+    request, result, log = (stem.with_suffix(s) for s in (".request.json", ".result.json", ".log"))
     request.write_text(json.dumps(request_for(name, spec, schedule)))
-    log = workdir / f"{name}.log"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     limit_s = _SETUP_ALLOWANCE_S + 3 * (schedule.warmup_s + schedule.repeats * schedule.seconds)
     # Runnable processes on the machine before this loader starts: a busy machine
     # (other jobs) makes every figure of the run less trustworthy.
-    load = {"load_average_1m": os.getloadavg()[0]}
+    load = os.getloadavg()[0]
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "bench.worker", str(request), str(result)],
@@ -141,9 +149,11 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
         memory = watch.stop()
     _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
     if result.is_file():
-        return {**summarise(json.loads(result.read_text()), memory), **load}
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    return {"loader": name, **memory, **load, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        outcome = json.loads(result.read_text())
+    else:
+        tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+        outcome = {"loader": name, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+    return {"result": outcome, "memory": memory, "load_average_1m": load}
 
 
 def _data(args: argparse.Namespace) -> BenchData:
@@ -156,14 +166,26 @@ def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict
     return {
         "data": str(data.shards), "source": str(data.source) if data.source else None, "split": args.split,
         "batch_size": args.batch_size, "image_size_px": args.image_size, "threads": args.threads,
-        "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "loaders": names,
+        "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "loaders": names,
         "clients": args.clients, "device": args.device, "seed": args.seed,
     }
 
 
-def _progress(index: int, total: int, row: dict) -> None:
+def _progress(index: int, total: int, run: dict) -> None:
+    row = summarise(run["result"], run["memory"])
     figure = row.get("error") or f"{row['images_per_s']:.0f} images/s"
     print(f"[{index}/{total}] {row['loader']}: {figure}", file=sys.stderr, flush=True)
+
+
+def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds: int) -> list[dict]:
+    """Every loader in turn, ``rounds`` times over; one summary row per loader."""
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
+        for i in range(rounds * len(names)):
+            name = names[i % len(names)]
+            runs[name].append(run_loader(name, spec, schedule, Path(tmp)))
+            _progress(i + 1, rounds * len(names), runs[name][-1])
+    return [summarise_runs(runs[name]) for name in names]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                       image_size_px=args.image_size, threads=args.threads, device=args.device, seed=args.seed,
                       clients=args.clients)
     schedule = Schedule(warmup_s=args.warmup, seconds=args.seconds, repeats=args.repeats)
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
-        for i, name in enumerate(names, start=1):
-            rows.append(run_loader(name, spec, schedule, Path(tmp)))
-            _progress(i, len(names), rows[-1])
+    rows = _measure_all(names, spec, schedule, args.rounds)
     add_ratios(rows)
     targets = check_targets(rows)
     print("\n".join(filter(None, [format_table(rows), format_targets(targets)])))

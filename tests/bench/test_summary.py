@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.summary import add_ratios, check_targets, summarise
+from bench.summary import add_ratios, check_targets, summarise, summarise_runs
 
 MEMORY = {"peak_pss_bytes": 1, "peak_rss_bytes": 2}
 
@@ -76,3 +76,25 @@ def test_feeder_targets_are_checked_against_the_peers_that_ran() -> None:
     assert checks["torchvision"]["met"] and checks["torchvision"]["target_images_per_s"] == 75.0
     assert not check_targets([{"loader": "feeder-grpc", "images_per_s": 60.0}, {"loader": "dali", "images_per_s": 100.0}])[0]["met"]
     assert check_targets([{"loader": "feeder-grpc", "error": "down"}, {"loader": "dali", "images_per_s": 1.0}]) == []
+
+
+def test_rounds_pool_their_windows_and_keep_the_worst_memory_and_load() -> None:
+    def run(windows: list[tuple[int, float, float]], pss: int, load: float) -> dict:
+        result = {"loader": "dali", "cpus": [0], "clients": [_client(0, windows)]}
+        return {"result": result, "memory": {"peak_pss_bytes": pss, "peak_rss_bytes": pss}, "load_average_1m": load}
+
+    row = summarise_runs([run([(100, 1.0, 1.0)], 5, 0.5), run([(300, 1.0, 1.0), (200, 1.0, 1.0)], 7, 2.0)])
+
+    assert row["images_per_s_repeats"] == [100, 300, 200] and row["images_per_s"] == 200
+    assert row["peak_pss_bytes"] == 7 and row["load_average_1m"] == 2.0 and row["starts"] == 2
+    assert row["batches"] == 20
+
+
+def test_a_round_that_failed_fails_the_loader() -> None:
+    good = {"loader": "dali", "cpus": [0], "clients": [_client(0, [(100, 1.0, 1.0)])]}
+    runs = [
+        {"result": good, "memory": MEMORY, "load_average_1m": 0.0},
+        {"result": {"loader": "dali", "error": "exit -9: killed"}, "memory": MEMORY, "load_average_1m": 0.0},
+    ]
+
+    assert summarise_runs(runs)["error"] == "exit -9: killed"
