@@ -82,6 +82,8 @@ class TrainConfig:
             raise ConfigError(f"--data {self.data!r}: choose one of {', '.join(DATA_SOURCES)}")
         if self.data == "feeder" and not self.server:
             raise ConfigError("--server HOST:PORT is needed to train on feeder data")
+        if self.data == "synthetic" and self.visit_log is not None:
+            raise ConfigError("--visit-log needs feeder data (synthetic batches have no keys)")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"--precision {self.precision!r}: choose one of "
                               f"{', '.join(PRECISIONS)}")

@@ -191,8 +191,8 @@ def load_schedule(name_or_path: str) -> Schedule:
         The parsed, checked schedule.
 
     Raises:
-        NotFound-like ConfigError: when neither a file nor a bundled name matches.
-        ConfigError: when the file is not valid TOML or a value is out of range.
+        ConfigError: neither a file nor a bundled name matches, the file is not valid
+            TOML, or a value is out of range (the message names the file and phase).
     """
     path = Path(name_or_path)
     if path.is_file():

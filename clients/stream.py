@@ -95,12 +95,14 @@ def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
         raise DataError(f"batch of {pixels.size} bytes does not match shape {shape}")
     images = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
     images.numpy()[...] = pixels.reshape(shape)
-    count = shape[0]
-    padding = list(message.padding) or [False] * count
+    labels = torch.tensor(list(message.labels), dtype=torch.int64)
+    padding = torch.tensor(list(message.padding) or [False] * shape[0], dtype=torch.bool)
+    if pin:
+        labels, padding = labels.pin_memory(), padding.pin_memory()
     return HostBatch(
         images=images,
-        labels=torch.tensor(list(message.labels), dtype=torch.int64),
-        padding=torch.tensor(padding, dtype=torch.bool),
+        labels=labels,
+        padding=padding,
         keys=list(message.keys),
         epoch=message.epoch,
         cursor=message.cursor,

@@ -204,7 +204,7 @@ class Trainer:
     def _checkpoint(self) -> None:
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
-                  "elapsed_s": self.elapsed_s,
+                  "elapsed_s": self.elapsed_s, "time_to_target_s": self.time_to_target_s,
                   "records": [vars(r) for r in self.log.records]}
         per_rank = {"loader": self.train_loader.state_dict(), "rng": capture_rng(),
                     "visits": dict(self.visits)}
@@ -219,6 +219,7 @@ class Trainer:
         self.scaler.load_state_dict(shared["scaler"])
         self.epoch, self.step = shared["epoch"], shared["step"]
         self.elapsed_s = shared["elapsed_s"]
+        self.time_to_target_s = shared.get("time_to_target_s")
         self.log.load_records(shared["records"])
         self.train_loader.load_state_dict(per_rank["loader"])
         restore_rng(per_rank["rng"])

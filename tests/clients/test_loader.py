@@ -184,3 +184,16 @@ def test_bad_request_raises_at_once_without_retrying(daemon) -> None:
         with pytest.raises(InvalidArgument):
             next(iter(loader))
         assert loader.reconnects == 0
+
+
+@pytest.mark.gpu
+def test_cuda_batches_match_cpu_batches(daemon) -> None:
+    options = dict(split="val", augment="val", batch_size=8, image_size=32)
+    with _loader(daemon, **options) as cpu_loader:
+        expected, expected_labels, _ = next(iter(cpu_loader))
+    with _loader(daemon, device="cuda", **options) as loader:
+        images, batch_labels, _ = next(iter(loader))
+    assert images.is_cuda and batch_labels.is_cuda
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(images.cpu(), expected)
+    assert batch_labels.cpu().tolist() == expected_labels.tolist()
