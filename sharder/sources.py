@@ -3,7 +3,9 @@
 Layouts:
 
 - ILSVRC2012: ``SRC/train/<class>/**`` and optionally ``SRC/val/``, either in class
-  folders or flat with a ground-truth file in SRC or SRC/val:
+  folders or flat with a ground-truth file in SRC or SRC/val. SRC may also be the
+  root of a Kaggle download, whose images are in ``ILSVRC/Data/CLS-LOC/{train,val}``
+  and whose ``LOC_val_solution.csv`` is at the root. Ground-truth files:
   ``LOC_val_solution.csv`` (Kaggle; label = first token of PredictionString) or
   ``ILSVRC2012_validation_ground_truth.txt`` (devkit; line i holds the 1-based
   ILSVRC2012_ID of ``ILSVRC2012_val_<i>``). Devkit ids are *not* sorted-wnid order:
@@ -32,6 +34,8 @@ KAGGLE_GROUND_TRUTH = "LOC_val_solution.csv"
 DEVKIT_GROUND_TRUTH = "ILSVRC2012_validation_ground_truth.txt"
 DEVKIT_SYNSETS = "ILSVRC2012_devkit_synsets.txt"
 DEVKIT_META = "meta.mat"
+DEVKIT_DATA = Path("ILSVRC2012_devkit_t12") / "data"
+KAGGLE_DATA = Path("ILSVRC") / "Data" / "CLS-LOC"  # where a Kaggle download keeps train/ and val/
 _METADATA_NAMES = {KAGGLE_GROUND_TRUTH, DEVKIT_GROUND_TRUTH, DEVKIT_SYNSETS, DEVKIT_META, "LOC_synset_mapping.txt"}
 
 
@@ -101,8 +105,14 @@ def _class_folders(root: Path, folder: Path, name: str, classes: list[str]) -> S
     return split
 
 
-def _find_file(root: Path, name: str) -> Path | None:
-    for folder in (root, root / "val", root / "ILSVRC2012_devkit_t12" / "data"):
+def _metadata_folders(root: Path, data: Path) -> list[Path]:
+    """Where ground-truth and synset files are looked for, in order."""
+    folders = [data, data / "val", root, data / DEVKIT_DATA, root / DEVKIT_DATA]
+    return list(dict.fromkeys(folders))
+
+
+def _find_file(folders: list[Path], name: str) -> Path | None:
+    for folder in folders:
         if (folder / name).is_file():
             return folder / name
     return None
@@ -116,9 +126,9 @@ def _kaggle_labels(path: Path) -> dict[str, str]:
     return {row[0].strip(): row[1].split()[0] for row in rows[1:] if len(row) >= 2 and row[1].split()}
 
 
-def _devkit_synsets(root: Path) -> list[str]:
+def _devkit_synsets(folders: list[Path]) -> list[str]:
     """wnids in devkit ILSVRC2012_ID order (index 0 = id 1)."""
-    text_file, meta = _find_file(root, DEVKIT_SYNSETS), _find_file(root, DEVKIT_META)
+    text_file, meta = _find_file(folders, DEVKIT_SYNSETS), _find_file(folders, DEVKIT_META)
     if text_file is not None:
         return [line.split()[0] for line in text_file.read_text().splitlines() if line.strip()]
     if meta is not None:
@@ -133,8 +143,8 @@ def _devkit_synsets(root: Path) -> list[str]:
     )
 
 
-def _devkit_labels(path: Path, root: Path) -> dict[str, str]:
-    synsets = _devkit_synsets(root)
+def _devkit_labels(path: Path, folders: list[Path]) -> dict[str, str]:
+    synsets = _devkit_synsets(folders)
     labels = {}
     for number, line in enumerate(path.read_text().split(), start=1):
         devkit_id = int(line)
@@ -144,22 +154,22 @@ def _devkit_labels(path: Path, root: Path) -> dict[str, str]:
     return labels
 
 
-def _ground_truth(root: Path) -> tuple[Path, dict[str, str]]:
-    kaggle, devkit = _find_file(root, KAGGLE_GROUND_TRUTH), _find_file(root, DEVKIT_GROUND_TRUTH)
+def _ground_truth(folders: list[Path]) -> tuple[Path, dict[str, str]]:
+    kaggle, devkit = _find_file(folders, KAGGLE_GROUND_TRUTH), _find_file(folders, DEVKIT_GROUND_TRUTH)
     if kaggle is not None:
         return kaggle, _kaggle_labels(kaggle)
     if devkit is not None:
-        return devkit, _devkit_labels(devkit, root)
-    raise ConfigError(f"{root / 'val'} is flat but neither {KAGGLE_GROUND_TRUTH} nor {DEVKIT_GROUND_TRUTH} is in SRC or SRC/val")
+        return devkit, _devkit_labels(devkit, folders)
+    raise ConfigError(f"{folders[1]} is flat but neither {KAGGLE_GROUND_TRUTH} nor {DEVKIT_GROUND_TRUTH} is in SRC or SRC/val")
 
 
-def _flat_val(root: Path, classes: list[str]) -> SplitSource:
-    path, truth = _ground_truth(root)
+def _flat_val(root: Path, data: Path, classes: list[str]) -> SplitSource:
+    path, truth = _ground_truth(_metadata_folders(root, data))
     lookup = {c: i for i, c in enumerate(classes)}
     unknown = sorted({wnid for wnid in truth.values() if wnid not in lookup})
     if unknown:
         raise ConfigError(f"{path} names {len(unknown)} class(es) not in train/, e.g. {unknown[0]!r}")
-    images, ignored = _walk(root, root / "val")
+    images, ignored = _walk(root, data / "val")
     split = SplitSource("val", ignored=ignored)
     for source in images:
         wnid = truth.get(Path(source).name.split(".")[0])
@@ -179,13 +189,14 @@ def find_sources(root: Path) -> SourceTree:
     """
     if not root.is_dir():
         raise NotFound(f"SRC {root} does not exist or is not a directory")
-    if (root / "train").is_dir():
-        tree = SourceTree(root, "ilsvrc", _subdirs(root / "train"), [])
-        tree.splits.append(_class_folders(root, root / "train", "train", tree.classes))
-        val = root / "val"
+    data = root / KAGGLE_DATA if (root / KAGGLE_DATA / "train").is_dir() else root
+    if (data / "train").is_dir():
+        tree = SourceTree(root, "ilsvrc", _subdirs(data / "train"), [])
+        tree.splits.append(_class_folders(root, data / "train", "train", tree.classes))
+        val = data / "val"
         if val.is_dir():
             flat = not _subdirs(val)
-            tree.splits.append(_flat_val(root, tree.classes) if flat else _class_folders(root, val, "val", tree.classes))
+            tree.splits.append(_flat_val(root, data, tree.classes) if flat else _class_folders(root, val, "val", tree.classes))
     else:
         tree = SourceTree(root, "folders", _subdirs(root), [])
         tree.splits.append(_class_folders(root, root, "train", tree.classes))

@@ -86,6 +86,20 @@ def test_kaggle_val_labels_follow_loc_val_solution(tmp_path: Path) -> None:
         assert classes[row["label"]] == truth[Path(row["source"]).stem]
 
 
+def test_kaggle_download_root_is_understood(tmp_path: Path) -> None:
+    sample = build_sample_tree(tmp_path, classes=2, train_per_class=3, val_per_class=2)
+    kaggle = tmp_path / "imagenet-object-localization-challenge"
+    (kaggle / "ILSVRC" / "Data").mkdir(parents=True)
+    (sample / "LOC_val_solution.csv").rename(kaggle / "LOC_val_solution.csv")
+    sample.rename(kaggle / "ILSVRC" / "Data" / "CLS-LOC")
+    out = tmp_path / "out"
+    shard(ShardConfig(kaggle, out))
+    manifest = _manifest(out)
+    assert manifest["layout"] == "ilsvrc" and manifest["classes"] == ["n00000001", "n00000002"]
+    assert [manifest["splits"][s]["accepted"] for s in ("train", "val")] == [6, 4]
+    assert all(r["source"].startswith("ILSVRC/Data/CLS-LOC/val/") for r in _rows(out, "val"))
+
+
 def _devkit_tree(root: Path, synset_order: list[str], ids: list[int]) -> Path:
     write_tree(root, {f"train/{w}": {f"{w}_1.JPEG": rgb_jpeg(i)} for i, w in enumerate(synset_order)})
     names = {f"val/ILSVRC2012_val_{n:08d}.JPEG": rgb_jpeg(20 + n) for n in range(1, len(ids) + 1)}
