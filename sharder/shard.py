@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -52,11 +53,17 @@ class ShardReport:
         )
 
 
-def _run_identity(config: ShardConfig) -> dict[str, Any]:
-    return {"source": str(config.src.resolve()), "options": config.options()}
+def _run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
+    """What must not change between a killed run and its resumption: SRC, its inputs
+    (paths and labels) and the options."""
+    listing = hashlib.sha256()
+    for split in tree.splits:
+        for item in split.files:
+            listing.update(f"{split.name}\t{item.source}\t{item.label}\n".encode())
+    return {"source": str(config.src.resolve()), "inputs_sha256": listing.hexdigest(), "options": config.options()}
 
 
-def _prepare_out(config: ShardConfig) -> None:
+def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
     """Create OUT, or clear it (--overwrite), or accept it as an unfinished run to resume.
 
     Raises:
@@ -68,10 +75,11 @@ def _prepare_out(config: ShardConfig) -> None:
         raise ConfigError(f"OUT {out} and SRC {config.src} overlap; shard into a folder outside SRC")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} exists and is not a directory")
-    resumable = run_file.is_file() and json.loads(run_file.read_text()) == _run_identity(config)
+    identity = _run_identity(config, tree)
+    resumable = run_file.is_file() and json.loads(run_file.read_text()) == identity
     if out.is_dir() and any(out.iterdir()) and not resumable:
         if not config.overwrite:
-            what = "holds an unfinished run with other options" if run_file.is_file() else "is not empty"
+            what = "holds an unfinished run of other inputs or options" if run_file.is_file() else "is not empty"
             raise ConfigError(f"OUT {out} {what} (use --overwrite to replace its contents)")
     if config.overwrite and out.is_dir():
         for child in out.iterdir():
@@ -81,7 +89,7 @@ def _prepare_out(config: ShardConfig) -> None:
                 child.unlink()
     try:
         (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_file, _run_identity(config))
+        write_json_atomic(run_file, identity)
     except OSError as e:
         raise ConfigError(f"cannot write to OUT {out}: {e.strerror or e}") from e
 
@@ -176,7 +184,7 @@ def shard(config: ShardConfig) -> ShardReport:
     """
     started = time.monotonic()
     tree = find_sources(config.src)
-    _prepare_out(config)
+    _prepare_out(config, tree)
     work = config.out / WORK_DIR
     # Tars are always the first stage; without "wds" they are staged under .work.
     tar_root = config.out if "wds" in config.formats else work / "tars"

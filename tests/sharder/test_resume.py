@@ -78,5 +78,12 @@ def test_unfinished_run_with_other_options_is_not_resumed(src: Path, tmp_path: P
     out = tmp_path / "out"
     command = [sys.executable, "-c", _KILL_AFTER_SECOND_SHARD, str(src), str(out), str(SHARD_BYTES)]
     subprocess.run(command, cwd=REPO, capture_output=True, timeout=120)
-    with pytest.raises(ConfigError, match="unfinished run with other options"):
+    with pytest.raises(ConfigError, match="unfinished run of other inputs or options"):
         shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=8, shard_size_bytes=SHARD_BYTES))
+    extra = src / "train" / "n00000001" / "added.JPEG"
+    extra.write_bytes((src / "train" / "n00000001" / "n00000001_1.JPEG").read_bytes())
+    try:
+        with pytest.raises(ConfigError, match="unfinished run of other inputs"):
+            shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
+    finally:
+        extra.unlink()
