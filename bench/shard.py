@@ -7,6 +7,8 @@ cache, output to a fresh folder on the same disk. Modes:
 
 - ``passthrough``: valid JPEGs are only checked (headers, end marker) and copied.
 - ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
+- ``copy``: the upper bound, no sharder: read every input file and append it to one
+  output file (same bytes read and written, no checks, no tar, no index).
 
 Example::
 
@@ -27,6 +29,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -36,7 +39,7 @@ from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # no
 __all__ = ["main", "measure"]
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = {"passthrough": {}, "reencode": {"max_side_px": 256}}
+MODES: dict[str, dict[str, Any]] = {"passthrough": {}, "reencode": {"max_side_px": 256}}  # ShardConfig options; "copy" is no shard run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
-    p.add_argument("--modes", default="passthrough,reencode", help=f"comma list of {', '.join(MODES)}")
+    p.add_argument("--modes", default="copy,passthrough,reencode", help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
@@ -70,13 +73,30 @@ def _input_bytes(src: Path) -> tuple[int, int]:
     return len(files), sum(len(p.read_bytes()) for p in files)
 
 
-def measure(src: Path, workers: int, options: dict, repeats: int, scratch: Path) -> list[float]:
-    """Seconds of ``repeats`` shard runs after one warm-up run."""
+def copy_files(src: Path, out: Path) -> None:
+    """The upper bound: walk SRC, read every JPEG and append it to one file, fsynced."""
+    out.mkdir()
+    with open(out / "all.bin", "wb") as sink:
+        for dirpath, dirnames, filenames in os.walk(src):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.lower().endswith((".jpeg", ".jpg")):
+                    with open(os.path.join(dirpath, name), "rb") as f:
+                        sink.write(f.read())
+        sink.flush()
+        os.fsync(sink.fileno())
+
+
+def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> list[float]:
+    """Seconds of ``repeats`` runs of ``mode`` after one warm-up run."""
     seconds = []
     for attempt in range(repeats + 1):
-        out = scratch / f"out-{workers}-{attempt}"
+        out = scratch / f"out-{mode}-{workers}-{attempt}"
         started = time.perf_counter()
-        shard(ShardConfig(src, out, workers=workers, **options))
+        if mode == "copy":
+            copy_files(src, out)
+        else:
+            shard(ShardConfig(src, out, workers=workers, **MODES[mode]))
         elapsed = time.perf_counter() - started
         shutil.rmtree(out)
         if attempt > 0:
@@ -115,8 +135,9 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [f"{r['mode']}\n--workers {r['workers']}" for r in rows]
-    ax.bar(labels, [r["images_per_s"] for r in rows], color=["tab:blue" if r["mode"] == "passthrough" else "tab:orange" for r in rows])
+    labels = [r["mode"] if r["mode"] == "copy" else f"{r['mode']}\n--workers {r['workers']}" for r in rows]
+    colours = {"copy": "tab:gray", "passthrough": "tab:blue", "reencode": "tab:orange"}
+    ax.bar(labels, [r["images_per_s"] for r in rows], color=[colours[r["mode"]] for r in rows])
     ax.set_ylabel("images/s (median)")
     ax.set_title("feeder shard on the sample data")
     fig.tight_layout()
@@ -132,8 +153,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
         for mode in args.modes.split(","):
-            for workers in (int(w) for w in args.workers.split(",")):
-                seconds = measure(src, workers, MODES[mode], args.repeats, Path(scratch))
+            for workers in [1] if mode == "copy" else [int(w) for w in args.workers.split(",")]:
+                seconds = measure(src, mode, workers, args.repeats, Path(scratch))
                 median = statistics.median(seconds)
                 row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes, "seconds": seconds,
                        "median_s": median, "images_per_s": images / median, "mb_per_s": input_bytes / median / 1e6}  # fmt: skip

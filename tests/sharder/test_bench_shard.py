@@ -10,11 +10,11 @@ from bench.shard import main
 
 def test_bench_writes_figures_config_and_revision(tmp_path: Path) -> None:
     args = ["--cache", str(tmp_path), "--classes", "2", "--train-per-class", "4", "--val-per-class", "1",
-            "--workers", "1,2", "--modes", "passthrough", "--repeats", "2",
+            "--workers", "1,2", "--modes", "copy,passthrough", "--repeats", "2",
             "--json", str(tmp_path / "shard.json"), "--plot", str(tmp_path / "shard.png")]  # fmt: skip
     rows = main(args)
     document = json.loads((tmp_path / "shard.json").read_text())
-    assert [(r["mode"], r["workers"], r["images"]) for r in document["results"]] == [("passthrough", 1, 10), ("passthrough", 2, 10)]
+    assert [(r["mode"], r["workers"], r["images"]) for r in document["results"]] == [("copy", 1, 10), ("passthrough", 1, 10), ("passthrough", 2, 10)]
     assert all(len(r["seconds"]) == 2 and r["images_per_s"] > 0 and r["mb_per_s"] > 0 for r in rows)
     assert "revision" in document["git"] and document["config"]["repeats"] == 2
     assert (tmp_path / "shard.png").read_bytes()[:4] == b"\x89PNG"
