@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -87,21 +88,31 @@ def copy_files(src: Path, out: Path) -> None:
         os.fsync(sink.fileno())
 
 
-def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> list[float]:
-    """Seconds of ``repeats`` runs of ``mode`` after one warm-up run."""
-    seconds = []
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (pool workers are joined)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of ``repeats`` runs of ``mode`` after one warm-up run.
+
+    CPU seconds do not depend on other work on the machine; wall seconds do.
+    """
+    seconds, cpu_seconds = [], []
     for attempt in range(repeats + 1):
         out = scratch / f"out-{mode}-{workers}-{attempt}"
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), _cpu_s()
         if mode == "copy":
             copy_files(src, out)
         else:
             shard(ShardConfig(src, out, workers=workers, **MODES[mode]))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu_started
         shutil.rmtree(out)
         if attempt > 0:
             seconds.append(elapsed)
-    return seconds
+            cpu_seconds.append(cpu)
+    return seconds, cpu_seconds
 
 
 def _git_revision() -> dict:
@@ -154,12 +165,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
         for mode in args.modes.split(","):
             for workers in [1] if mode == "copy" else [int(w) for w in args.workers.split(",")]:
-                seconds = measure(src, mode, workers, args.repeats, Path(scratch))
+                seconds, cpu_seconds = measure(src, mode, workers, args.repeats, Path(scratch))
                 median = statistics.median(seconds)
                 row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes, "seconds": seconds,
-                       "median_s": median, "images_per_s": images / median, "mb_per_s": input_bytes / median / 1e6}  # fmt: skip
+                       "cpu_seconds": cpu_seconds, "median_s": median, "images_per_s": images / median,
+                       "mb_per_s": input_bytes / median / 1e6,
+                       "cpu_ms_per_image": 1000 * statistics.median(cpu_seconds) / images}  # fmt: skip
                 rows.append(row)
-                print(f"{mode:<12} --workers {workers}: {row['images_per_s']:7.0f} images/s {row['mb_per_s']:7.1f} MB/s (median of {args.repeats})")
+                print(
+                    f"{mode:<12} --workers {workers}: {row['images_per_s']:7.0f} images/s {row['mb_per_s']:7.1f} MB/s "
+                    f"{row['cpu_ms_per_image']:6.2f} CPU ms/image (median of {args.repeats})"
+                )
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     config.update(src=str(src), load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0])
     if args.json:
