@@ -30,11 +30,17 @@ from sharder.writers import fsync_dir
 __all__ = ["read_manifest", "write_json_atomic"]
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file, fsync and rename."""
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file, fsync and rename.
+
+    Args:
+        path: final file name.
+        obj: anything ``json.dump`` takes.
+        indent: as in ``json.dump``; None for compact machine-only files.
+    """
     temp = path.with_name(path.name + ".tmp")
     with open(temp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=False)
+        json.dump(obj, f, indent=indent)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

@@ -110,7 +110,7 @@ class _Roller:
             rows=self.rows,
             rejects=self.rejects,
         )
-        write_json_atomic(self.work_dir / shard_name(number, ".json"), vars(record))
+        write_json_atomic(self.work_dir / shard_name(number, ".json"), vars(record), indent=None)
         self.records.append(record)
         self.writer, self.rows, self.rejects, self.reencoded = None, [], [], 0
         if self.config.on_shard_done is not None:

@@ -35,6 +35,7 @@ __all__ = [
 
 _BLOCK = 512
 _END_OF_ARCHIVE = b"\0" * (2 * _BLOCK)
+_ZEROS = bytes(_BLOCK)
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,8 @@ class TarShardWriter(ShardWriter):
     def _member(self, name: str, data: bytes) -> tuple[int, int]:
         header = ustar_header(name, len(data))
         offset = self.bytes_written + len(header)
-        self._put(header + data + b"\0" * (_padded(len(data)) - len(data)))
+        for chunk in (header, data, _ZEROS[: _padded(len(data)) - len(data)]):  # no concatenated copy
+            self._put(chunk)
         return offset, len(data)
 
     def _put(self, chunk: bytes) -> None:
