@@ -150,8 +150,9 @@ def _decode_reencode(data: bytes, max_side_px: int | None, quality: int) -> Proc
 def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality: int | None = None) -> ProcessedImage | None:
     """The outcome for ``data`` when headers suffice, or None when it must be decoded.
 
-    Headers suffice to pass a valid JPEG through and to reject empty, truncated or
-    header-corrupt JPEGs; everything else needs ``decode_and_reencode``.
+    Headers suffice to pass a valid JPEG through and to reject empty or header-corrupt
+    JPEGs; everything else (including a JPEG that does not end with its end-of-image
+    marker: truncated, or followed by other bytes) needs ``decode_and_reencode``.
     """
     if not data:
         return ProcessedImage(reject="empty file")
@@ -163,7 +164,7 @@ def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality
             return ProcessedImage(reject="truncated JPEG (ends inside its headers)")
         return ProcessedImage(reject="corrupt JPEG (no valid frame header)")
     if not _ends_with_eoi(data):
-        return ProcessedImage(reject="truncated JPEG (no end-of-image marker)")
+        return None  # truncated, or trailing bytes after the image: only a decode tells
     if header.width == 0 or header.height == 0:
         return ProcessedImage(reject="corrupt JPEG (zero width or height in frame header)")
     too_big = max_side_px is not None and max(header.width, header.height) > max_side_px

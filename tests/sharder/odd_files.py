@@ -35,6 +35,7 @@ def odd_inputs() -> dict[str, tuple[bytes, str]]:
         "gray.jpg": (encode(rgb.convert("L"), "JPEG", quality=90), "pass"),
         "progressive.jpeg": (rgb_jpeg(4, progressive=True), "pass"),
         "padded_after_eoi.jpg": (good + b"\0\0", "pass"),
+        "trailing_bytes.jpg": (good + b"camera maker notes", "reencode"),
         "cmyk.JPEG": (encode(rgb.convert("CMYK"), "JPEG", quality=90), "reencode"),
         "png_disguised.JPEG": (encode(rgb, "PNG"), "reencode"),
         "rgba.png": (encode(rgb.convert("RGBA"), "PNG"), "reencode"),
