@@ -147,10 +147,10 @@ def write_split(
     start = records[-1].consumed_end if records else 0
     bar.update(start)
     roller = _Roller(config, split.name, tar_root, work_dir, records)
-    todo = order[start:]
-    images = processed_in_order(config, [config.src / f.source for f in todo], pool)
+    remaining = order[start:]
+    images = processed_in_order(config, [config.src / f.source for f in remaining], pool)
     try:
-        for position, (source, image) in enumerate(zip(todo, images), start):
+        for position, (source, image) in enumerate(zip(remaining, images), start):
             if image.reject:
                 if config.on_error == "raise":
                     raise DataError(f"{config.src / source.source}: {image.reject}")
