@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from feeder.errors import DataError, NotFound
+from feeder.errors import ConfigError, DataError, NotFound
 from sharder.layout import INDEX_SCHEMA, MANIFEST_NAME, index_path
 from sharder.manifest import read_manifest
 
@@ -118,6 +118,7 @@ class ShardDataset:
         classes = [str(c) for c in manifest.get("classes", [])]
         splits = {}
         for split, info in manifest["splits"].items():
+            _check_has_tars(root, str(split), info)
             _check_shard_sizes(root, info)
             splits[str(split)] = _open_split(root, str(split), info.get("num_samples"))
         if not splits:
@@ -132,6 +133,16 @@ def _read_manifest(root: Path) -> dict[str, Any]:
     if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("classes"), list):
         raise DataError(f"{root / MANIFEST_NAME}: no 'splits' object or 'classes' list")
     return manifest
+
+
+def _check_has_tars(root: Path, split: str, info: dict[str, Any]) -> None:
+    """The daemon reads sample bytes out of the WebDataset tars; an LMDB-only split
+    (``feeder shard --format lmdb``) has none."""
+    if info.get("num_samples") and not info.get("shards"):
+        raise ConfigError(
+            f"{root}: split {split!r} has no WebDataset tars (sharded with --format lmdb only); "
+            "reshard with --format wds or wds,lmdb to serve it"
+        )
 
 
 def _check_shard_sizes(root: Path, info: dict[str, Any]) -> None:

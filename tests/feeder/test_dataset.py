@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from feeder.dataset import ShardDataset
-from feeder.errors import DataError, NotFound
+from feeder.errors import ConfigError, DataError, NotFound
+from tests.common.shards import build_sample_shards
 
 
 def test_bytes_by_index_are_the_tar_members(shards):
@@ -51,3 +52,10 @@ def test_missing_index_is_a_data_error(shards, tmp_path):
     (copy / "train" / "index.parquet").unlink()
     with pytest.raises(DataError, match="index"):
         ShardDataset.open("x", copy)
+
+
+def test_lmdb_only_shards_are_refused_with_the_way_out(tmp_path):
+    lmdb_only = build_sample_shards(tmp_path / "lmdb", classes=2, train_per_class=3, val_per_class=1,
+                                    formats=("lmdb",))
+    with pytest.raises(ConfigError, match="no WebDataset tars.*--format wds"):
+        ShardDataset.open("x", lmdb_only)
