@@ -130,7 +130,8 @@ def _train(address: str, config: DemoConfig) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={config.ranks}", "-m", "clients.train",
            "--server", address, "--dataset", DATASET, "--schedule", "sample",
-           "--arch", "resnet18", "--out-dir", str(out), "--log-every-steps", "1000"]
+           "--arch", "resnet18", "--target-top1", "80", "--out-dir", str(out),
+           "--log-every-steps", "1000"]
     _step(f"torchrun --nproc-per-node {config.ranks} -m clients.train --schedule sample")
     subprocess.run(cmd, check=True)
     summary = json.loads((out / "summary.json").read_text())
