@@ -117,6 +117,7 @@ def plot_records(records: list[EpochRecord], path: Path, title: str = "") -> Pat
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (acc, speed) = plt.subplots(1, 2, figsize=(11, 4))
     wall = [r.wall_s for r in records]
@@ -127,6 +128,7 @@ def plot_records(records: list[EpochRecord], path: Path, title: str = "") -> Pat
     acc.grid(alpha=0.3)
     speed.bar([r.epoch for r in records], [r.images_per_s for r in records])
     speed.set(xlabel="epoch", ylabel="training images/s")
+    speed.xaxis.set_major_locator(MaxNLocator(integer=True))
     speed.grid(alpha=0.3, axis="y")
     if title:
         fig.suptitle(title)
