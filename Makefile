@@ -23,11 +23,11 @@ install: $(STAMP) $(PROTO_OUT)
 
 proto: $(PROTO_OUT)
 
-test: install
+test: install typecheck
 	$(BIN)/python -m pytest -q
 
 typecheck: install
-	$(BIN)/python -m mypy feeder sharder clients
+	$(BIN)/python -m mypy feeder sharder clients bench
 
 demo: install
 	$(BIN)/python -m feeder.demo --workdir $(DEMO)
