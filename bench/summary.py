@@ -23,17 +23,18 @@ def _rate(window: dict) -> float:
     return window["images"] / window["duration_s"] if window["duration_s"] > 0 else 0.0
 
 
-def _per_repeat(clients: list[dict]) -> tuple[list[float], list[float]]:
-    """Aggregate images/s and CPU s/image for each repeat."""
+def _per_repeat(clients: list[dict]) -> tuple[list[float], list[float], list[float]]:
+    """Aggregate images/s, CPU s/image and CPU s/s (CPUs kept busy) for each repeat."""
     repeats = min(len(c["windows"]) for c in clients)
-    rates, cpu = [], []
+    rates, cpu, busy = [], [], []
     for k in range(repeats):
         windows = [c["windows"][k] for c in clients]
         total = sum(_rate(w) for w in windows)
         cpu_per_s = mean(w["cpu_s"] / w["duration_s"] for w in windows if w["duration_s"] > 0)
         rates.append(total)
         cpu.append(cpu_per_s / total if total > 0 else float("nan"))
-    return rates, cpu
+        busy.append(cpu_per_s)
+    return rates, cpu, busy
 
 
 def _client_figures(clients: list[dict]) -> dict[str, Any]:
@@ -58,11 +59,12 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
         row["error"] = result.get("error") or "; ".join(c.get("error", "no complete window") for c in failed)
         return row
     clients = result["clients"]
-    rates, cpu = _per_repeat(clients)
+    rates, cpu, busy = _per_repeat(clients)
     row.update(
         images_per_s=median(rates),
         images_per_s_repeats=rates,
         cpu_s_per_image=median(cpu),
+        cpus_busy=median(busy),
         setup_s=max(c["setup_s"] for c in clients),
         batches=sum(c["batches"] for c in clients),
         problems=sorted({p for c in clients for p in c["problems"]}),

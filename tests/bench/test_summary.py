@@ -24,6 +24,7 @@ def test_one_client_reports_the_median_window_and_cpu_per_image() -> None:
     assert row["images_per_s"] == 200
     assert row["images_per_s_repeats"] == [100, 300, 200]
     assert row["cpu_s_per_image"] == pytest.approx(2.0 / 200)
+    assert row["cpus_busy"] == 2.0
     assert row["client_spread"] == 0
 
 

@@ -22,7 +22,7 @@ THREADS = 2
 ROW_KEYS = {
     "loader", "images_per_s", "images_per_s_repeats", "cpu_s_per_image", "peak_pss_bytes", "peak_rss_bytes",
     "setup_s", "batches", "problems", "cpus", "clients", "per_client_images_per_s", "client_spread",
-    "x_torchvision", "x_decode_only", "x_dali", "load_average_1m", "starts",
+    "x_torchvision", "x_decode_only", "x_dali", "load_average_1m", "starts", "cpus_busy",
 }
 
 
