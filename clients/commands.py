@@ -52,8 +52,11 @@ def train_command(
         help="Seconds to keep reconnecting to the daemon before failing.")] = 60.0,
     log_every_steps: Annotated[int, typer.Option(help="Progress line every N steps.")] = 50,
 ) -> None:
-    """Train a ResNet on batches streamed by a feeder daemon (torch DDP; run one
-    process per GPU with torchrun)."""
+    """Train a ResNet on batches streamed by a feeder daemon (torch DDP, one process per GPU).
+
+    Example: torchrun --nproc-per-node 8 -m clients.train --server 127.0.0.1:50051
+    --dataset imagenet --schedule imagenet-fastai --target-top5 93
+    """
     from clients.config import TrainConfig
     from clients.trainer import train
 

@@ -13,6 +13,15 @@ from feeder.errors import FeederError, cli_message
 
 app = typer.Typer(
     help="feeder: shards, serves and streams image-classification data to training jobs.",
+    epilog=(
+        "Examples:\n\n"
+        "feeder sample-data data/sample\n\n"
+        "feeder shard data/sample shards/sample --format wds,lmdb --workers 2\n\n"
+        "feeder verify shards/sample\n\n"
+        "feeder serve --dataset sample=shards/sample --port 50051\n\n"
+        "torchrun --nproc-per-node 2 -m clients.train --server 127.0.0.1:50051 "
+        "--dataset sample --schedule sample --arch resnet18"
+    ),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
