@@ -84,9 +84,12 @@ def train_pipeline(device: str, crop: CropRange, decode_seed: int = -1):
         seed=decode_seed,
     )
     side = sizes[0]
-    resized = fn.resize(images, resize_x=side, resize_y=side, antialias=True)
-    # DALI's stubs type every op's result as a union; this op has one output.
-    return fn.flip(resized, horizontal=fn.random.coin_flip(probability=0.5))  # type: ignore[arg-type]
+    # One fused pass instead of resize then flip: the same pixels (antialiased linear
+    # resize, then a horizontal mirror), without a second full-size copy per image.
+    return fn.resize_crop_mirror(  # type: ignore[arg-type]
+        images, resize_x=side, resize_y=side, antialias=True,
+        mirror=fn.random.coin_flip(probability=0.5),
+    )
 
 
 @pipeline_def

@@ -52,6 +52,22 @@ def test_train_is_deterministic_for_a_seed(jpegs):
     assert np.array_equal(a, b)
 
 
+def test_train_mirrors_about_half_the_images():
+    # Left half white, right half black; a full-image crop keeps that or mirrors it.
+    pixels = np.zeros((64, 64, 3), dtype=np.uint8)
+    pixels[:, :32] = 255
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=95)
+    jpeg = np.frombuffer(out.getvalue(), dtype=np.uint8)
+    whole = CropRange(min_scale=1.0, max_scale=1.0, min_ratio=1.0, max_ratio=1.0)
+    runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, max_batch_size=64, threads=1, crop=whole))
+    images = runner.run([jpeg] * 64, 32).astype(np.int32)
+    left, right = images[:, :, :16].mean(axis=(1, 2, 3)), images[:, :, 16:].mean(axis=(1, 2, 3))
+    assert np.all(np.abs(left - right) > 200)  # each image is the original or its mirror
+    mirrored = int((left < right).sum())
+    assert 12 <= mirrored <= 52  # coin flip with p = 0.5 over 64 samples
+
+
 def test_undecodable_bytes_raise_data_error(jpegs):
     runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=4, threads=1))
     with pytest.raises(DataError, match="decode failed"):
