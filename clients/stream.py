@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -46,6 +47,7 @@ _ERRORS: dict[grpc.StatusCode, type[FeederError]] = {
     grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
 }
 _END = object()  # queued after the last batch of a stream
+_CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,7 @@ class StreamFetcher:
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._call: object | None = None
+        self._call_lock = threading.Lock()
         self.reconnects = 0
         self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
         self._thread.start()
@@ -161,15 +164,28 @@ class StreamFetcher:
     def close(self) -> None:
         """Cancels the stream and waits for the thread to end."""
         self._stop.set()
-        call = self._call
-        if call is not None:
-            call.cancel()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + _CLOSE_TIMEOUT_S
         while self._thread.is_alive():
+            if time.monotonic() > deadline:
+                # A daemon thread: it cannot keep the process alive, and a training
+                # job's shutdown must not hang on it.
+                warnings.warn(f"stream from {self._address} did not stop within "
+                              f"{_CLOSE_TIMEOUT_S:.0f} s; leaving its thread behind", stacklevel=2)
+                return
+            # Cancel on every pass: the thread may have opened a new call (a reconnect)
+            # after an earlier pass read the previous one.
+            self._cancel_call()
             try:
                 self._queue.get_nowait()  # unblock a pending put
             except queue.Empty:
                 pass
             self._thread.join(timeout=0.05)
+
+    def _cancel_call(self) -> None:
+        with self._call_lock:
+            call = self._call
+        if call is not None:
+            call.cancel()  # type: ignore[attr-defined]
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
@@ -219,5 +235,9 @@ class StreamFetcher:
         request.CopyFrom(self.request)
         request.start_cursor = cursor
         call = self._open(request)
-        self._call = call
+        with self._call_lock:
+            self._call = call
+            stopped = self._stop.is_set()
+        if stopped:  # close() ran while the call was being opened
+            call.cancel()  # type: ignore[attr-defined]
         return call  # type: ignore[return-value]
