@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from feeder.errors import FeederError, cli_message
 
 __all__ = ["register", "train_command"]
 
@@ -59,8 +57,9 @@ def train_command(
     """
     from clients.config import TrainConfig
     from clients.trainer import train
+    from feeder.cli import run_command
 
-    try:
+    def run() -> None:
         config = TrainConfig(
             server=server, dataset=dataset, schedule=schedule, arch=arch, data=data,
             precision=precision, device=device, train_split=train_split, val_split=val_split,
@@ -73,9 +72,8 @@ def train_command(
             log_every_steps=log_every_steps,
         )
         train(config)
-    except FeederError as e:
-        print(cli_message(e), file=sys.stderr)
-        raise typer.Exit(1) from e
+
+    run_command(run)
 
 
 def register(app: typer.Typer) -> None:
