@@ -113,10 +113,12 @@ def _stream_epoch(address: str, shards: Path, image_size: int) -> None:
                           rank=0, world_size=1, device="cpu", normalize=False,
                           last_batch="pad", return_keys=True, return_padding=True)
     seen: Counter[str] = Counter()
+    shape: tuple[int, ...] = ()
     start = time.perf_counter()
-    for images, _labels, keys, padding in loader:
-        seen.update(k for k, pad in zip(keys, padding.tolist()) if not pad)
-        shape = tuple(images.shape)
+    with loader:  # closes the stream and channel before the daemon is stopped
+        for images, _labels, keys, padding in loader:
+            seen.update(k for k, pad in zip(keys, padding.tolist()) if not pad)
+            shape = tuple(images.shape)
     elapsed = time.perf_counter() - start
     once = len(seen) == expected and set(seen.values()) == {1}
     print(f"{sum(seen.values())} images in {elapsed:.1f} s ({sum(seen.values()) / elapsed:.0f} images/s), "
