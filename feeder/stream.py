@@ -86,7 +86,11 @@ class BatchStream:
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
 
     def start(self) -> BatchStream:
-        self._thread.start()
+        """Start the producer, unless the stream was closed first (daemon shutdown
+        between registering the stream and starting it)."""
+        with self._close_lock:
+            if not self._closed:
+                self._thread.start()
         return self
 
     def __iter__(self) -> Iterator[ReadyBatch]:
@@ -109,9 +113,11 @@ class BatchStream:
             if self._closed:
                 return
             self._closed = True
+            started = self._thread.ident is not None
         self._stop.set()
         self._drain_queue()
-        self._thread.join()
+        if started:
+            self._thread.join()
         self._drain_queue()
         self._on_close(self, self._ctx.runner, self._healthy)
 

@@ -18,7 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from feeder.errors import ConfigError, DataError, NotFound
-from feeder.service import cuda_devices
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.service import FeederService, StreamSpec, cuda_devices, open_datasets
+from feeder.stream import BatchStream
 from protos import feeder_pb2, feeder_pb2_grpc
 from sharder.layout import index_path
 from tests.feeder.conftest import connect, request, start
@@ -224,3 +227,22 @@ def test_gpu_daemon_streams_batches(shards):
                 assert {tuple(b.shape) for b in batches} == {(8, 64, 64, 3)}
     finally:
         server.stop(0).wait(10)
+
+
+def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monkeypatch):
+    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=1),
+                            open_datasets({"s": shards}), ServerMetrics())
+    started = []
+    original_start = BatchStream.start
+
+    def shutdown_first(stream: BatchStream) -> BatchStream:
+        service.close()  # the daemon stops in the window after the stream was admitted
+        result = original_start(stream)
+        started.append(stream._thread.ident is not None)
+        return result
+
+    monkeypatch.setattr(BatchStream, "start", shutdown_first)
+    stream = service.open_stream(StreamSpec(dataset="s", split="val", batch_size=4, image_size=32))
+    assert started == [False]  # closed streams never start a producer
+    assert list(stream) == []
+    assert service.open_streams() == 0
