@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
-from sharder.layout import MANIFEST_NAME
+from shards.layout import MANIFEST_NAME
 
 __all__ = ["BenchData", "prepare_sample", "resolve"]
 

@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_json"]
+__all__ = ["SCHEMA_VERSION", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_document", "write_json"]
 
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parent.parent
@@ -68,14 +68,38 @@ def machine_info() -> dict[str, Any]:
 
 
 def git_revision() -> dict[str, Any]:
-    """The commit this code is at, and whether the working tree differs from it."""
+    """The commit this code is at, and whether the working tree (any tracked or
+    untracked file that is not ignored) differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=20).stdout.strip()
 
     try:
-        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "bench"))}
+        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
     except (OSError, subprocess.SubprocessError):
         return {"revision": None, "dirty": None}
+
+
+def _check_recordable(path: Path, revision: dict[str, Any]) -> None:
+    """Figures kept in ``bench/results`` come from a clean tree at a named commit; a
+    run from a modified tree may still write elsewhere, marked ``dirty``."""
+    if revision["dirty"] is False:
+        return
+    results = (_REPO / "bench" / "results").resolve()
+    if path.resolve().is_relative_to(results):
+        raise SystemExit(f"bench: refusing to write {path}: the working tree has changes not committed "
+                         "(figures in bench/results come from a clean tree at a named commit)")
+    print(f"bench: WARNING: the working tree is dirty; {path} is marked dirty", flush=True)
+
+
+def write_document(path: Path, document: dict[str, Any]) -> dict[str, Any]:
+    """Write ``document`` as JSON to ``path`` with the git revision and machine added;
+    returns it. Refuses to write into ``bench/results`` from a dirty tree."""
+    revision = git_revision()
+    _check_recordable(path, revision)
+    document = {"git": revision, "machine": machine_info(), **document}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return document
 
 
 def write_json(path: Path, config: dict, rows: list[dict], command: list[str], targets: list[dict] | None = None) -> dict:
@@ -88,20 +112,16 @@ def write_json(path: Path, config: dict, rows: list[dict], command: list[str], t
         command: the command line that produced it.
         targets: targets checked against ``rows`` (left out when None).
     """
-    document = {
+    document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command,
-        "git": git_revision(),
-        "machine": machine_info(),
         "config": config,
         "results": rows,
     }
     if targets is not None:
         document["targets"] = targets
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    return document
+    return write_document(path, document)
 
 
 def _fmt(value: float | None, spec: str) -> str:

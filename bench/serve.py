@@ -4,7 +4,7 @@ in-process DALI running the same pipeline (same plan, same reader, same threads)
 The daemon runs as its own process (``feeder serve --port 0``), as it does beside a
 training job; the client turns every batch's bytes into an NHWC uint8 array. The
 in-process side runs ``feeder.pipeline.PipelineRunner`` on bytes from
-``feeder.dataset`` in this process. The two alternate, repeat after repeat, each
+``shards.reader`` in this process. The two alternate, repeat after repeat, each
 after a warm-up, so machine noise hits both; the medians and their ratio are
 reported (the daemon aims for >= 0.85).
 
@@ -17,9 +17,7 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Generator, Iterator
@@ -33,11 +31,12 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
 from bench.data import prepare_sample  # noqa: E402
-from bench.report import git_revision, machine_info  # noqa: E402
-from feeder.dataset import ShardDataset, SplitIndex  # noqa: E402
+from bench.report import write_document  # noqa: E402
+from feeder.launcher import DaemonProcess  # noqa: E402
 from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec  # noqa: E402
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protos import feeder_pb2, feeder_pb2_grpc  # noqa: E402
+from shards.reader import ShardDataset, SplitIndex  # noqa: E402
 
 __all__ = ["grpc_batches", "inprocess_batches", "main", "parse_args", "plot", "rate"]
 
@@ -96,19 +95,6 @@ def rate(batches: Iterator[np.ndarray], warmup_s: float, seconds: float) -> floa
     raise RuntimeError("loader ended early")
 
 
-def _start_daemon(shards: Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
-    command = [
-        sys.executable, "-m", "feeder", "serve", "--dataset", f"bench={shards}", "--port", "0",
-        "--device", "cpu", "--threads", str(args.threads), "--prefetch", str(args.prefetch),
-    ]
-    proc = subprocess.Popen(command, cwd=_REPO, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("feeder: serving on "):
-        proc.kill()
-        raise RuntimeError(f"daemon did not start: {line!r}")
-    return proc, int(line.rsplit(":", 1)[1])
-
-
 def plot(path: Path, results: dict[str, list[float]], ratio: float, title: str) -> None:
     """Bar per side at its median, each repeat as a dot, the ratio in the title."""
     import matplotlib
@@ -150,20 +136,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     shards = args.shards or prepare_sample(args.cache).shards
     split = ShardDataset.open("bench", shards).splits["train"]
-    daemon, port = _start_daemon(shards, args)
+    options = ("--device", "cpu", "--threads", str(args.threads), "--prefetch", str(args.prefetch))
     results: dict[str, list[float]] = {"feeder_grpc": [], "dali_inprocess": []}
-    try:
-        options = [("grpc.max_receive_message_length", -1)]
-        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+    with DaemonProcess({"bench": shards}, options, cwd=_REPO) as daemon:
+        channel_options = [("grpc.max_receive_message_length", -1)]
+        with grpc.insecure_channel(daemon.address, options=channel_options) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
             for repeat in range(args.repeats):
                 for name, batches in (("dali_inprocess", inprocess_batches(split, args)), ("feeder_grpc", grpc_batches(stub, args))):
                     results[name].append(rate(batches, args.warmup_s, args.seconds))
                     batches.close()
                     print(f"repeat {repeat + 1}/{args.repeats} {name}: {results[name][-1]:.1f} images/s", flush=True)
-    finally:
-        daemon.terminate()
-        daemon.wait(timeout=30)
     medians = {name: statistics.median(values) for name, values in results.items()}
     ratio = medians["feeder_grpc"] / medians["dali_inprocess"]
     print(f"feeder over gRPC {medians['feeder_grpc']:.1f} images/s, in-process DALI "
@@ -175,15 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
         "images_per_s": results,
         "median_images_per_s": medians,
         "ratio_grpc_over_inprocess": ratio,
-        "git": git_revision(),
-        "machine": machine_info(),
     }
     if args.plot:
         title = f"{len(split)} sample images, {args.image_size} px, CPU pipeline, {args.threads} DALI threads"
         plot(args.plot, results, ratio, title)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        report = write_document(args.json, report)
     return report
 
 

@@ -18,13 +18,10 @@ Example::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +32,7 @@ from typing import Any
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import write_document  # noqa: E402
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # noqa: E402
 
 __all__ = ["main", "measure"]
@@ -115,28 +113,14 @@ def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> 
     return seconds, cpu_seconds
 
 
-def _git_revision() -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=20).stdout.strip()
-
-    try:
-        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain", "--", "sharder", "bench/shard.py"))}
-    except (OSError, subprocess.SubprocessError):
-        return {"revision": None, "dirty": None}
-
-
 def _write_json(path: Path, config: dict, rows: list[dict]) -> None:
-    document = {
+    write_document(path, {
         "benchmark": "shard",
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
-        "git": _git_revision(),
-        "machine": {"cpus_allowed": len(os.sched_getaffinity(0)), "python": platform.python_version(), "platform": platform.platform()},
         "config": config,
         "results": rows,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    })
 
 
 def _plot(rows: list[dict], path: Path) -> None:

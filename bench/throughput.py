@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
@@ -36,7 +35,7 @@ from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
 from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
 from bench.worker import request_for  # noqa: E402
-from feeder.errors import FeederError  # noqa: E402
+from core.errors import FeederError  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
 

@@ -28,6 +28,7 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.data import prepare_sample, resolve  # noqa: E402
 from bench.report import write_json  # noqa: E402
+from feeder.launcher import DaemonProcess  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 
@@ -42,17 +43,6 @@ lr_start = 0.05
 lr_end = 0.05
 momentum = 0.9
 """
-
-
-def _start_daemon(shards: Path, threads: int) -> tuple[subprocess.Popen, str]:
-    command = [sys.executable, "-m", "feeder", "serve", "--dataset", f"bench={shards}",
-               "--port", "0", "--device", "cpu", "--threads", str(threads)]
-    proc = subprocess.Popen(command, cwd=_REPO, stdout=subprocess.PIPE, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("feeder: serving on "):
-        proc.kill()
-        raise RuntimeError(f"daemon did not start: {line!r}")
-    return proc, line.rsplit(" ", 1)[1].strip()
 
 
 def _train(address: str, out: Path, args: argparse.Namespace, *options: str) -> dict:
@@ -139,17 +129,15 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the benchmark; prints the figures and returns them."""
     args = parse_args(argv)
     data = resolve(args.shards, None) if args.shards else prepare_sample(args.cache, args.seed)
-    daemon, address = _start_daemon(data.shards, args.threads)
-    try:
+    options = ("--device", "cpu", "--threads", str(args.threads))
+    with DaemonProcess({"bench": data.shards}, options, cwd=_REPO) as daemon:
+        address = daemon.address
         with tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:
             results: dict = {}
             if not args.skip_throughput:
                 results["throughput"] = _throughput(address, Path(tmp), args)
             if not args.skip_accuracy:
                 results["accuracy"] = _time_to_accuracy(address, Path(tmp), args)
-    finally:
-        daemon.terminate()
-        daemon.wait(30)
     if "throughput" in results:
         speed = results["throughput"]
         print(f"trainer images/s: feeder {speed['feeder_images_per_s']:.1f}, synthetic "

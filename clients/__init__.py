@@ -12,7 +12,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from clients.loader import FeederLoader
+    from clients.loader import FeederLoader, LoaderConfig
     from clients.schedule import Phase, Schedule, load_schedule
     from clients.synthetic import SyntheticLoader
     from clients.transfer import IMAGENET_MEAN, IMAGENET_STD
@@ -21,6 +21,7 @@ __all__ = [
     "FeederLoader",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "LoaderConfig",
     "Phase",
     "Schedule",
     "SyntheticLoader",
@@ -31,6 +32,7 @@ _HOMES = {
     "FeederLoader": "clients.loader",
     "IMAGENET_MEAN": "clients.transfer",
     "IMAGENET_STD": "clients.transfer",
+    "LoaderConfig": "clients.loader",
     "Phase": "clients.schedule",
     "Schedule": "clients.schedule",
     "SyntheticLoader": "clients.synthetic",

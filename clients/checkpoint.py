@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from clients.distributed import Dist, barrier
-from feeder.errors import NotFound
+from core.errors import NotFound
 
 __all__ = ["capture_rng", "latest_checkpoint", "load_checkpoint", "restore_rng",
            "save_checkpoint"]

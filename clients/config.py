@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.model import ARCHS
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 
-__all__ = ["DATA_SOURCES", "PRECISIONS", "TrainConfig"]
+__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig"]
 
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 DATA_SOURCES = ("feeder", "synthetic")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 IMAGENET_TRAIN_SAMPLES = 1_281_167
@@ -41,8 +41,6 @@ class TrainConfig:
         checkpoint_every_steps: Checkpoint every N optimizer steps (0: at epoch ends only).
         resume: Continue from the latest checkpoint if there is one.
         visit_log: Directory for per-rank ``{key: times trained on}`` JSON files.
-        exit_after_steps: Stop abruptly after N optimizer steps, without saving, as a
-            crash would (to test resuming); 0: never.
         max_steps_per_epoch: Cut epochs short after N steps (benchmarks); 0: no limit.
         synthetic_samples: Epoch length with synthetic data (0: the dataset's, or
             ImageNet's 1,281,167 without a daemon).
@@ -70,7 +68,6 @@ class TrainConfig:
     checkpoint_every_steps: int = 0
     resume: bool = False
     visit_log: Path | None = None
-    exit_after_steps: int = 0
     max_steps_per_epoch: int = 0
     synthetic_samples: int = 0
     prefetch_batches: int = 4
@@ -91,7 +88,7 @@ class TrainConfig:
             raise ConfigError(f"--device {self.device!r}: choose auto, cpu or cuda")
         if self.arch not in ARCHS:
             raise ConfigError(f"--arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
-        for name in ("epochs", "val_every_epochs", "checkpoint_every_steps", "exit_after_steps",
+        for name in ("epochs", "val_every_epochs", "checkpoint_every_steps",
                      "max_steps_per_epoch", "synthetic_samples", "log_every_steps"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")

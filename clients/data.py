@@ -52,13 +52,13 @@ def make_loaders(
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s)
     train_loader = FeederLoader(
-        config.server, config.dataset, config.train_split, first.batch_size, first.image_size,
-        last_batch="drop", return_keys=config.visit_log is not None, augment="train",
+        config.server, config.dataset, split=config.train_split, batch_size=first.batch_size,
+        image_size=first.image_size, last_batch="drop", return_keys=config.visit_log is not None, augment="train",
         min_scale=first.min_scale, **common)
     val_loader = None
     if config.val_every_epochs:
         val_loader = FeederLoader(
-            config.server, config.dataset, config.val_split, first.batch_size,
-            first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
+            config.server, config.dataset, split=config.val_split, batch_size=first.batch_size,
+            image_size=first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
             prefetch_next_epoch=False, **common)
     return train_loader, val_loader, len(train_loader.classes)

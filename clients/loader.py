@@ -6,17 +6,19 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import torch
 
-from clients.stream import HostBatch, StreamFetcher, error_from_rpc
+from clients.fetcher import HostBatch, StreamFetcher, error_from_rpc
+from clients.position import Position, Positioned
 from clients.transfer import DeviceTransfer
-from feeder.errors import ConfigError, NotFound, ServiceUnavailable
+from core.errors import ConfigError, NotFound, ServiceUnavailable
 from protos import feeder_pb2, feeder_pb2_grpc
 
-__all__ = ["FeederLoader", "resolve_rank"]
+__all__ = ["FeederLoader", "LoaderConfig", "resolve_rank"]
 
 _LAST_BATCH = {"drop": feeder_pb2.LAST_BATCH_DROP, "pad": feeder_pb2.LAST_BATCH_PAD}
 _AUGMENT = {"auto": feeder_pb2.AUGMENT_AUTO, "train": feeder_pb2.AUGMENT_TRAIN,
@@ -44,13 +46,10 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return device
 
 
-class FeederLoader:
-    """An iterable of ``(images, labels)`` streamed from a feeder daemon.
-
-    Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
-    int64. Batches are prefetched by a background thread, so the training step does
-    not wait on a network round trip. Position is ``(epoch, sample cursor)``:
-    iterating yields the rest of the current epoch, then moves to the next one.
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything a ``FeederLoader`` is built with (its keyword arguments), checked
+    once here.
 
     Args:
         address: ``host:port`` of the daemon.
@@ -73,69 +72,104 @@ class FeederLoader:
         min_scale: RandomResizedCrop minimum area fraction (0: daemon default).
         job_id: Identifies the job to the daemon (ranks of one job share it).
         prefetch_batches: Ready batches held in memory per loader.
-        prefetch_next_epoch: Open the next epoch's stream as soon as one ends.
+        prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
+            drained the current one, before it asks for the next epoch's first batch.
         connect_timeout_s: How long the first contact may take.
         reconnect_timeout_s: How long to keep reconnecting after the daemon goes away.
+    """
+
+    address: str
+    dataset: str
+    split: str = "train"
+    batch_size: int = 256
+    image_size: int = 224
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    device: str | torch.device = "cpu"
+    normalize: bool = True
+    channels_last: bool = True
+    last_batch: str = "drop"
+    return_keys: bool = False
+    return_padding: bool = False
+    dtype: torch.dtype = torch.float32
+    augment: str = "auto"
+    min_scale: float = 0.0
+    job_id: str = ""
+    prefetch_batches: int = 4
+    prefetch_next_epoch: bool = True
+    connect_timeout_s: float = 30.0
+    reconnect_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.last_batch not in _LAST_BATCH:
+            raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {self.last_batch!r}")
+        if self.augment not in _AUGMENT:
+            raise ConfigError(f"augment must be one of {sorted(_AUGMENT)}, got {self.augment!r}")
+        if self.prefetch_batches < 1 or self.connect_timeout_s <= 0 or self.reconnect_timeout_s <= 0:
+            raise ConfigError("prefetch_batches and the timeouts must be positive")
+        _check_batch_size(self.batch_size)
+        _check_image_size(self.image_size)
+        _check_min_scale(self.min_scale)
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _check_image_size(image_size: int) -> None:
+    if image_size < 1:
+        raise ConfigError(f"image_size must be >= 1, got {image_size}")
+
+
+def _check_min_scale(min_scale: float) -> None:
+    if not 0 <= min_scale <= 1:
+        raise ConfigError(f"min_scale must be in [0, 1], got {min_scale}")
+
+
+class FeederLoader(Positioned):
+    """An iterable of ``(images, labels)`` streamed from a feeder daemon.
+
+    Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
+    int64. Batches are prefetched by a background thread, so the training step does
+    not wait on a network round trip. Position is ``(epoch, sample cursor)``:
+    iterating yields the rest of the current epoch, then moves to the next one.
+
+    Args:
+        address: ``host:port`` of the daemon.
+        dataset: Name of a dataset the daemon serves.
+        options: the other fields of :class:`LoaderConfig` by name (``split``,
+            ``batch_size``, ``image_size``, ``seed``, ``rank``, ``world_size``,
+            ``device``, ``normalize``, ...), each documented there.
 
     Raises:
         ServiceUnavailable: The daemon cannot be reached within ``connect_timeout_s``.
         NotFound: The daemon does not serve ``dataset`` / ``split``.
         ConfigError: An argument out of range.
+        TypeError: An option that is not a field of ``LoaderConfig``.
     """
 
-    def __init__(
-        self,
-        address: str,
-        dataset: str,
-        split: str = "train",
-        batch_size: int = 256,
-        image_size: int = 224,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        device: str | torch.device = "cpu",
-        normalize: bool = True,
-        channels_last: bool = True,
-        last_batch: str = "drop",
-        return_keys: bool = False,
-        return_padding: bool = False,
-        dtype: torch.dtype = torch.float32,
-        augment: str = "auto",
-        min_scale: float = 0.0,
-        job_id: str = "",
-        prefetch_batches: int = 4,
-        prefetch_next_epoch: bool = True,
-        connect_timeout_s: float = 30.0,
-        reconnect_timeout_s: float = 60.0,
-    ) -> None:
-        if last_batch not in _LAST_BATCH:
-            raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {last_batch!r}")
-        if augment not in _AUGMENT:
-            raise ConfigError(f"augment must be one of {sorted(_AUGMENT)}, got {augment!r}")
-        if prefetch_batches < 1 or connect_timeout_s <= 0 or reconnect_timeout_s <= 0:
-            raise ConfigError("prefetch_batches and the timeouts must be positive")
-        self.address, self.dataset, self.split = address, dataset, split
-        self.seed, self.last_batch, self.augment = seed, last_batch, augment
-        self.return_keys, self.return_padding = return_keys, return_padding
-        self.job_id = job_id
-        self.rank, self.world_size = resolve_rank(rank, world_size)
+    def __init__(self, address: str, dataset: str, **options: Any) -> None:
+        config = LoaderConfig(address=address, dataset=dataset, **options)
+        self.config = config
+        self.address, self.dataset, self.split = address, dataset, config.split
+        self.seed, self.last_batch, self.augment = config.seed, config.last_batch, config.augment
+        self.return_keys, self.return_padding = config.return_keys, config.return_padding
+        self.job_id = config.job_id
+        self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} outside world of {self.world_size}")
-        self.device = _resolve_device(device)
-        self._transfer = DeviceTransfer(self.device, normalize, channels_last, dtype)
-        self._depth, self._prefetch_next = prefetch_batches, prefetch_next_epoch
-        self._reconnect_timeout_s = reconnect_timeout_s
+        self.device = _resolve_device(config.device)
+        self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
         self._fetcher: StreamFetcher | None = None
-        self._batch_size = self._image_size = 0
-        self._min_scale = 0.0
-        self.set_batch_size(batch_size)
-        self.set_image_size(image_size)
-        self.set_min_scale(min_scale)
+        self._batch_size, self._image_size = config.batch_size, config.image_size
+        self._min_scale = config.min_scale
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = feeder_pb2_grpc.FeederStub(self._channel)
-        self.num_samples, self.classes = self._describe(connect_timeout_s)
+        self.num_samples, self.classes = self._describe(config.connect_timeout_s)
         self._samples_per_rank = self._expected_samples_per_rank()
-        self._epoch = self._cursor = 0
+        self.position = Position()
         self.wait_seconds = 0.0
         self._reconnects = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
@@ -171,16 +205,6 @@ class FeederLoader:
 
     # -- position and sizes --------------------------------------------------
     @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from."""
-        return self._epoch
-
-    @property
-    def cursor(self) -> int:
-        """Samples of this rank's part of the current epoch already yielded."""
-        return self._cursor
-
-    @property
     def samples_per_rank(self) -> int:
         """Length of this rank's part of an epoch, in samples."""
         return self._samples_per_rank
@@ -207,37 +231,33 @@ class FeederLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed cursor)."""
-        if epoch != self._epoch:
-            self._epoch, self._cursor = epoch, 0
+        if self.position.move_to_epoch(epoch):
             self._drop_fetcher()
 
     def set_batch_size(self, batch_size: int) -> None:
         """Batch size from the next batch on (the stream reopens at the cursor)."""
-        if batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        _check_batch_size(batch_size)
         if batch_size != self._batch_size:
             self._batch_size = batch_size
             self._drop_fetcher()
 
     def set_image_size(self, image_size: int) -> None:
         """Image side from the next batch on (the stream reopens at the cursor)."""
-        if image_size < 1:
-            raise ConfigError(f"image_size must be >= 1, got {image_size}")
+        _check_image_size(image_size)
         if image_size != self._image_size:
             self._image_size = image_size
             self._drop_fetcher()
 
     def set_min_scale(self, min_scale: float) -> None:
         """RandomResizedCrop minimum area fraction from the next batch on (0: default)."""
-        if not 0 <= min_scale <= 1:
-            raise ConfigError(f"min_scale must be in [0, 1], got {min_scale}")
+        _check_min_scale(min_scale)
         if min_scale != self._min_scale:
             self._min_scale = min_scale
             self._drop_fetcher()
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (equal on every rank)."""
-        remaining = max(self._samples_per_rank - self._cursor, 0)
+        remaining = max(self._samples_per_rank - self.position.cursor, 0)
         if self.last_batch == "pad":
             return math.ceil(remaining / self._batch_size)
         return remaining // self._batch_size
@@ -245,8 +265,8 @@ class FeederLoader:
     # -- resumable state -----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Position to resume from: epoch and sample cursor (not a batch index)."""
-        return {"epoch": self._epoch, "cursor": self._cursor, "seed": self.seed,
-                "world_size": self.world_size, "dataset": self.dataset, "split": self.split}
+        return self.position.state_dict() | {"seed": self.seed, "world_size": self.world_size,
+                                             "dataset": self.dataset, "split": self.split}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``: the next batch starts at its cursor.
@@ -258,7 +278,7 @@ class FeederLoader:
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError(f"loader state is for {key}={state[key]!r}, "
                                   f"this loader has {getattr(self, key)!r}")
-        self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
+        self.position.load_state_dict(state)
         self._drop_fetcher()
 
     # -- iteration -------------------------------------------------------------
@@ -284,11 +304,11 @@ class FeederLoader:
 
     def _next_host_batch(self) -> HostBatch | None:
         if self._fetcher is None:
-            self._fetcher = self._start_fetcher(self._epoch, self._cursor)
+            self._fetcher = self._start_fetcher(self.position.epoch, self.position.cursor)
         return self._fetcher.get()
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
-        self._cursor = host.cursor
+        self.position.cursor = host.cursor
         if host.samples_per_rank:
             self._samples_per_rank = host.samples_per_rank
         images, labels, padding = self._transfer(host.images, host.labels, host.padding)
@@ -301,9 +321,9 @@ class FeederLoader:
 
     def _end_epoch(self) -> None:
         self._drop_fetcher()
-        self._epoch, self._cursor = self._epoch + 1, 0
-        if self._prefetch_next:
-            self._fetcher = self._start_fetcher(self._epoch, 0)
+        self.position.next_epoch()
+        if self.config.prefetch_next_epoch:
+            self._fetcher = self._start_fetcher(self.position.epoch, 0)
 
     def _start_fetcher(self, epoch: int, cursor: int) -> StreamFetcher:
         request = feeder_pb2.StreamRequest(
@@ -313,8 +333,8 @@ class FeederLoader:
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
             min_scale=self._min_scale,
         )
-        return StreamFetcher(self._stub.StreamBatches, request, self.address, self._depth,
-                             self._reconnect_timeout_s, pin=self.device.type == "cuda")
+        return StreamFetcher(self._stub.StreamBatches, request, self.address, self.config.prefetch_batches,
+                             self.config.reconnect_timeout_s, pin=self.device.type == "cuda")
 
     def _drop_fetcher(self) -> None:
         if self._fetcher is not None:

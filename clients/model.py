@@ -7,12 +7,10 @@ from __future__ import annotations
 import torch
 import torchvision
 
-from feeder.errors import ConfigError
+from clients.config import ARCHS
+from core.errors import ConfigError
 
-__all__ = ["ARCHS", "build_model", "build_optimizer", "param_groups"]
-
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-
+__all__ = ["build_model", "build_optimizer", "param_groups"]
 
 def build_model(arch: str, num_classes: int, device: torch.device) -> torch.nn.Module:
     """A torchvision ResNet, last BN gamma of each block zeroed, channels-last.

@@ -24,13 +24,14 @@ without restarting the daemon.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from feeder.errors import ConfigError
+import tomllib
+
+from core.errors import ConfigError
 
 __all__ = ["Phase", "Schedule", "bundled_schedules", "load_schedule"]
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import torch
 
-from feeder.errors import ConfigError
+from clients.position import Position, Positioned
+from core.errors import ConfigError
 
 __all__ = ["SyntheticLoader"]
 
 
-class SyntheticLoader:
+class SyntheticLoader(Positioned):
     """Same iteration, sizes and state protocol as ``FeederLoader``; no data source.
 
     One random batch per (batch size, image size) is made on ``device`` and yielded
@@ -54,23 +55,12 @@ class SyntheticLoader:
         self.wait_seconds = 0.0
         self.stall_fraction = 0.0
         self.reconnects = 0
-        self._epoch = self._cursor = 0
+        self.position = Position()
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next batch comes from."""
-        return self._epoch
-
-    @property
-    def cursor(self) -> int:
-        """Samples of this rank's part of the current epoch already yielded."""
-        return self._cursor
 
     def set_epoch(self, epoch: int) -> None:
         """Moves to the start of ``epoch`` (no-op if already in it)."""
-        if epoch != self._epoch:
-            self._epoch, self._cursor = epoch, 0
+        self.position.move_to_epoch(epoch)
 
     def set_batch_size(self, batch_size: int) -> None:
         """Batch size from the next batch on."""
@@ -84,15 +74,15 @@ class SyntheticLoader:
         """Accepted for interface parity; random tensors have no crops."""
 
     def __len__(self) -> int:
-        return max(self.samples_per_rank - self._cursor, 0) // self.batch_size
+        return max(self.samples_per_rank - self.position.cursor, 0) // self.batch_size
 
     def state_dict(self) -> dict[str, Any]:
         """Epoch and sample cursor."""
-        return {"epoch": self._epoch, "cursor": self._cursor}
+        return self.position.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``."""
-        self._epoch, self._cursor = int(state["epoch"]), int(state["cursor"])
+        self.position.load_state_dict(state)
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         key = (self.batch_size, self.image_size)
@@ -109,9 +99,9 @@ class SyntheticLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         while len(self) > 0:
-            self._cursor += self.batch_size
+            self.position.cursor += self.batch_size
             yield self._batch()
-        self._epoch, self._cursor = self._epoch + 1, 0
+        self.position.next_epoch()
 
     def close(self) -> None:
         """Nothing to release."""

@@ -1,5 +1,5 @@
 """``python -m clients.train``: the trainer as a standalone command (what torchrun
-launches: ``torchrun --nproc-per-node 8 -m clients.train --server ... ``)."""
+launches: ``torchrun --nproc-per-node 8 -m clients.train --server ...``)."""
 
 from __future__ import annotations
 

@@ -5,22 +5,29 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from clients.checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng
-from clients.checkpoint import save_checkpoint
+from clients.checkpoint import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from clients.config import TrainConfig
 from clients.data import make_loaders
-from clients.distributed import Dist, all_reduce_sum, init_distributed, shutdown_distributed
+from clients.distributed import (
+    Dist,
+    all_reduce_sum,
+    init_distributed,
+    shutdown_distributed,
+)
 from clients.evaluate import Evaluation, evaluate
 from clients.metrics import EpochRecord, MetricsLog, plot_records
 from clients.model import build_model, build_optimizer
@@ -180,10 +187,6 @@ class Trainer:
         if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
             self.elapsed_s = time.perf_counter() - started
             self._checkpoint()
-        if config.exit_after_steps and self.step >= config.exit_after_steps:
-            self._say(f"stopping abruptly after step {self.step} (--exit-after-steps)")
-            sys.stdout.flush()
-            os._exit(3)
 
     def _validate(self, epoch: int, phase: Any) -> Evaluation:
         every = self.config.val_every_epochs

@@ -1,15 +1,17 @@
-"""The ``feeder`` command line. Thin: each command builds a config and calls library
-code; errors are printed as one line (``--traceback`` for the full story)."""
+"""The ``feeder`` command line, on top of everything else. Thin: each command builds
+a config and calls library code; errors are one line (``--traceback`` for the full
+story, see :mod:`core.cli`)."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
-from typing import Any
-
 import typer
 
-from feeder.errors import FeederError, cli_message
+from clients import commands as train_commands
+from core.cli import TRACEBACK_HELP, remember_traceback
+from feeder import commands as serve_commands
+from sharder import commands as shard_commands
+
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     help="feeder: shards, serves and streams image-classification data to training jobs.",
@@ -27,38 +29,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-_state = {"traceback": False}
-
 
 @app.callback()
-def _main(
-    traceback: bool = typer.Option(False, "--traceback", help="Show full tracebacks on errors."),
-) -> None:
-    _state["traceback"] = traceback
+def _main(ctx: typer.Context,
+          traceback: bool = typer.Option(False, "--traceback", help=TRACEBACK_HELP)) -> None:
+    remember_traceback(ctx, traceback)
 
 
-def run_command(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call library code, turning a FeederError into one line on stderr and exit 1."""
-    try:
-        return fn(*args, **kwargs)
-    except FeederError as e:
-        if _state["traceback"]:
-            raise
-        print(cli_message(e), file=sys.stderr)
-        raise typer.Exit(1) from e
-
-
-def _register() -> None:
-    # Each area owns the module that defines its commands; they are attached here.
-    from clients import commands as train_commands
-    from feeder import commands as serve_commands
-    from sharder import commands as shard_commands
-
-    for module in (shard_commands, serve_commands, train_commands):
-        module.register(app)
-
-
-_register()
+for _module in (shard_commands, serve_commands, train_commands):
+    _module.register(app)
 
 
 def main() -> None:

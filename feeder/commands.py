@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from core.cli import run_command
+
 __all__ = ["parse_datasets", "register"]
 
 
@@ -16,7 +18,7 @@ def parse_datasets(values: list[str]) -> dict[str, Path]:
     Raises:
         ConfigError: an entry without ``=``, or a name given twice.
     """
-    from feeder.errors import ConfigError
+    from core.errors import ConfigError
 
     datasets: dict[str, Path] = {}
     for value in values:
@@ -30,6 +32,7 @@ def parse_datasets(values: list[str]) -> dict[str, Path]:
 
 
 def serve_command(
+    ctx: typer.Context,
     dataset: Annotated[
         list[str],
         typer.Option(help="NAME=PATH of a shard directory; repeat for more. Example: imagenet=/data/shards."),
@@ -44,12 +47,13 @@ def serve_command(
     max_streams: Annotated[int, typer.Option(help="Streams open at once; more are refused.")] = 64,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: any free one).")] = None,
     grace_s: Annotated[float, typer.Option(help="Seconds in-flight streams get on SIGTERM.")] = 5.0,
+    log_level: Annotated[str, typer.Option(help="debug, info (a line per stream opened and closed), "
+                                                "warning (errors only) or error.")] = "info",
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
     Example: feeder serve --dataset imagenet=/data/shards --port 50051 --metrics-port 9100
     """
-    from feeder.cli import run_command
     from feeder.config import ServerConfig
     from feeder.server import serve
 
@@ -66,11 +70,12 @@ def serve_command(
             max_streams=max_streams,
             metrics_port=metrics_port,
             grace_s=grace_s,
+            log_level=log_level,
             **extra,
         )
         serve(config)
 
-    run_command(run)
+    run_command(ctx, run)
 
 
 def register(app: typer.Typer) -> None:

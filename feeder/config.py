@@ -8,11 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 
-__all__ = ["DEVICES", "ServerConfig"]
+__all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig"]
 
 DEVICES = ("auto", "cpu", "gpu")
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _default_threads() -> int:
@@ -37,6 +38,7 @@ class ServerConfig:
         metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one).
+        log_level: least severe log records written to stderr (one of ``LOG_LEVELS``).
     """
 
     datasets: Mapping[str, Path]
@@ -51,6 +53,7 @@ class ServerConfig:
     metrics_port: int | None = None
     grace_s: float = 5.0
     rpc_threads: int = 0
+    log_level: str = "info"
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -69,6 +72,8 @@ class ServerConfig:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: must be >= 0, got {self.grace_s}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
 

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import queue
-import signal
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+
+from feeder.launcher import DaemonProcess
 
 __all__ = ["DemoConfig", "main", "run_demo"]
 
@@ -76,31 +74,15 @@ def _make_shards(config: DemoConfig) -> Path:
     return shards
 
 
-def _start_daemon(shards: Path, timeout_s: float) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "feeder", "serve", "--dataset", f"{DATASET}={shards}", "--port", "0"]
-    _step(" ".join(["feeder", *cmd[3:]]))
-    daemon = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_echo, args=(daemon.stdout, lines), daemon=True).start()
+def _start_daemon(shards: Path, timeout_s: float) -> DaemonProcess:
+    daemon = DaemonProcess({DATASET: shards}, start_timeout_s=timeout_s, stop_timeout_s=60,
+                           echo=lambda line: print(f"  [daemon] {line}", end="", flush=True))
+    _step(" ".join(["feeder", *daemon.command[3:]]))
     try:
-        while True:  # the echo thread ends the queue with "" at end of output
-            line = lines.get(timeout=timeout_s)
-            if "serving on" in line:
-                return daemon, line.rsplit(" ", 1)[-1].strip()
-            if not line:
-                break
-    except queue.Empty:
-        pass
-    daemon.kill()
-    raise SystemExit(f"feeder demo: the daemon did not print its address (exit {daemon.wait()})")
-
-
-def _echo(stream: IO[str], lines: queue.Queue[str]) -> None:
-    """Echo the daemon's output for as long as it runs, so its pipe never fills."""
-    for line in stream:
-        print(f"  [daemon] {line}", end="", flush=True)
-        lines.put(line)
-    lines.put("")
+        daemon.start()
+    except RuntimeError as e:
+        raise SystemExit(f"feeder demo: {e}") from e
+    return daemon
 
 
 def _stream_epoch(address: str, shards: Path, image_size: int) -> None:
@@ -141,10 +123,9 @@ def _train(address: str, config: DemoConfig) -> None:
           f"data-stall fraction {summary['stall_fraction']:.1%}; plot {out / 'metrics.png'}")
 
 
-def _stop_daemon(daemon: subprocess.Popen[str]) -> None:
+def _stop_daemon(daemon: DaemonProcess) -> None:
     _step("SIGTERM to the daemon")
-    daemon.send_signal(signal.SIGTERM)
-    code = daemon.wait(timeout=60)
+    code = daemon.stop()
     print(f"daemon exited with status {code}")
     if code != 0:
         raise SystemExit(f"feeder demo: the daemon exited with status {code} on SIGTERM")
@@ -154,13 +135,12 @@ def run_demo(config: DemoConfig) -> None:
     """Run every step; raise SystemExit naming the step that failed."""
     config.workdir.mkdir(parents=True, exist_ok=True)
     shards = _make_shards(config)
-    daemon, address = _start_daemon(shards, config.startup_timeout_s)
+    daemon = _start_daemon(shards, config.startup_timeout_s)
     try:
-        _stream_epoch(address, shards, config.stream_image_size)
-        _train(address, config)
+        _stream_epoch(daemon.address, shards, config.stream_image_size)
+        _train(daemon.address, config)
     finally:
-        if daemon.poll() is None:
-            _stop_daemon(daemon)
+        _stop_daemon(daemon)
     print("\nfeeder demo: done")
 
 

@@ -7,12 +7,16 @@ import threading
 import time
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
 
-__all__ = ["STAGES", "ServerMetrics", "Stats"]
+__all__ = ["ServerMetrics", "Stats"]
 
-# Stages timed per batch: reading bytes, DALI decode+augment, waiting for the client.
-STAGES = ("read", "decode_augment", "send")
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 
-from feeder.errors import ConfigError, DataError
+from core.errors import ConfigError, DataError
 
 __all__ = [
     "AugmentKind",
@@ -233,8 +233,3 @@ class PipelineRunner:
                 self._collect()
             except DataError:
                 continue
-
-    @property
-    def idle(self) -> bool:
-        """True when no run is in flight (safe to hand to another stream)."""
-        return self._in_flight == 0

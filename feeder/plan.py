@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from feeder.errors import InvalidArgument
+from core.errors import InvalidArgument
 
 __all__ = [
     "BatchSlice",

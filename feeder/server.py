@@ -3,6 +3,7 @@ and embedding) and ``serve`` (the ``feeder serve`` process: blocks until SIGTERM
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import threading
@@ -13,12 +14,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from core.errors import ConfigError
 from feeder.config import ServerConfig
-from feeder.errors import ConfigError
 from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FeederServer", "create_server", "format_address", "serve"]
 
@@ -30,9 +33,10 @@ def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class FeederServer(grpc.Server):
-    """A started ``grpc.Server`` that also owns the daemon's service, health status
-    and metrics endpoint; ``stop`` releases all of them.
+class FeederServer:
+    """A daemon: a ``grpc.Server`` with the feeder, health and reflection services,
+    the plain-Python service behind them and the metrics endpoint; ``stop`` releases
+    all of them.
 
     Attributes:
         service: the plain-Python service (open streams, pipeline pool).
@@ -103,17 +107,6 @@ class FeederServer(grpc.Server):
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self._grpc.wait_for_termination(timeout)
 
-    def add_generic_rpc_handlers(self, generic_rpc_handlers) -> None:  # type: ignore[no-untyped-def]
-        self._grpc.add_generic_rpc_handlers(generic_rpc_handlers)
-
-    def add_registered_method_handlers(self, service_name, method_handlers) -> None:  # type: ignore[no-untyped-def]
-        self._grpc.add_registered_method_handlers(service_name, method_handlers)
-
-    def add_insecure_port(self, address: str) -> int:
-        return self._grpc.add_insecure_port(address)
-
-    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int:
-        return self._grpc.add_secure_port(address, server_credentials)
 
 
 def create_server(config: ServerConfig) -> tuple[FeederServer, int]:
@@ -141,12 +134,16 @@ def serve(config: ServerConfig) -> None:
     Prints ``feeder: serving on HOST:PORT`` (flushed) once listening, so a parent
     process can read the port when it asked for port 0.
     """
+    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server, port = create_server(config)
+    # The one line on stdout: launchers read the port from it.
     print(f"feeder: serving on {format_address(config.bind, port)}", flush=True)
     names = ", ".join(f"{n} ({'/'.join(d.splits)})" for n, d in sorted(server.service.datasets.items()))
-    print(f"feeder: datasets {names}; device {server.service.device}", flush=True)
+    log.info("serving datasets %s on %s; device %s", names, format_address(config.bind, port),
+             server.service.device)
     if server.metrics_port is not None:
-        print(f"feeder: metrics on http://{format_address(config.bind, server.metrics_port)}/metrics", flush=True)
+        log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -155,6 +152,6 @@ def serve(config: ServerConfig) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    print("feeder: shutting down", file=sys.stderr, flush=True)
+    log.info("shutting down: streams get %.1f s to finish", config.grace_s)
     server.stop(config.grace_s).wait()
-    print("feeder: stopped", file=sys.stderr, flush=True)
+    log.info("stopped")

@@ -3,14 +3,22 @@ pipeline pool and the open streams. The servicer only converts messages."""
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.errors import (
+    ConfigError,
+    FeederError,
+    InvalidArgument,
+    NotFound,
+    ServiceUnavailable,
+)
 from feeder.config import ServerConfig
-from feeder.dataset import ShardDataset, SplitIndex
-from feeder.errors import ConfigError, FeederError, InvalidArgument, NotFound, ServiceUnavailable
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
 from feeder.plan import (
@@ -24,7 +32,10 @@ from feeder.plan import (
     validate_window,
 )
 from feeder.pool import PipelinePool, batch_bucket
-from feeder.stream import BatchStream, StreamContext
+from feeder.producer import BatchStream, StreamContext
+from shards.reader import ShardDataset, SplitIndex
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FeederService", "StreamSpec", "cuda_devices", "open_datasets", "resolve_device"]
 
@@ -41,7 +52,8 @@ class StreamSpec:
     ``augment`` None means: train augmentation for the split named ``train``,
     validation transform otherwise. Train augmentation also shuffles the order.
     ``epochs`` > 1 streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
-    ``max_samples`` apply to the first.
+    ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share it)
+    and ``peer`` the client's address, both for the daemon's log.
     """
 
     dataset: str
@@ -59,6 +71,7 @@ class StreamSpec:
     augment: AugmentKind | None = None
     crop: CropRange = field(default_factory=CropRange)
     job_id: str = ""
+    peer: str = ""
 
     @property
     def kind(self) -> AugmentKind:
@@ -115,6 +128,8 @@ class FeederService:
         self._streams: set[BatchStream] = set()
         self._lock = threading.Lock()
         self._accepting = True
+        self._numbers = itertools.count(1)
+        self._described: dict[BatchStream, str] = {}
 
     def open_stream(self, spec: StreamSpec) -> BatchStream:
         """Check ``spec``, plan its batches and start a producer.
@@ -138,6 +153,11 @@ class FeederService:
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         self._admit(stream, runner)
+        number = next(self._numbers)
+        self._described[stream] = f"stream {number} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
+        log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d",
+                 self._described[stream], spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
+                 spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1)
         return stream.start()
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
@@ -210,6 +230,10 @@ class FeederService:
     def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
         with self._lock:
             self._streams.discard(stream)
+            described = self._described.pop(stream, "stream")
+        level = logging.WARNING if stream.outcome.startswith("failed") else logging.INFO
+        log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", described, stream.outcome,
+                stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
         self.pool.release(runner, healthy)
         self.metrics.stream_closed()
 

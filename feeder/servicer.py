@@ -1,20 +1,25 @@
 """The gRPC layer: protobuf messages in, the service's own objects out and back.
-No decisions are made here; errors map through ``feeder.errors``."""
+No decisions are made here; errors map through ``core.errors``."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Iterator
 from typing import NoReturn
 
 import grpc
 import numpy as np
 
-from feeder.errors import ConfigError, FeederError, InvalidArgument, grpc_code
+from core.errors import ConfigError, FeederError, InvalidArgument, grpc_code
+from core.wire import BYTES, field_key, varint
 from feeder.pipeline import AugmentKind, CropRange
 from feeder.plan import LastBatch
+from feeder.producer import ReadyBatch
 from feeder.service import FeederService, StreamSpec
-from feeder.stream import ReadyBatch
 from protos import feeder_pb2, feeder_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 __all__ = ["FeederServicer", "add_to_server", "batch_message", "encode_batch", "stream_spec"]
 
@@ -39,7 +44,7 @@ def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
         raise InvalidArgument(str(e)) from e
 
 
-def stream_spec(request: feeder_pb2.StreamRequest) -> StreamSpec:
+def stream_spec(request: feeder_pb2.StreamRequest, peer: str = "") -> StreamSpec:
     """The service's view of a ``StreamRequest``.
 
     Raises:
@@ -65,20 +70,12 @@ def stream_spec(request: feeder_pb2.StreamRequest) -> StreamSpec:
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         job_id=request.job_id,
+        peer=peer,
     )
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 # Key of the ``images`` field: field number, wire type 2 (length-delimited).
-_IMAGES_KEY = _varint(feeder_pb2.Batch.DESCRIPTOR.fields_by_name["images"].number << 3 | 2)
+_IMAGES_KEY = field_key(feeder_pb2.Batch.DESCRIPTOR.fields_by_name["images"].number, BYTES)
 
 
 def batch_message(batch: ReadyBatch, with_images: bool = True) -> feeder_pb2.Batch:
@@ -106,7 +103,7 @@ def encode_batch(batch: ReadyBatch) -> bytes:
     """
     pixels = np.ascontiguousarray(batch.images).data.cast("B")
     head = batch_message(batch, with_images=False).SerializeToString()
-    return b"".join((head, _IMAGES_KEY, _varint(pixels.nbytes), pixels))
+    return b"".join((head, _IMAGES_KEY, varint(pixels.nbytes), pixels))
 
 
 class FeederServicer(feeder_pb2_grpc.FeederServicer):
@@ -117,6 +114,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def _abort(self, context: grpc.ServicerContext, error: FeederError) -> NoReturn:
         self.service.metrics.error(type(error).__name__)
+        log.warning("%s from %s: %s: %s", grpc_code(error).name, context.peer(), type(error).__name__, error)
         context.abort(grpc_code(error), str(error))
         raise error  # context.abort raises; this line keeps type checkers honest
 
@@ -132,7 +130,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def StreamBatches(self, request, context) -> Iterator[ReadyBatch]:  # noqa: N802
         try:
-            stream = self.service.open_stream(stream_spec(request))
+            stream = self.service.open_stream(stream_spec(request, context.peer()))
         except FeederError as e:
             self._abort(context, e)
         context.add_callback(stream.close)
@@ -146,17 +144,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
             stream.close()
 
     def GetStats(self, request, context):  # noqa: N802
-        stats = self.service.metrics.stats()
-        return feeder_pb2.StatsResponse(
-            images_served=stats.images_served,
-            batches_served=stats.batches_served,
-            bytes_sent=stats.bytes_sent,
-            open_streams=stats.open_streams,
-            streams_opened=stats.streams_opened,
-            errors=stats.errors,
-            uptime_s=stats.uptime_s,
-            samples_skipped=stats.samples_skipped,
-        )
+        return feeder_pb2.StatsResponse(**dataclasses.asdict(self.service.metrics.stats()))
 
 
 def add_to_server(servicer: FeederServicer, server: grpc.Server) -> None:

@@ -1,29 +1,6 @@
-"""Protocol buffers of the feeder service.
+"""Protocol buffers of the feeder service (``feeder.proto``).
 
-The Python modules are generated from ``feeder.proto`` by the build (``make proto``);
-when they are missing or older than the ``.proto`` (an install that skipped the
-Makefile), they are generated here once, on first import.
+The Python modules ``feeder_pb2`` and ``feeder_pb2_grpc`` are generated from the
+``.proto`` by the build (``setup.py``'s build step, which ``pip install`` and wheel
+builds run), so an installed feeder needs no protobuf compiler at run time.
 """
-
-from __future__ import annotations
-
-from pathlib import Path
-
-_HERE = Path(__file__).resolve().parent
-
-
-def _generate_if_stale() -> None:
-    proto = _HERE / "feeder.proto"
-    outputs = [_HERE / "feeder_pb2.py", _HERE / "feeder_pb2_grpc.py"]
-    if all(p.exists() and p.stat().st_mtime >= proto.stat().st_mtime for p in outputs):
-        return
-    from grpc_tools import protoc  # build-time dependency, imported only when needed
-
-    root = _HERE.parent
-    args = ["protoc", f"-I{root}", f"--python_out={root}", f"--pyi_out={root}",
-            f"--grpc_python_out={root}", str(proto)]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed to compile {proto}")
-
-
-_generate_if_stale()

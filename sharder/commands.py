@@ -8,12 +8,15 @@ from typing import Annotated
 
 import typer
 
+from core.cli import run_command
+
 __all__ = ["register"]
 
 _MB = 1024 * 1024
 
 
 def sample_data_command(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Argument(help="Directory to create, e.g. data/sample.")],
     classes: Annotated[int, typer.Option(help="Classes, one per bundled photograph.")] = 10,
     train_per_class: Annotated[int, typer.Option(help="Training images per class.")] = 100,
@@ -25,7 +28,6 @@ def sample_data_command(
 
     Example: feeder sample-data data/sample --classes 10 --train-per-class 100
     """
-    from feeder.cli import run_command
     from sharder import SampleDataConfig, make_sample_data
 
     def run() -> None:
@@ -36,10 +38,11 @@ def sample_data_command(
         total = classes * (train_per_class + val_per_class)
         print(f"wrote {total} images of {classes} classes ({classes * train_per_class} train, {classes * val_per_class} val) -> {out}")
 
-    run_command(run)
+    run_command(ctx, run)
 
 
 def shard_command(
+    ctx: typer.Context,
     src: Annotated[Path, typer.Argument(help="Input tree: ILSVRC2012 layout (train/, val/) or class folders.")],
     out: Annotated[Path, typer.Argument(help="Shard directory to create (or to resume into).")],
     format_list: Annotated[str, typer.Option("--format", help="Comma list of wds, lmdb.")] = "wds",
@@ -56,7 +59,6 @@ def shard_command(
 
     Example: feeder shard ~/ILSVRC/Data/CLS-LOC out/imagenet --format wds,lmdb --workers 8
     """
-    from feeder.cli import run_command
     from sharder import ShardConfig, shard
 
     def run() -> None:
@@ -71,10 +73,11 @@ def shard_command(
             print(f"feeder: interrupted; run the same command again to resume into {out}", file=sys.stderr)
             raise typer.Exit(130) from None
 
-    run_command(run)
+    run_command(ctx, run)
 
 
 def verify_command(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Argument(help="Shard directory made by feeder shard.")],
     full: Annotated[bool, typer.Option(help="Decode every image, not a sample.")] = False,
     seed: Annotated[int, typer.Option(help="Seed choosing the decoded sample.")] = 0,
@@ -84,7 +87,6 @@ def verify_command(
 
     Example: feeder verify out/imagenet --full
     """
-    from feeder.cli import run_command
     from sharder.verify import verify
 
     def run() -> None:
@@ -95,7 +97,7 @@ def verify_command(
         if result.problems:
             raise typer.Exit(1)
 
-    run_command(run)
+    run_command(ctx, run)
 
 
 def register(app: typer.Typer) -> None:

@@ -20,7 +20,12 @@ from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 
 from sharder.config import ShardConfig
-from sharder.images import ProcessedImage, check_without_decode, decode_and_reencode, read_input
+from sharder.images import (
+    ProcessedImage,
+    check_without_decode,
+    decode_and_reencode,
+    read_input,
+)
 
 __all__ = ["processed_in_order", "worker_pool"]
 
@@ -68,7 +73,7 @@ def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
             yield pending.popleft().result()
 
 
-def _start(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None) -> ProcessedImage | AsyncResult:
+def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None) -> ProcessedImage | AsyncResult:
     if isinstance(data, ProcessedImage):
         return data
     quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality)
@@ -79,7 +84,7 @@ def _start(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None)
     return pool.apply_async(_reencode, (data, config.max_side_px, config.reencode_quality))
 
 
-def _done(item: ProcessedImage | AsyncResult) -> ProcessedImage:
+def _collect(item: ProcessedImage | AsyncResult) -> ProcessedImage:
     return item if isinstance(item, ProcessedImage) else item.get()
 
 
@@ -97,8 +102,8 @@ def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None
     in_flight: deque[ProcessedImage | AsyncResult] = deque()
     limit = _IN_FLIGHT_PER_WORKER * max(1, config.workers)
     for data in _read_ahead(paths):
-        in_flight.append(_start(data, config, pool))
+        in_flight.append(_submit(data, config, pool))
         while in_flight and (len(in_flight) > limit or isinstance(in_flight[0], ProcessedImage) or in_flight[0].ready()):
-            yield _done(in_flight.popleft())
+            yield _collect(in_flight.popleft())
     while in_flight:
-        yield _done(in_flight.popleft())
+        yield _collect(in_flight.popleft())

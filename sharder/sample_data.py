@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image
 from tqdm import tqdm
 
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 from sharder.config import SampleDataConfig
 
 __all__ = ["PHOTO_NAMES", "make_sample_data", "sample_wnid"]

@@ -4,25 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 from sharder.config import ShardConfig
-from sharder.layout import FORMAT_VERSION, INDEX_SCHEMA, LMDB_DIR, MANIFEST_NAME, index_path
-from sharder.manifest import write_json_atomic
+from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
-from sharder.writers import LmdbWriter, Sample, file_sha256, fsync_dir
+from shards.layout import (
+    FORMAT_VERSION,
+    LMDB_DIR,
+    MANIFEST_NAME,
+    index_path,
+)
+from shards.writers import write_index, write_json_atomic
 
 __all__ = ["ShardReport", "shard"]
 
@@ -106,29 +108,7 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
         "width": [r[5] for r, _ in rows],
         "height": [r[6] for r, _ in rows],
     }
-    path = index_path(out, split)
-    temp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table(columns, schema=INDEX_SCHEMA), temp)
-    with open(temp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fsync_dir(path.parent)
-
-
-def _write_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord]) -> dict[str, Any]:
-    """Build ``OUT/<split>/lmdb`` from the finished tars (same samples, same order)."""
-    total = sum(rec.bytes for rec in records)
-    # Map size is only an upper bound of the file (Datum overhead + B-tree pages).
-    with LmdbWriter(out / split / LMDB_DIR, map_size_bytes=2 * total + (64 << 20)) as writer:
-        for rec in (r for r in records if r.path):
-            with open(tar_root / rec.path, "rb") as tar:
-                for key, label, offset, size, _, width, height in rec.rows:
-                    tar.seek(offset)
-                    writer.write(Sample(key, label, tar.read(size), width, height))
-        writer.finish()
-    data = out / split / LMDB_DIR / "data.mdb"
-    samples = sum(len(rec.rows) for rec in records)
-    return {"path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": file_sha256(data)}
+    write_index(index_path(out, split), columns)
 
 
 def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRecord], wds: bool) -> dict[str, Any]:
@@ -164,7 +144,7 @@ def _finish_split(config: ShardConfig, tree: SourceTree, split: SplitSource, rec
     _write_index(config.out, split.name, records, lmdb_only=not wds)
     entry = _split_manifest(tree, split, records, wds)
     if "lmdb" in config.formats:
-        entry["lmdb"] = _write_lmdb(config.out, tar_root, split.name, records)
+        entry["lmdb"] = copy_to_lmdb(config.out, tar_root, split.name, records)
     return entry
 
 

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from feeder.errors import ConfigError, NotFound
+from core.errors import ConfigError, NotFound
 
 __all__ = ["IMAGE_EXTENSIONS", "SourceFile", "SourceTree", "SplitSource", "find_sources"]
 

@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from feeder.errors import DataError
+from core.errors import DataError
 from sharder.config import ShardConfig
 from sharder.images import ProcessedImage
-from sharder.layout import shard_name
-from sharder.manifest import write_json_atomic
 from sharder.normalise import processed_in_order
 from sharder.sources import SourceFile, SplitSource
-from sharder.writers import Sample, TarShardWriter
+from shards.layout import shard_name
+from shards.writers import Sample, TarShardWriter, write_json_atomic
 
 __all__ = ["ShardRecord", "load_records", "sample_key", "shuffled", "write_split"]
 
@@ -70,7 +69,7 @@ def load_records(work_dir: Path) -> list[ShardRecord]:
     return records
 
 
-class _Roller:
+class _RollingTarWriter:
     """Rolls samples into consecutive tars of at most ``shard_size_bytes``."""
 
     def __init__(self, config: ShardConfig, split: str, tar_root: Path, work_dir: Path, records: list[ShardRecord]):
@@ -146,7 +145,7 @@ def write_split(
     records = load_records(work_dir)
     start = records[-1].consumed_end if records else 0
     bar.update(start)
-    roller = _Roller(config, split.name, tar_root, work_dir, records)
+    roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
     images = processed_in_order(config, [config.src / f.source for f in remaining], pool)
     try:

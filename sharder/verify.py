@@ -8,21 +8,18 @@ decodes a seeded sample of the images (``full=True``: every image).
 from __future__ import annotations
 
 import io
-import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
 import numpy as np
-import pyarrow.parquet as pq
 from PIL import Image
 from tqdm import tqdm
 
-from sharder.datum import decode_datum
-from sharder.layout import INDEX_SCHEMA
-from sharder.manifest import read_manifest
-from sharder.writers import file_sha256
+from core.errors import DataError
+from shards.reader import idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, tar_members
+from shards.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]
 
@@ -58,32 +55,19 @@ def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> boo
     return False
 
 
-def _tar_members(path: Path) -> dict[str, tuple[int, int]]:
-    with tarfile.open(path) as tar:
-        return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
-
-
-def _idx_members(path: Path) -> dict[str, tuple[int, int]]:
-    lines = path.read_text(encoding="ascii").splitlines()
-    members = {}
-    for line in lines[1:]:
-        fields = line.split()
-        for i in range(0, len(fields), 4):
-            members[fields[i + 3]] = (int(fields[i + 1]), int(fields[i + 2]))
-    if not lines or lines[0].split() != ["v1.2", str(len(lines) - 1)]:
-        members["<header>"] = (-1, -1)
-    return members
-
-
 def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> dict[str, tuple[int, int]]:
     tar_path = root / entry["path"]
     if not _check_file(result, tar_path, entry["bytes"], entry["sha256"]):
         return {}
-    members = _tar_members(tar_path)
+    try:
+        members = tar_members(tar_path)
+    except DataError as e:
+        result.problems.append(str(e))
+        return {}
     if len(members) != 2 * entry["samples"]:
         result.problems.append(f"{tar_path}: {len(members) // 2} samples, manifest says {entry['samples']}")
     idx_path = root / entry["index"]
-    if not idx_path.is_file() or _idx_members(idx_path) != members:
+    if not idx_path.is_file() or idx_members(idx_path) != members:
         result.problems.append(f"{idx_path}: missing or does not match the tar members")
     return members
 
@@ -124,15 +108,13 @@ def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], lmdb_path
     try:
         for row in rows:
             if env is not None:
-                with env.begin() as txn:
-                    fields = decode_datum(txn.get(row["key"].encode()) or b"")
-                data, label = fields.get(4, b""), str(fields.get(5, -1)).encode()
-                _decode(result, f"{lmdb_path}:{row['key']}", bytes(data), label, row)
+                data, label_number = read_lmdb_sample(env, row["key"])
+                _decode(result, f"{lmdb_path}:{row['key']}", data, str(label_number).encode(), row)
                 continue
             with open(root / row["shard"], "rb") as f:
                 f.seek(row["offset"])
                 data = f.read(row["size"])
-                f.seek(row["offset"] + -(-row["size"] // 512) * 512 + 512)  # the .cls member's data
+                f.seek(label_offset(row["offset"], row["size"]))
                 label = f.read(len(str(row["label"])) + 1).rstrip(b"\0")
             _decode(result, f"{row['shard']}:{row['key']}", data, label, row)
     finally:
@@ -160,9 +142,10 @@ def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, f
     if not index_file.is_file():
         result.problems.append(f"{index_file}: missing")
         return
-    table = pq.read_table(index_file)
-    if not table.schema.equals(INDEX_SCHEMA):
-        result.problems.append(f"{index_file}: schema differs from sharder.layout.INDEX_SCHEMA")
+    try:
+        table = read_index(root, split)
+    except DataError as e:
+        result.problems.append(str(e))
         return
     _check_rows(result, split, table, members if entry["shards"] else {}, manifest)
     result.samples += table.num_rows

@@ -1,6 +1,6 @@
 """``dali``: the daemon's own read path and DALI pipeline, in the consumer's process.
 
-Same index and memory-mapped tars (``feeder.dataset``), same epoch plan
+Same index and memory-mapped tars (``shards.reader``), same epoch plan
 (``feeder.plan``), same pipeline and runner (``feeder.pipeline``) with the same thread
 budget as ``feeder serve --threads``; only the gRPC hop is missing. This is the ceiling
 the daemon is measured against.
@@ -15,9 +15,9 @@ from itertools import count
 import numpy as np
 
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
-from feeder.dataset import ShardDataset, SplitIndex
 from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part
+from shards.reader import ShardDataset, SplitIndex
 
 __all__ = ["open_loader"]
 
@@ -36,7 +36,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     """Yields endless uint8 NHWC batches decoded and augmented by DALI in this process.
 
     Raises:
-        feeder.errors.NotFound, feeder.errors.DataError: ``spec.shards`` is not a
+        core.errors.NotFound, core.errors.DataError: ``spec.shards`` is not a
             readable shard directory, or has no ``spec.split``.
     """
     split = ShardDataset.open("bench", spec.shards).splits[spec.split]

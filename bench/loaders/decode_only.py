@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from PIL import Image
 
 from bench.loaders.base import Batch, LoaderSpec
-from bench.loaders.shard_files import read_index, read_jpegs
+from shards.reader import ShardDataset
 
 __all__ = ["open_loader"]
 
@@ -60,11 +60,12 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     """Yields endless ``decoded`` batches of ``spec.batch_size`` images each.
 
     Raises:
-        FileNotFoundError: ``spec.shards`` has no index for ``spec.split``.
+        FeederError: ``spec.shards`` is not a shard directory with ``spec.split``.
     """
     # Read here, not in the pool's initializer: a pool replaces workers whose
     # initializer fails, forever, instead of reporting the error.
-    jpegs = read_jpegs(spec.shards, read_index(spec.shards, spec.split), limit=_MAX_SAMPLES)
+    split = ShardDataset.open("bench", spec.shards).splits[spec.split]
+    jpegs = [split.read(i).tobytes() for i in range(min(len(split), _MAX_SAMPLES))]
     context = mp.get_context("spawn")
     with context.Pool(spec.threads, initializer=_keep, initargs=(jpegs,)) as pool:
         yield _batches(pool, spec)

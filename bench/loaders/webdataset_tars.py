@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.imagefolder import train_transform
-from bench.loaders.shard_files import tar_paths
+from shards.reader import ShardDataset
 
 __all__ = ["open_loader"]
 
@@ -31,7 +31,8 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     Raises:
         FileNotFoundError: the split has no tars.
     """
-    urls = [str(p) for p in tar_paths(spec.shards, spec.split)]
+    split = ShardDataset.open("bench", spec.shards).splits[spec.split]
+    urls = [str(p) for p in split.shard_paths]
     if not urls:
         raise FileNotFoundError(f"no .tar shards under {spec.shards / spec.split}")
     dataset = (

@@ -4,9 +4,11 @@ and a runner for the trainer under torchrun (two CPU ranks, gloo)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -42,12 +44,61 @@ def daemon(shards: Path) -> Iterator[str]:
     server.stop(0).wait(10)
 
 
+def _trainer_command(address: str, args: tuple[str, ...], nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), "-m", "clients.train", "--server", address,
+            "--dataset", "sample", "--device", "cpu", "--log-every-steps", "0", *args]
+
+
+def _trainer_env() -> dict[str, str]:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+
+
 def run_trainer(address: str, *args: str, nproc: int = 2,
                 timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
     """``torchrun --nproc-per-node N -m clients.train --server ADDRESS ...`` on CPU."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(nproc), "-m", "clients.train", "--server", address,
-               "--dataset", "sample", "--device", "cpu", "--log-every-steps", "0", *args]
-    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout_s)
+    return subprocess.run(_trainer_command(address, args, nproc), env=_trainer_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def kill_trainer_when(address: str, *args: str, ready: Callable[[], bool], nproc: int = 2,
+                      timeout_s: float = 240) -> int:
+    """Run the trainer as :func:`run_trainer` does and SIGKILL all its processes (torchrun
+    and every rank, at once) as soon as ``ready()`` is true, as a crash would; returns the exit
+    status (negative: killed; 0: it finished before ``ready()`` held)."""
+    proc = subprocess.Popen(_trainer_command(address, args, nproc), env=_trainer_env(), cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if ready():
+                _kill_tree(proc.pid)
+                break
+            time.sleep(0.01)
+        return proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+            proc.wait()
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL ``root`` and every process descended from it (torchrun starts its ranks
+    in sessions of their own, so a process group does not reach them)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, frontier = {root}, [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        tree.update(children)
+        frontier = children
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

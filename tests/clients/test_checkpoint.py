@@ -15,7 +15,7 @@ from clients.checkpoint import (
     save_checkpoint,
 )
 from clients.distributed import Dist
-from feeder.errors import NotFound
+from core.errors import NotFound
 
 ALONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

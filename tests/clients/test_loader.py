@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from clients import IMAGENET_MEAN, IMAGENET_STD, FeederLoader
-from feeder.errors import InvalidArgument, NotFound, ServiceUnavailable
-from sharder.layout import index_path
+from core.errors import InvalidArgument, NotFound, ServiceUnavailable
+from shards.layout import index_path
 from tests.clients.conftest import N_TRAIN, N_VAL, start_daemon
 
 

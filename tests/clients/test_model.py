@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from clients.model import build_model, build_optimizer, param_groups
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 
 
 def test_resnet_zero_init_residual_and_channels_last() -> None:

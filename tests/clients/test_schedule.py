@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from clients.schedule import Phase, Schedule, bundled_schedules, load_schedule
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 
 TWO_PHASES = """
 warmup_epochs = 1.0

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from sharder.layout import index_path
-from tests.clients.conftest import N_TRAIN, run_trainer
+from shards.layout import index_path
+from tests.clients.conftest import N_TRAIN, kill_trainer_when, run_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -103,10 +104,15 @@ def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
     common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
               "--visit-log", str(tmp_path / "visits"), "--checkpoint-every-steps", "6",
               "--val-every-epochs", "0"]
-    # Checkpoint at step 6 (mid epoch 0); the run dies at step 10, in the next phase.
-    crashed = run_trainer(daemon, *common, "--exit-after-steps", "10")
-    assert crashed.returncode != 0
-    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step-000006"
+    # Checkpoint at step 6 (mid epoch 0, phase 0); every process of the run is killed
+    # right after it. The resumed run crosses into the next phase.
+    latest = tmp_path / "checkpoints" / "LATEST"
+
+    def checkpointed() -> bool:
+        return latest.is_file() and latest.read_text() == "step-000006"
+
+    assert kill_trainer_when(daemon, *common, ready=checkpointed) == -signal.SIGKILL
+    assert latest.read_text() == "step-000006"
     resumed = run_trainer(daemon, *common, "--resume")
     _check(resumed)
     assert "resumed at step 6: epoch 0, cursor 48" in resumed.stdout

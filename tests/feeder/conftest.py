@@ -12,7 +12,7 @@ import pytest
 from feeder.config import ServerConfig
 from feeder.server import FeederServer, create_server
 from protos import feeder_pb2, feeder_pb2_grpc
-from sharder.layout import index_path
+from shards.layout import index_path
 from tests.common.shards import build_sample_shards
 
 MAX_BATCH = 64

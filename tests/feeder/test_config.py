@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import ConfigError
 from feeder.commands import parse_datasets
 from feeder.config import ServerConfig
-from feeder.errors import ConfigError
 
 OK = {"datasets": {"d": Path("/x")}}
 

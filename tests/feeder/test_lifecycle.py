@@ -17,13 +17,13 @@ import grpc
 import pyarrow.parquet as pq
 import pytest
 
-from feeder.errors import ConfigError, DataError, NotFound
+from core.errors import ConfigError, DataError, NotFound
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
+from feeder.producer import BatchStream
 from feeder.service import FeederService, StreamSpec, cuda_devices, open_datasets
-from feeder.stream import BatchStream
 from protos import feeder_pb2, feeder_pb2_grpc
-from sharder.layout import index_path
+from shards.layout import index_path
 from tests.feeder.conftest import connect, request, start
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,7 +212,11 @@ def test_sigterm_stops_the_daemon_cleanly_and_exits_0(shards):
         if proc.poll() is None:
             proc.kill()
         _, err = proc.communicate()
-    assert "feeder: stopped" in err
+    # The log: a line per stream opened and closed (peer, request, outcome), then the stop.
+    assert "INFO feeder.service: stream 1 (ipv4:127.0.0.1:" in err
+    assert "opened: sample/train rank 0/1, batch 2, 16 px, 64 samples" in err
+    assert "closed, " in err and "samples in" in err
+    assert err.rstrip().endswith("INFO feeder.server: stopped")
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from feeder.errors import InvalidArgument
+from core.errors import InvalidArgument
 from feeder.plan import (
     LastBatch,
     epoch_order,

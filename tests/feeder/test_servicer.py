@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feeder.errors import InvalidArgument
+from core.errors import InvalidArgument
 from feeder.pipeline import AugmentKind, CropRange
 from feeder.plan import LastBatch
+from feeder.producer import ReadyBatch
 from feeder.servicer import batch_message, encode_batch, stream_spec
-from feeder.stream import ReadyBatch
 from protos import feeder_pb2
 
 

@@ -73,7 +73,7 @@ def test_killed_run_resumes_without_redoing_shards_and_ends_identical(src: Path,
 
 
 def test_unfinished_run_with_other_options_is_not_resumed(src: Path, tmp_path: Path) -> None:
-    from feeder.errors import ConfigError
+    from core.errors import ConfigError
 
     out = tmp_path / "out"
     command = [sys.executable, "-c", _KILL_AFTER_SECOND_SHARD, str(src), str(out), str(SHARD_BYTES)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from feeder.errors import ConfigError
+from core.errors import ConfigError
 from sharder import SampleDataConfig, make_sample_data
 from sharder.sample_data import PHOTO_NAMES
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from feeder.errors import ConfigError, DataError, NotFound
+from core.errors import ConfigError, DataError, NotFound
 from sharder import ShardConfig, shard
 from sharder.verify import verify
 from tests.common.shards import build_sample_tree

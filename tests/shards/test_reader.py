@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from feeder.dataset import ShardDataset
-from feeder.errors import ConfigError, DataError, NotFound
+from core.errors import ConfigError, DataError, NotFound
+from shards.reader import ShardDataset
 from tests.common.shards import build_sample_shards
 
 

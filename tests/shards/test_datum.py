@@ -1,10 +1,10 @@
-"""sharder.datum: hand-encoded Caffe Datum messages, checked against protobuf itself."""
+"""shards.datum: hand-encoded Caffe Datum messages, checked against protobuf itself."""
 
 from __future__ import annotations
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from sharder.datum import decode_datum, encode_datum
+from shards.datum import decode_datum, encode_datum
 
 
 def _datum_class():

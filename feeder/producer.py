@@ -8,7 +8,6 @@ producer, empties the queue and returns the pipeline to its pool.
 
 from __future__ import annotations
 
-import io
 import queue
 import threading
 import time
@@ -17,13 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
-from feeder.dataset import SplitIndex
-from feeder.errors import DataError, FeederError
+from core.errors import DataError, FeederError
+from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineRunner
 from feeder.plan import BatchSlice
+from shards.reader import SplitIndex
 
 __all__ = ["BatchStream", "ReadyBatch"]
 
@@ -84,6 +83,9 @@ class BatchStream:
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
+        self.opened_s = time.monotonic()
+        self.samples_sent = self.batches_sent = 0
+        self.outcome = "cancelled"  # until the stream ends by itself or by an error
 
     def start(self) -> BatchStream:
         """Start the producer, unless the stream was closed first (daemon shutdown
@@ -97,8 +99,11 @@ class BatchStream:
         while True:
             item = self._get()
             if item is _END:
+                if not self._stop.is_set():
+                    self.outcome = "finished"
                 return
             if isinstance(item, FeederError):
+                self.outcome = f"failed: {type(item).__name__}: {item}"
                 raise item
             if not isinstance(item, ReadyBatch):
                 raise TypeError(f"unexpected queue item {item!r}")
@@ -106,6 +111,8 @@ class BatchStream:
             yield item
             self._metrics.stage("send", time.perf_counter() - waited)
             self._metrics.batch_sent(len(item.keys), item.images.nbytes)
+            self.samples_sent += len(item.keys)
+            self.batches_sent += 1
 
     def close(self) -> None:
         """Stop the producer, drop queued batches, give the pipeline back. Idempotent."""
@@ -155,7 +162,7 @@ class BatchStream:
     def _produce(self) -> None:
         pending: deque[BatchSlice] = deque()
         try:
-            outputs = self._ctx.runner.run_many(self._jobs(pending))
+            outputs = self._ctx.runner.run_many(self._read_batches(pending))
             while True:
                 started, read_before = time.perf_counter(), self._read_s
                 images = next(outputs, None)
@@ -169,7 +176,7 @@ class BatchStream:
             self._put(_END)
         except DataError as e:
             self._healthy = False
-            self._put(self._name_bad_sample(pending, e))
+            self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
         except FeederError as e:
             self._put(e)
         except Exception as e:  # noqa: BLE001 - a producer must report, never die silently
@@ -178,7 +185,7 @@ class BatchStream:
             error.__cause__ = e
             self._put(error)
 
-    def _jobs(self, pending: deque[BatchSlice]) -> Iterator[tuple[Sequence[np.ndarray], int]]:
+    def _read_batches(self, pending: deque[BatchSlice]) -> Iterator[tuple[Sequence[np.ndarray], int]]:
         split = self._ctx.split
         upcoming = next(self._slices, None)
         while upcoming is not None and not self._stop.is_set():
@@ -204,21 +211,3 @@ class BatchStream:
             images=images,
             padding=batch.padding,
         )
-
-    def _name_bad_sample(self, pending: deque[BatchSlice], error: DataError) -> DataError:
-        candidates = [int(i) for b in pending for i in b.indices]
-        split = self._ctx.split
-        for index in candidates:
-            if not _decodes(split.read(index)):
-                return DataError(f"{split.split}/{split.keys[index]}: {error}")
-        keys = ", ".join(split.keys[i] for i in candidates[:8])
-        return DataError(f"{split.split}: one of {keys}...: {error}")
-
-
-def _decodes(data: np.ndarray) -> bool:
-    try:
-        with Image.open(io.BytesIO(data.tobytes())) as image:
-            image.load()
-    except Exception:  # noqa: BLE001 - PIL raises many types for bad bytes
-        return False
-    return True

@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 import torch
 
-from feeder.errors import (
+from core.errors import (
     ConfigError,
     DataError,
     FeederError,

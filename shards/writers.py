@@ -10,6 +10,7 @@ never seen under a final name.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tarfile
@@ -17,10 +18,14 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import lmdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
-from sharder.datum import encode_datum
+from shards.datum import encode_datum
+from shards.layout import INDEX_SCHEMA
 
 __all__ = [
     "LmdbWriter",
@@ -31,6 +36,8 @@ __all__ = [
     "fsync_dir",
     "tar_member_bytes",
     "ustar_header",
+    "write_index",
+    "write_json_atomic",
 ]
 
 _BLOCK = 512
@@ -240,3 +247,32 @@ class LmdbWriter(ShardWriter):
         self._txn.abort()
         self._env.close()
         shutil.rmtree(self.temp_path, ignore_errors=True)
+
+
+def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file, fsync and rename.
+
+    Args:
+        path: final file name.
+        obj: anything ``json.dump`` takes.
+        indent: as in ``json.dump``; None for compact machine-only files.
+    """
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+
+
+def write_index(path: Path, columns: dict[str, list[Any]]) -> None:
+    """Write a split's ``index.parquet`` (``INDEX_SCHEMA`` columns) durably: a
+    temporary file, fsync, rename."""
+    temp = path.with_name(path.name + ".tmp")
+    pq.write_table(pa.table(columns, schema=INDEX_SCHEMA), temp)
+    with open(temp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(temp, path)
+    fsync_dir(path.parent)

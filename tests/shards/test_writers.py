@@ -1,4 +1,4 @@
-"""sharder.writers: tar headers, temporary files, abort on error."""
+"""shards.writers: tar headers, temporary files, abort on error."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sharder.writers import Sample, TarShardWriter, ustar_header
+from shards.writers import Sample, TarShardWriter, ustar_header
 
 
 @pytest.mark.parametrize("name,size", [("a.jpg", 0), ("00000001_n01440764_10026.jpg", 110_000), ("x" * 99, 8**11 - 1), ("k.cls", 3)])

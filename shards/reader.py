@@ -1,5 +1,8 @@
-"""Read access to a shard directory made by ``feeder shard``: the manifest, each
-split's ``index.parquet``, and sample bytes sliced from memory-mapped tars.
+"""The one reader of the shard format (:mod:`shards.layout`): the manifest, each
+split's ``index.parquet``, the tar members and their DALI ``.idx`` files, LMDB values,
+and sample bytes sliced from memory-mapped tars. The daemon, ``feeder verify`` and the
+benchmarks read shards only through this module; :mod:`shards.writers` is its
+counterpart.
 
 Opening checks what serving needs, so a bad path stops the daemon at start-up with
 one line instead of failing a client later: the manifest parses and has a version
@@ -9,21 +12,36 @@ the manifest, and every sample lies inside an existing shard.
 
 from __future__ import annotations
 
+import json
 import mmap
+import tarfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from feeder.errors import ConfigError, DataError, NotFound
-from sharder.layout import INDEX_SCHEMA, MANIFEST_NAME, index_path
-from sharder.manifest import read_manifest
+from core.errors import ConfigError, DataError, NotFound
+from shards.datum import decode_datum
+from shards.layout import FORMAT_VERSION, INDEX_SCHEMA, MANIFEST_NAME, index_path
 
-__all__ = ["ShardDataset", "SplitIndex"]
+__all__ = [
+    "ShardDataset",
+    "SplitIndex",
+    "idx_members",
+    "label_offset",
+    "read_index",
+    "read_lmdb_sample",
+    "read_manifest",
+    "tar_members",
+]
+
+_BLOCK = 512  # tar block size
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,11 @@ class SplitIndex:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @property
+    def shard_paths(self) -> list[Path]:
+        """The split's tars, in the order the index first names them."""
+        return [self.root / shard for shard in self._shards]
 
     def read(self, index: int) -> np.ndarray:
         """Encoded bytes of sample ``index`` as a uint8 view of the mapped tar."""
@@ -114,7 +137,7 @@ class ShardDataset:
             DataError: the manifest or an index is unreadable or inconsistent.
         """
         root = Path(root)
-        manifest = _read_manifest(root)
+        manifest = _checked_manifest(root)
         classes = [str(c) for c in manifest.get("classes", [])]
         splits = {}
         for split, info in manifest["splits"].items():
@@ -126,7 +149,26 @@ class ShardDataset:
         return cls(name=name, root=root, classes=classes, splits=splits)
 
 
-def _read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of shard directory ``root``.
+
+    Raises:
+        NotFound: no manifest (not a shard directory, or an unfinished run).
+        DataError: unreadable JSON or a format version this code does not know.
+    """
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise NotFound(f"{path} does not exist (not a shard directory, or sharding did not finish)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable manifest: {e}") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+def _checked_manifest(root: Path) -> dict[str, Any]:
     if not root.is_dir():
         raise NotFound(f"{root}: no such shard directory")
     manifest = read_manifest(root)
@@ -156,17 +198,74 @@ def _check_shard_sizes(root: Path, info: dict[str, Any]) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
 
 
-def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
+def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all).
+
+    Raises:
+        DataError: the file is missing, unreadable, or a column has another type than
+            ``INDEX_SCHEMA`` says.
+    """
     path = index_path(root, split)
     if not path.is_file():
         raise DataError(f"{path}: missing index of split {split!r}")
+    names = list(columns) if columns is not None else INDEX_SCHEMA.names
     try:
-        table = pq.read_table(path, columns=["key", "label", "shard", "offset", "size"])
+        table = pq.read_table(path, columns=names)
     except Exception as e:  # pyarrow raises several unrelated types for bad files
-        raise DataError(f"{path}: not a readable index ({e})") from e
-    for column in ("key", "label", "shard", "offset", "size"):
+        raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
+    for column in names:
         if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
             raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
+    return table
+
+
+def tar_members(path: Path) -> dict[str, tuple[int, int]]:
+    """Member name -> (data offset, size) of every file in the tar at ``path``.
+
+    Raises:
+        DataError: not a readable tar.
+    """
+    try:
+        with tarfile.open(path) as tar:
+            return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
+    except (OSError, tarfile.TarError) as e:
+        raise DataError(f"{path}: not a readable tar ({e})") from e
+
+
+def idx_members(path: Path) -> dict[str, tuple[int, int]]:
+    """Member name -> (data offset, size) as a DALI ``.idx`` file lists them
+    (``v1.2 N`` header, then ``type offset size name`` groups per sample line). A
+    bad header adds the member ``"<header>"`` so the result never equals a tar's."""
+    lines = path.read_text(encoding="ascii").splitlines()
+    members = {}
+    for line in lines[1:]:
+        fields = line.split()
+        for i in range(0, len(fields), 4):
+            members[fields[i + 3]] = (int(fields[i + 1]), int(fields[i + 2]))
+    if not lines or lines[0].split() != ["v1.2", str(len(lines) - 1)]:
+        members["<header>"] = (-1, -1)
+    return members
+
+
+def label_offset(data_offset: int, data_size: int) -> int:
+    """Where the data of a sample's ``.cls`` member starts, given its ``.jpg`` member's
+    data offset and size (the writer puts ``.cls`` right after ``.jpg``: the image data
+    padded to whole blocks, then one header block)."""
+    return data_offset + -(-data_size // _BLOCK) * _BLOCK + _BLOCK
+
+
+def read_lmdb_sample(env: lmdb.Environment, key: str) -> tuple[bytes, int]:
+    """The encoded image and label stored under ``key`` (a Caffe ``Datum``); empty
+    bytes and -1 when the key is absent."""
+    with env.begin() as txn:
+        fields = decode_datum(txn.get(key.encode()) or b"")
+    data, label = fields.get(4, b""), fields.get(5, -1)
+    return bytes(data) if isinstance(data, bytes) else b"", int(label) if isinstance(label, int) else -1
+
+
+def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
+    path = index_path(root, split)
+    table = read_index(root, split, ["key", "label", "shard", "offset", "size"])
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
     shard_col = table.column("shard").dictionary_encode().combine_chunks()

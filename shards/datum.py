@@ -12,30 +12,14 @@ From caffe/src/caffe/proto/caffe.proto::
       optional bool encoded = 7 [default = false];
     }
 
-Protobuf wire format: each field is a varint key ``(number << 3) | wire_type``
-(0 = varint, 2 = length-delimited) followed by its value.
+The wire format helpers are :mod:`core.wire`.
 """
 
 from __future__ import annotations
 
+from core.wire import BYTES, VARINT, field_key, read_varint, varint
+
 __all__ = ["decode_datum", "encode_datum"]
-
-_VARINT, _BYTES = 0, 2
-
-
-def _varint(value: int) -> bytes:
-    if value < 0:
-        value += 1 << 64  # int32 negatives are sign-extended to 10 bytes
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, wire_type: int) -> bytes:
-    return _varint(number << 3 | wire_type)
 
 
 def encode_datum(jpeg: bytes, label: int, width: int, height: int) -> bytes:
@@ -51,24 +35,14 @@ def encode_datum(jpeg: bytes, label: int, width: int, height: int) -> bytes:
     """
     return b"".join(
         [
-            _field(1, _VARINT) + _varint(3),
-            _field(2, _VARINT) + _varint(height),
-            _field(3, _VARINT) + _varint(width),
-            _field(4, _BYTES) + _varint(len(jpeg)) + jpeg,
-            _field(5, _VARINT) + _varint(label),
-            _field(7, _VARINT) + _varint(1),
+            field_key(1, VARINT) + varint(3),
+            field_key(2, VARINT) + varint(height),
+            field_key(3, VARINT) + varint(width),
+            field_key(4, BYTES) + varint(len(jpeg)) + jpeg,
+            field_key(5, VARINT) + varint(label),
+            field_key(7, VARINT) + varint(1),
         ]
     )
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = buf[pos]
-        value |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if not byte & 0x80:
-            return value, pos
 
 
 def decode_datum(buf: bytes) -> dict[int, int | bytes]:
@@ -80,12 +54,12 @@ def decode_datum(buf: bytes) -> dict[int, int | bytes]:
     fields: dict[int, int | bytes] = {}
     pos = 0
     while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
+        key, pos = read_varint(buf, pos)
         number, wire_type = key >> 3, key & 7
-        if wire_type == _VARINT:
-            fields[number], pos = _read_varint(buf, pos)
-        elif wire_type == _BYTES:
-            size, pos = _read_varint(buf, pos)
+        if wire_type == VARINT:
+            fields[number], pos = read_varint(buf, pos)
+        elif wire_type == BYTES:
+            size, pos = read_varint(buf, pos)
             fields[number], pos = buf[pos : pos + size], pos + size
         else:
             raise ValueError(f"Datum field {number} has unsupported wire type {wire_type}")

@@ -13,6 +13,25 @@
 the tar's path relative to OUT (``train/shard-000000.tar``); ``offset`` / ``size`` locate
 the JPEG bytes of the sample inside that tar (the member's data, not its header), so a
 reader can ``mmap`` the tar and slice. ``source`` is the input path relative to SRC.
+
+``manifest.json`` says what a shard directory holds; it is written last.
+
+Shape (``FORMAT_VERSION`` 1)::
+
+    {"format_version": 1, "layout": "ilsvrc"|"folders", "source": str,
+     "classes": [sorted class names],                # label = index in this list
+     "splits": {"train": {"num_samples", "accepted", "rejected", "reencoded", "ignored", "inputs",
+                          "per_class": {class name: accepted count},
+                          "index": "train/index.parquet",
+                          "shards": [{"path", "index", "samples", "bytes", "sha256"}],
+                          "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
+                          "rejects": [{"source", "reason"}]}, ...},
+     "options": {...}}
+
+``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
+RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than byte for byte.
+
+Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`.
 """
 
 from __future__ import annotations

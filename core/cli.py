@@ -1,0 +1,40 @@
+"""How every command turns a :class:`FeederError` into one line on stderr and exit
+status 1, with the full traceback only on request (``--traceback``).
+
+The flag lives in typer's context (``ctx.meta``, shared by a command and its parent
+group), set by :func:`remember_traceback` from whichever level took the option.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import typer
+
+from core.errors import FeederError, cli_message
+
+__all__ = ["TRACEBACK_HELP", "remember_traceback", "run_command"]
+
+TRACEBACK_HELP = "Show the full traceback behind an error instead of one line."
+_META_KEY = "feeder.traceback"
+
+
+def remember_traceback(ctx: typer.Context, wanted: bool) -> None:
+    """Record ``--traceback`` in ``ctx`` (a group callback or a command calls this with
+    the value of its option)."""
+    if wanted:
+        ctx.meta[_META_KEY] = True
+
+
+def run_command(ctx: typer.Context, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call library code; a FeederError becomes one line on stderr and exit 1
+    (re-raised whole when ``--traceback`` was given at any level of ``ctx``)."""
+    try:
+        return fn(*args, **kwargs)
+    except FeederError as e:
+        if ctx.meta.get(_META_KEY):
+            raise
+        print(cli_message(e), file=sys.stderr)
+        raise typer.Exit(1) from e

@@ -1,0 +1,135 @@
+"""Run ``feeder serve`` as a child process: start it on a free port, wait until it
+listens and its health service says SERVING, stop it with SIGTERM. Used by the demo
+and the benchmarks (tests run the daemon in-process with ``create_server``)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = ["DaemonProcess"]
+
+_READY = "feeder: serving on "
+_LOG_LINES = 20  # last lines of output kept to explain a failed start
+
+
+class DaemonProcess:
+    """A ``feeder serve`` child process (a context manager: started on enter,
+    stopped on exit).
+
+    Args:
+        datasets: NAME -> shard directory.
+        options: more ``feeder serve`` options, e.g. ``("--threads", "2")``.
+        echo: called with each line the daemon prints (stdout and stderr), e.g. to
+            show it prefixed; None keeps only the last lines for error messages.
+        start_timeout_s: how long opening the shards and binding may take.
+        stop_timeout_s: how long the daemon gets to exit after SIGTERM before SIGKILL.
+        cwd: working directory of the child.
+
+    Attributes:
+        address: ``host:port`` it listens on, once started.
+    """
+
+    def __init__(
+        self,
+        datasets: Mapping[str, Path],
+        options: tuple[str, ...] = (),
+        echo: Callable[[str], None] | None = None,
+        start_timeout_s: float = 120.0,
+        stop_timeout_s: float = 30.0,
+        cwd: Path | None = None,
+    ) -> None:
+        self.command = [sys.executable, "-m", "feeder", "serve", "--port", "0"]
+        for name, path in datasets.items():
+            self.command += ["--dataset", f"{name}={path}"]
+        self.command += list(options)
+        self.address = ""
+        self._echo = echo
+        self._start_timeout_s, self._stop_timeout_s = start_timeout_s, stop_timeout_s
+        self._cwd = cwd
+        self._log: deque[str] = deque(maxlen=_LOG_LINES)
+        self._proc: subprocess.Popen[str] | None = None
+
+    @property
+    def pid(self) -> int:
+        """Process id of the daemon (0 before start)."""
+        return self._proc.pid if self._proc else 0
+
+    def start(self) -> str:
+        """Start the daemon and wait until it serves; returns its address.
+
+        Raises:
+            RuntimeError: it exited or did not become healthy in time (with its last
+                lines of output).
+        """
+        self._proc = subprocess.Popen(self.command, cwd=self._cwd, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+        found: list[str] = []
+        ready = threading.Event()
+        threading.Thread(target=self._read_output, args=(found, ready), name="feeder-daemon-output",
+                         daemon=True).start()
+        if not ready.wait(self._start_timeout_s) or not found:
+            self._kill()
+            raise RuntimeError("feeder serve did not start: " + " | ".join(self._log))
+        self.address = found[0]
+        self._wait_healthy()
+        return self.address
+
+    def _read_output(self, found: list[str], ready: threading.Event) -> None:
+        # Keeps draining for the daemon's whole life, so its pipe never fills.
+        for line in self._proc.stdout:  # type: ignore[union-attr]
+            self._log.append(line.rstrip())
+            if self._echo is not None:
+                self._echo(line)
+            if line.startswith(_READY) and not found:
+                found.append(line[len(_READY):].strip())
+                ready.set()
+        ready.set()  # exited before it was ready
+
+    def _wait_healthy(self) -> None:
+        with grpc.insecure_channel(self.address) as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=self._start_timeout_s, wait_for_ready=True)
+            except grpc.RpcError as e:
+                self._kill()
+                raise RuntimeError(f"feeder serve at {self.address} is not healthy: {e.code().name}") from e
+        if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            self._kill()
+            raise RuntimeError(f"feeder serve at {self.address} reports {reply.status}")
+
+    def stop(self) -> int:
+        """SIGTERM, wait up to ``stop_timeout_s`` (then SIGKILL); returns the exit status."""
+        if self._proc is None:
+            return 0
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                return self._proc.wait(self._stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return self._kill()
+
+    def _kill(self) -> int:
+        if self._proc is None:
+            return 0
+        if self._proc.poll() is None:
+            self._proc.kill()
+        return self._proc.wait()
+
+    def __enter__(self) -> DaemonProcess:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
