@@ -162,8 +162,13 @@ class StreamFetcher:
         return item  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Cancels the stream and waits for the thread to end."""
+        """Cancels the stream and waits for the thread to end; a second call does nothing."""
         self._stop.set()
+        if threading.current_thread() is self._thread:
+            # The loader's finalizer, run by a garbage collection that happened on this
+            # thread: it cannot wait for itself, and stops at its next check of _stop.
+            self._cancel_call()
+            return
         deadline = time.monotonic() + _CLOSE_TIMEOUT_S
         while self._thread.is_alive():
             if time.monotonic() > deadline:

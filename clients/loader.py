@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,28 @@ def _check_min_scale(min_scale: float) -> None:
         raise ConfigError(f"min_scale must be in [0, 1], got {min_scale}")
 
 
+class _Connection:
+    """The loader's channel and its current stream: what a loader gives back however
+    it ends (``close()``, garbage collection, interpreter exit). It holds no reference
+    to the loader, so a finalizer of the loader can own it.
+
+    Args:
+        address: ``host:port`` of the daemon.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self.stub = feeder_pb2_grpc.FeederStub(self.channel)
+        self.fetcher: StreamFetcher | None = None
+
+    def release(self) -> None:
+        """Ends the stream (its thread and the daemon's side) and closes the channel."""
+        if self.fetcher is not None:
+            self.fetcher.close()
+            self.fetcher = None
+        self.channel.close()
+
+
 class FeederLoader(Positioned):
     """An iterable of ``(images, labels)`` streamed from a feeder daemon.
 
@@ -162,11 +185,11 @@ class FeederLoader(Positioned):
             raise ConfigError(f"rank {self.rank} outside world of {self.world_size}")
         self.device = _resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
-        self._fetcher: StreamFetcher | None = None
         self._batch_size, self._image_size = config.batch_size, config.image_size
         self._min_scale = config.min_scale
-        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = feeder_pb2_grpc.FeederStub(self._channel)
+        self._connection = _Connection(address)
+        # Runs once: on close(), when the loader is collected, or at interpreter exit.
+        self._release = weakref.finalize(self, self._connection.release)
         self.num_samples, self.classes = self._describe(config.connect_timeout_s)
         self._samples_per_rank = self._expected_samples_per_rank()
         self.position = Position()
@@ -177,8 +200,8 @@ class FeederLoader(Positioned):
     # -- what the daemon has -------------------------------------------------
     def _describe(self, timeout_s: float) -> tuple[int, list[str]]:
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_s)
-            reply = self._stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
+            grpc.channel_ready_future(self._connection.channel).result(timeout=timeout_s)
+            reply = self._connection.stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
         except grpc.FutureTimeoutError as e:
             raise ServiceUnavailable(
                 f"daemon {self.address} not reachable within {timeout_s:.0f} s"
@@ -222,7 +245,8 @@ class FeederLoader(Positioned):
     @property
     def reconnects(self) -> int:
         """Times a stream was reopened after a transient failure."""
-        return self._reconnects + (self._fetcher.reconnects if self._fetcher else 0)
+        fetcher = self._connection.fetcher
+        return self._reconnects + (fetcher.reconnects if fetcher else 0)
 
     @property
     def stall_fraction(self) -> float:
@@ -303,9 +327,9 @@ class FeederLoader(Positioned):
         self._epoch_wall_s = wall_s
 
     def _next_host_batch(self) -> HostBatch | None:
-        if self._fetcher is None:
-            self._fetcher = self._start_fetcher(self.position.epoch, self.position.cursor)
-        return self._fetcher.get()
+        if self._connection.fetcher is None:
+            self._connection.fetcher = self._start_fetcher(self.position.epoch, self.position.cursor)
+        return self._connection.fetcher.get()
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
         self.position.cursor = host.cursor
@@ -323,7 +347,7 @@ class FeederLoader(Positioned):
         self._drop_fetcher()
         self.position.next_epoch()
         if self.config.prefetch_next_epoch:
-            self._fetcher = self._start_fetcher(self.position.epoch, 0)
+            self._connection.fetcher = self._start_fetcher(self.position.epoch, 0)
 
     def _start_fetcher(self, epoch: int, cursor: int) -> StreamFetcher:
         request = feeder_pb2.StreamRequest(
@@ -333,19 +357,23 @@ class FeederLoader(Positioned):
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
             min_scale=self._min_scale,
         )
-        return StreamFetcher(self._stub.StreamBatches, request, self.address, self.config.prefetch_batches,
+        return StreamFetcher(self._connection.stub.StreamBatches, request, self.address, self.config.prefetch_batches,
                              self.config.reconnect_timeout_s, pin=self.device.type == "cuda")
 
     def _drop_fetcher(self) -> None:
-        if self._fetcher is not None:
-            self._reconnects += self._fetcher.reconnects
-            self._fetcher.close()
-            self._fetcher = None
+        fetcher, self._connection.fetcher = self._connection.fetcher, None
+        if fetcher is not None:
+            self._reconnects += fetcher.reconnects
+            fetcher.close()
 
     def close(self) -> None:
-        """Stops prefetching and closes the connection."""
+        """Stops prefetching and closes the connection; a second call does nothing.
+
+        A loader that is dropped without ``close()`` is closed when it is
+        garbage-collected, or at the latest when the interpreter exits.
+        """
         self._drop_fetcher()
-        self._channel.close()
+        self._release()
 
     def __enter__(self) -> FeederLoader:
         return self

@@ -1,0 +1,103 @@
+"""A ``FeederLoader`` dropped without ``close()`` gives back what it holds: its stream
+thread, its channel and the daemon's stream, when it is garbage-collected and when
+the interpreter exits."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+from clients import FeederLoader
+from tests.clients.conftest import ROOT, start_daemon
+
+DROPPED = 4
+
+
+def _stream_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "feeder-stream" and t.is_alive()]
+
+
+def _within(seconds: float, predicate: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _take_one_batch(address: str) -> weakref.ref[FeederLoader]:
+    loader = FeederLoader(address, dataset="sample", batch_size=4, image_size=32, rank=0,
+                          world_size=1, prefetch_batches=2)
+    next(iter(loader))
+    return weakref.ref(loader)
+
+
+def test_dropped_loaders_end_their_threads_and_daemon_streams(shards: Path) -> None:
+    server, port = start_daemon(shards)
+    try:
+        refs = [_take_one_batch(f"127.0.0.1:{port}") for _ in range(DROPPED)]
+        gc.collect()
+        assert all(ref() is None for ref in refs), "a dropped loader is still referenced"
+        assert _within(10, lambda: not _stream_threads()), _stream_threads()
+        assert _within(10, lambda: server.service.open_streams() == 0)
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_close_is_prompt_and_idempotent(shards: Path) -> None:
+    server, port = start_daemon(shards)
+    before = _stream_threads()
+    try:
+        loader = FeederLoader(f"127.0.0.1:{port}", dataset="sample", batch_size=4,
+                              image_size=32, rank=0, world_size=1)
+        next(iter(loader))
+        stream = next(t for t in _stream_threads() if t not in before)
+        started = time.monotonic()
+        loader.close()
+        loader.close()
+        assert time.monotonic() - started < 2
+        assert not stream.is_alive()
+        assert _within(10, lambda: server.service.open_streams() == 0)
+    finally:
+        server.stop(0).wait(10)
+
+
+_SCRIPT = textwrap.dedent("""
+    import atexit, sys, threading, time
+
+    def report():
+        alive = [t for t in threading.enumerate() if t.name == "feeder-stream"]
+        print("stream threads at exit:", len(alive), flush=True)
+
+    atexit.register(report)  # first in, so it runs after the loader's own exit hook
+    from clients import FeederLoader
+    loader = FeederLoader(sys.argv[1], dataset="sample", batch_size=4, image_size=32,
+                          rank=0, world_size=1, prefetch_batches=2)
+    next(iter(loader))
+    print("took a batch at", time.monotonic(), flush=True)  # exits holding the loader
+""")
+
+
+def test_process_exits_promptly_without_close(shards: Path) -> None:
+    server, port = start_daemon(shards)
+    try:
+        done = subprocess.run([sys.executable, "-c", _SCRIPT, f"127.0.0.1:{port}"], check=False, cwd=ROOT,
+                              env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                              capture_output=True, text=True, timeout=120)
+        exited = time.monotonic()
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr and "Fatal" not in done.stderr, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[-1] == "stream threads at exit: 0", done.stdout
+        assert exited - float(lines[-2].split()[-1]) < 5, "exit waited on the stream"
+        assert _within(10, lambda: server.service.open_streams() == 0)
+    finally:
+        server.stop(0).wait(10)
