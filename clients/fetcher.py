@@ -1,7 +1,8 @@
 """The background half of ``FeederLoader``: a thread that keeps a gRPC batch stream
 open, turns each message into host tensors and puts them in a bounded queue.
 
-It owns the reconnect policy: on a transient failure it reopens the stream at the
+It owns the reconnect policy: on a transient failure, or when the stream has sent
+nothing for ``stall_timeout_s`` while the consumer waits, it reopens the stream at the
 cursor after the last batch it queued, with exponential backoff, until a deadline
 measured from the first failure in a row; bad-argument errors end it at once.
 """
@@ -48,6 +49,8 @@ _ERRORS: dict[grpc.StatusCode, type[FeederError]] = {
 }
 _END = object()  # queued after the last batch of a stream
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
+_FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between them
+_POLL_S = 0.25  # most time get() waits between two checks for a stalled stream
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class StreamFetcher:
         depth: Batches to hold ready (the bound of the queue).
         reconnect_timeout_s: Give up after failing for this long in a row.
         pin: Put images in pinned memory (for non-blocking copies to CUDA).
+        stall_timeout_s: While the consumer waits in ``get()``, a stream that has sent
+            nothing for this long is cancelled and reopened at its cursor (a daemon
+            that stopped sending without ending the stream). While reconnecting, the
+            wait for a stream's first batch is also capped by ``reconnect_timeout_s``.
     """
 
     def __init__(
@@ -132,27 +139,39 @@ class StreamFetcher:
         depth: int,
         reconnect_timeout_s: float,
         pin: bool,
+        stall_timeout_s: float,
     ) -> None:
         self.request = request
         self._open = open_stream
         self._address = address
         self._timeout_s = reconnect_timeout_s
+        self._stall_s = stall_timeout_s
         self._pin = pin
         self._queue: queue.Queue[object] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        # Guarded by _call_lock: the open call, since when the thread has been waiting
+        # for its next message (None: not waiting), and why get() cancelled it.
         self._call: object | None = None
+        self._waiting_since: float | None = None
+        self._stall_note: str | None = None
         self._call_lock = threading.Lock()
+        self._failing_since: float | None = None  # first failure of the current run of them
+        self.cursor = request.start_cursor  # after the last batch queued
         self.reconnects = 0
         self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
         self._thread.start()
 
+    # -- consumer side -----------------------------------------------------------
     def get(self) -> HostBatch | None:
-        """The next batch, or None at the end of the stream.
+        """The next batch, or None at the end of the stream. Never waits for ever:
+        past ``stall_timeout_s + reconnect_timeout_s`` (and the longest backoff) with
+        nothing from the thread, it raises.
 
         Raises:
-            FeederError: What ended the stream (bad request, daemon gone too long).
+            ServiceUnavailable: The daemon stalled or was unreachable for too long.
+            FeederError: What else ended the stream (bad request, closed fetcher).
         """
-        item = self._queue.get()
+        item = self._wait_for_item()
         if item is _END:
             self._queue.put(_END)  # later calls see the end too
             return None
@@ -160,6 +179,46 @@ class StreamFetcher:
             self._queue.put(item)
             raise item
         return item  # type: ignore[return-value]
+
+    def _wait_for_item(self) -> object:
+        poll_s = min(self._stall_s / 4, _POLL_S)
+        give_up_at = time.monotonic() + self._stall_s + self._timeout_s + _MAX_DELAY_S + _POLL_S
+        while True:
+            try:
+                return self._queue.get(timeout=poll_s)
+            except queue.Empty:
+                pass
+            self._cancel_if_stalled()
+            if not self._thread.is_alive() and self._queue.empty():
+                raise FeederError(f"stream from {self._address} is closed")
+            if time.monotonic() > give_up_at:
+                # Only a transport that ignores cancellation gets here.
+                self._stop.set()
+                self._cancel_call()
+                raise self._gave_up("the stream sent nothing and did not end when cancelled")
+
+    def _cancel_if_stalled(self) -> None:
+        now = time.monotonic()
+        with self._call_lock:
+            since, call = self._waiting_since, self._call
+            if since is None or call is None:
+                return
+            limit = since + self._stall_s
+            if self._failing_since is not None:  # reconnecting: its deadline counts too
+                limit = min(limit, self._failing_since + self._timeout_s)
+            if now <= limit:
+                return
+            self._stall_note = f"no batch for {now - since:.1f} s"
+            self._waiting_since = None  # one cancel per wait
+        call.cancel()  # type: ignore[attr-defined]
+
+    def _gave_up(self, cause: str) -> ServiceUnavailable:
+        r = self.request
+        return ServiceUnavailable(
+            f"daemon {self._address} stalled or unreachable for {self._timeout_s:g} s, streaming "
+            f"dataset {r.dataset!r} split {r.split!r} to rank {r.rank} of {r.world_size}, "
+            f"epoch {r.epoch}, cursor {self.cursor} (last error: {cause})"
+        )
 
     def close(self) -> None:
         """Cancels the stream and waits for the thread to end; a second call does nothing."""
@@ -192,6 +251,7 @@ class StreamFetcher:
         if call is not None:
             call.cancel()  # type: ignore[attr-defined]
 
+    # -- the thread ----------------------------------------------------------------
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
             try:
@@ -202,15 +262,13 @@ class StreamFetcher:
         return False
 
     def _run(self) -> None:
-        cursor = self.request.start_cursor
-        failing_since: float | None = None
-        delay_s = 0.05
+        delay_s = _FIRST_DELAY_S
         while not self._stop.is_set():
             try:
-                for message in self._stream_from(cursor):
+                for message in self._messages(self._stream_from(self.cursor)):
                     batch = _to_host(message, self._pin)
-                    cursor = batch.cursor
-                    failing_since, delay_s = None, 0.05
+                    self.cursor = batch.cursor
+                    self._failing_since, delay_s = None, _FIRST_DELAY_S
                     if not self._put(batch):
                         return
                 self._put(_END)
@@ -221,28 +279,50 @@ class StreamFetcher:
                 if not is_transient(e):
                     self._put(error_from_rpc(e, self._address))
                     return
-                failing_since = failing_since or time.monotonic()
-                if time.monotonic() - failing_since > self._timeout_s:
-                    self._put(ServiceUnavailable(
-                        f"daemon {self._address} unreachable for {self._timeout_s:.0f} s "
-                        f"(last error: {e.code().name}: {e.details()})"
-                    ))
+                now = time.monotonic()
+                self._failing_since = self._failing_since or now
+                if now - self._failing_since >= self._timeout_s:
+                    self._put(self._gave_up(self._last_error(e)))
                     return
                 self.reconnects += 1
                 self._stop.wait(delay_s)
-                delay_s = min(delay_s * 2, 2.0)
+                delay_s = min(delay_s * 2, _MAX_DELAY_S)
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._put(e)
                 return
 
-    def _stream_from(self, cursor: int) -> Iterator[feeder_pb2.Batch]:
+    def _last_error(self, error: grpc.RpcError) -> str:
+        with self._call_lock:
+            note, self._stall_note = self._stall_note, None
+        return note or f"{error.code().name}: {error.details()}"
+
+    def _stream_from(self, cursor: int) -> object:
         request = feeder_pb2.StreamRequest()
         request.CopyFrom(self.request)
         request.start_cursor = cursor
         call = self._open(request)
         with self._call_lock:
-            self._call = call
+            self._call, self._stall_note = call, None
             stopped = self._stop.is_set()
         if stopped:  # close() ran while the call was being opened
             call.cancel()  # type: ignore[attr-defined]
-        return call  # type: ignore[return-value]
+        return call
+
+    def _messages(self, call: object) -> Iterator[feeder_pb2.Batch]:
+        """The call's messages; each wait for one is visible to ``_cancel_if_stalled``
+        (the time the thread spends on a full queue is not)."""
+        self._mark_waiting(time.monotonic())
+        iterator = iter(call)  # type: ignore[call-overload]
+        while True:
+            try:
+                message = next(iterator)
+            except StopIteration:
+                return
+            finally:
+                self._mark_waiting(None)
+            yield message
+            self._mark_waiting(time.monotonic())
+
+    def _mark_waiting(self, since: float | None) -> None:
+        with self._call_lock:
+            self._waiting_since = since

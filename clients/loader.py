@@ -76,7 +76,14 @@ class LoaderConfig:
         prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
             drained the current one, before it asks for the next epoch's first batch.
         connect_timeout_s: How long the first contact may take.
-        reconnect_timeout_s: How long to keep reconnecting after the daemon goes away.
+        reconnect_timeout_s: How long to keep reconnecting after the daemon goes away
+            (or stalls), counted from the first failure in a row; then
+            ``ServiceUnavailable`` names the daemon, dataset, split, rank and cursor.
+        stall_timeout_s: How long a stream may send nothing while the loader waits for
+            a batch before it is cancelled and reopened at the cursor (a daemon that
+            stopped sending without ending the stream); counted in ``reconnects``.
+            It also bounds the wait for a stream's first batch, which includes the
+            daemon building its pipeline, hence the generous default.
     """
 
     address: str
@@ -101,14 +108,18 @@ class LoaderConfig:
     prefetch_next_epoch: bool = True
     connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
+    stall_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.last_batch not in _LAST_BATCH:
             raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {self.last_batch!r}")
         if self.augment not in _AUGMENT:
             raise ConfigError(f"augment must be one of {sorted(_AUGMENT)}, got {self.augment!r}")
-        if self.prefetch_batches < 1 or self.connect_timeout_s <= 0 or self.reconnect_timeout_s <= 0:
-            raise ConfigError("prefetch_batches and the timeouts must be positive")
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"prefetch_batches must be >= 1, got {self.prefetch_batches}")
+        for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         _check_batch_size(self.batch_size)
         _check_image_size(self.image_size)
         _check_min_scale(self.min_scale)
@@ -357,8 +368,10 @@ class FeederLoader(Positioned):
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
             min_scale=self._min_scale,
         )
-        return StreamFetcher(self._connection.stub.StreamBatches, request, self.address, self.config.prefetch_batches,
-                             self.config.reconnect_timeout_s, pin=self.device.type == "cuda")
+        return StreamFetcher(self._connection.stub.StreamBatches, request, self.address,
+                             self.config.prefetch_batches, self.config.reconnect_timeout_s,
+                             pin=self.device.type == "cuda",
+                             stall_timeout_s=self.config.stall_timeout_s)
 
     def _drop_fetcher(self) -> None:
         fetcher, self._connection.fetcher = self._connection.fetcher, None
