@@ -116,7 +116,8 @@ def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
 
 
 class StreamFetcher:
-    """A thread that streams one epoch from ``request.start_cursor`` into a queue.
+    """A thread that streams ``request`` (one or more epochs, from ``request.epoch`` at
+    ``request.start_cursor``) into a queue.
 
     Args:
         open_stream: Opens ``StreamBatches`` for a request (the stub method).
@@ -156,7 +157,10 @@ class StreamFetcher:
         self._stall_note: str | None = None
         self._call_lock = threading.Lock()
         self._failing_since: float | None = None  # first failure of the current run of them
-        self.cursor = request.start_cursor  # after the last batch queued
+        # Where a reconnect resumes: after the last batch queued.
+        self.epoch, self.cursor = request.epoch, request.start_cursor
+        self.end_epoch = request.epoch + max(1, request.epochs)  # first epoch not streamed
+        self.finished = threading.Event()  # the daemon sent the stream's last batch
         self.reconnects = 0
         self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
         self._thread.start()
@@ -265,12 +269,13 @@ class StreamFetcher:
         delay_s = _FIRST_DELAY_S
         while not self._stop.is_set():
             try:
-                for message in self._messages(self._stream_from(self.cursor)):
+                for message in self._messages(self._stream_from(self.epoch, self.cursor)):
                     batch = _to_host(message, self._pin)
-                    self.cursor = batch.cursor
+                    self.epoch, self.cursor = batch.epoch, batch.cursor
                     self._failing_since, delay_s = None, _FIRST_DELAY_S
                     if not self._put(batch):
                         return
+                self.finished.set()
                 self._put(_END)
                 return
             except grpc.RpcError as e:
@@ -296,10 +301,10 @@ class StreamFetcher:
             note, self._stall_note = self._stall_note, None
         return note or f"{error.code().name}: {error.details()}"
 
-    def _stream_from(self, cursor: int) -> object:
+    def _stream_from(self, epoch: int, cursor: int) -> object:
         request = feeder_pb2.StreamRequest()
         request.CopyFrom(self.request)
-        request.start_cursor = cursor
+        request.epoch, request.start_cursor, request.epochs = epoch, cursor, self.end_epoch - epoch
         call = self._open(request)
         with self._call_lock:
             self._call, self._stall_note = call, None

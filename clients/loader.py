@@ -8,9 +8,10 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
+import numpy as np
 import torch
 
 from clients.fetcher import HostBatch, StreamFetcher, error_from_rpc
@@ -45,6 +46,24 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     if device.type == "cuda" and device.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+# Epochs one stream runs on for when no size change is planned: the daemon plans each
+# epoch only when it gets there, so a long stream costs nothing up front.
+_EPOCHS_PER_STREAM = 1000
+
+
+class _Sizes(NamedTuple):
+    """What a stream is opened with and cannot change: batch size, image size and the
+    crop's minimum scale (as the request's float32 carries it)."""
+
+    batch_size: int
+    image_size: int
+    min_scale: float
+
+    @classmethod
+    def of(cls, request: feeder_pb2.StreamRequest) -> _Sizes:
+        return cls(request.batch_size, request.image_size, request.min_scale)
 
 
 @dataclass(frozen=True)
@@ -153,12 +172,14 @@ class _Connection:
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = feeder_pb2_grpc.FeederStub(self.channel)
         self.fetcher: StreamFetcher | None = None
+        self.successor: StreamFetcher | None = None  # opened ahead of a planned size change
 
     def release(self) -> None:
-        """Ends the stream (its thread and the daemon's side) and closes the channel."""
-        if self.fetcher is not None:
-            self.fetcher.close()
-            self.fetcher = None
+        """Ends the streams (their threads and the daemon's side) and closes the channel."""
+        for fetcher in (self.fetcher, self.successor):
+            if fetcher is not None:
+                fetcher.close()
+        self.fetcher = self.successor = None
         self.channel.close()
 
 
@@ -204,6 +225,8 @@ class FeederLoader(Positioned):
         self.num_samples, self.classes = self._describe(config.connect_timeout_s)
         self._samples_per_rank = self._expected_samples_per_rank()
         self.position = Position()
+        self._pending: HostBatch | None = None  # first batch of the next epoch, already taken
+        self._planned: dict[int, _Sizes] = {}  # epoch -> sizes from then on
         self.wait_seconds = 0.0
         self._reconnects = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
@@ -267,28 +290,35 @@ class FeederLoader(Positioned):
     def set_epoch(self, epoch: int) -> None:
         """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed cursor)."""
         if self.position.move_to_epoch(epoch):
-            self._drop_fetcher()
+            self._drop_fetchers()
 
     def set_batch_size(self, batch_size: int) -> None:
-        """Batch size from the next batch on (the stream reopens at the cursor)."""
+        """Batch size from the next batch on (a stream opened ahead by :meth:`plan_sizes`
+        takes over, or the stream reopens at the cursor)."""
         _check_batch_size(batch_size)
-        if batch_size != self._batch_size:
-            self._batch_size = batch_size
-            self._drop_fetcher()
+        self._batch_size = batch_size
 
     def set_image_size(self, image_size: int) -> None:
-        """Image side from the next batch on (the stream reopens at the cursor)."""
+        """Image side from the next batch on (as :meth:`set_batch_size`)."""
         _check_image_size(image_size)
-        if image_size != self._image_size:
-            self._image_size = image_size
-            self._drop_fetcher()
+        self._image_size = image_size
 
     def set_min_scale(self, min_scale: float) -> None:
         """RandomResizedCrop minimum area fraction from the next batch on (0: default)."""
         _check_min_scale(min_scale)
-        if min_scale != self._min_scale:
-            self._min_scale = min_scale
-            self._drop_fetcher()
+        self._min_scale = min_scale
+
+    def plan_sizes(self, epoch: int, batch_size: int, image_size: int, min_scale: float = 0.0) -> None:
+        """Announce that from the start of ``epoch`` on the sizes will be these (a
+        schedule's phase change). The stream before it then ends at that epoch, and the
+        next one is opened as soon as the daemon has sent the last batch before it, so
+        the daemon works on the new phase while the consumer drains the old one. The
+        sizes still take effect through ``set_*``; a plan that does not match them
+        only costs the stream opened ahead."""
+        _check_batch_size(batch_size)
+        _check_image_size(image_size)
+        _check_min_scale(min_scale)
+        self._planned[epoch] = _Sizes(batch_size, image_size, float(np.float32(min_scale)))
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (equal on every rank)."""
@@ -314,7 +344,7 @@ class FeederLoader(Positioned):
                 raise ConfigError(f"loader state is for {key}={state[key]!r}, "
                                   f"this loader has {getattr(self, key)!r}")
         self.position.load_state_dict(state)
-        self._drop_fetcher()
+        self._drop_fetchers()
 
     # -- iteration -------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -338,9 +368,47 @@ class FeederLoader(Positioned):
         self._epoch_wall_s = wall_s
 
     def _next_host_batch(self) -> HostBatch | None:
-        if self._connection.fetcher is None:
-            self._connection.fetcher = self._start_fetcher(self.position.epoch, self.position.cursor)
-        return self._connection.fetcher.get()
+        """The next batch of the current epoch, or None when the stream has no more
+        of it (the next epoch's first batch is kept for the next pass)."""
+        host: HostBatch | None
+        if self._pending is not None:
+            host, self._pending = self._pending, None
+        else:
+            fetcher = self._fetcher_here()
+            host = fetcher.get()
+            self._open_successor(fetcher)
+        if host is not None and host.epoch != self.position.epoch:
+            self._pending = host
+            return None
+        return host
+
+    @property
+    def _sizes(self) -> _Sizes:
+        return _Sizes(self._batch_size, self._image_size, float(np.float32(self._min_scale)))
+
+    def _fetcher_here(self) -> StreamFetcher:
+        """The stream that delivers the next batch at the current position and sizes:
+        the open one, else the one opened ahead, else a new one."""
+        conn, here = self._connection, (self.position.epoch, self.position.cursor)
+        if conn.fetcher is not None and _Sizes.of(conn.fetcher.request) == self._sizes:
+            return conn.fetcher
+        successor = conn.successor
+        if successor is not None and _Sizes.of(successor.request) == self._sizes and \
+                (successor.request.epoch, successor.request.start_cursor) == here:
+            conn.successor = None
+            self._drop_fetchers()
+            conn.fetcher = successor
+            return successor
+        self._drop_fetchers()
+        conn.fetcher = self._start_fetcher(*here, self._sizes)
+        return conn.fetcher
+
+    def _open_successor(self, fetcher: StreamFetcher) -> None:
+        """Once ``fetcher``'s daemon side is done, open the planned next stream."""
+        planned = self._planned.get(fetcher.end_epoch)
+        if planned is not None and self._connection.successor is None and fetcher.finished.is_set() \
+                and self._connection.fetcher is fetcher:
+            self._connection.successor = self._start_fetcher(fetcher.end_epoch, 0, planned)
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
         self.position.cursor = host.cursor
@@ -355,29 +423,42 @@ class FeederLoader(Positioned):
         return out
 
     def _end_epoch(self) -> None:
-        self._drop_fetcher()
         self.position.next_epoch()
-        if self.config.prefetch_next_epoch:
-            self._connection.fetcher = self._start_fetcher(self.position.epoch, 0)
+        conn = self._connection
+        if not self.config.prefetch_next_epoch:
+            self._drop_fetchers()
+        elif conn.fetcher is None or conn.fetcher.end_epoch <= self.position.epoch:
+            if conn.successor is None:  # nothing streams the next epoch yet: open it now
+                self._drop_fetchers()
+                conn.fetcher = self._start_fetcher(self.position.epoch, 0, self._sizes)
 
-    def _start_fetcher(self, epoch: int, cursor: int) -> StreamFetcher:
+    def _start_fetcher(self, epoch: int, cursor: int, sizes: _Sizes) -> StreamFetcher:
+        """A stream from (epoch, cursor) at ``sizes``, running on across epochs until the
+        next planned size change (one epoch without ``prefetch_next_epoch``)."""
+        if self.config.prefetch_next_epoch:
+            end = min([e for e in self._planned if e > epoch], default=epoch + _EPOCHS_PER_STREAM)
+        else:
+            end = epoch + 1
         request = feeder_pb2.StreamRequest(
             dataset=self.dataset, split=self.split, job_id=self.job_id, seed=self.seed,
-            epoch=epoch, rank=self.rank, world_size=self.world_size,
-            batch_size=self._batch_size, image_size=self._image_size, start_cursor=cursor,
+            epoch=epoch, epochs=end - epoch, rank=self.rank, world_size=self.world_size,
+            batch_size=sizes.batch_size, image_size=sizes.image_size, start_cursor=cursor,
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
-            min_scale=self._min_scale,
+            min_scale=sizes.min_scale,
         )
         return StreamFetcher(self._connection.stub.StreamBatches, request, self.address,
                              self.config.prefetch_batches, self.config.reconnect_timeout_s,
-                             pin=self.device.type == "cuda",
-                             stall_timeout_s=self.config.stall_timeout_s)
+                             pin=self.device.type == "cuda", stall_timeout_s=self.config.stall_timeout_s)
 
-    def _drop_fetcher(self) -> None:
-        fetcher, self._connection.fetcher = self._connection.fetcher, None
-        if fetcher is not None:
-            self._reconnects += fetcher.reconnects
-            fetcher.close()
+    def _drop_fetchers(self) -> None:
+        """Close the open stream and any opened ahead; forget a taken-ahead batch."""
+        conn = self._connection
+        for fetcher in (conn.fetcher, conn.successor):
+            if fetcher is not None:
+                self._reconnects += fetcher.reconnects
+                fetcher.close()
+        conn.fetcher = conn.successor = None
+        self._pending = None
 
     def close(self) -> None:
         """Stops prefetching and closes the connection; a second call does nothing.
@@ -385,7 +466,7 @@ class FeederLoader(Positioned):
         A loader that is dropped without ``close()`` is closed when it is
         garbage-collected, or at the latest when the interpreter exits.
         """
-        self._drop_fetcher()
+        self._drop_fetchers()
         self._release()
 
     def __enter__(self) -> FeederLoader:

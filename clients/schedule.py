@@ -24,12 +24,11 @@ without restarting the daemon.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from core.errors import ConfigError
 
@@ -117,6 +116,14 @@ class Schedule:
     def total_epochs(self) -> int:
         """Sum of the phase lengths."""
         return sum(p.epochs for p in self.phases)
+
+    def phase_starts(self) -> list[tuple[int, Phase]]:
+        """(first epoch, phase) of every phase, in order."""
+        starts, epoch = [], 0
+        for phase in self.phases:
+            starts.append((epoch, phase))
+            epoch += phase.epochs
+        return starts
 
     def phase_index(self, epoch: int) -> int:
         """Index of the phase that epoch ``epoch`` (0-based) belongs to."""

@@ -73,6 +73,9 @@ class SyntheticLoader(Positioned):
     def set_min_scale(self, min_scale: float) -> None:
         """Accepted for interface parity; random tensors have no crops."""
 
+    def plan_sizes(self, epoch: int, batch_size: int, image_size: int, min_scale: float = 0.0) -> None:
+        """Accepted for interface parity; nothing is prepared ahead."""
+
     def __len__(self) -> int:
         return max(self.samples_per_rank - self.position.cursor, 0) // self.batch_size
 

@@ -68,6 +68,8 @@ class Trainer:
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         first = self.schedule.phases[0]
         self.train_loader, self.val_loader, classes = make_loaders(config, dist, first)
+        for start, phase in self.schedule.phase_starts()[1:]:  # the loader opens each phase's stream ahead
+            self.train_loader.plan_sizes(start, phase.batch_size, phase.image_size, phase.min_scale)
         self.model = build_model(config.arch, classes, dist.device)
         self.net: torch.nn.Module = self.model
         if dist.world_size > 1:

@@ -197,3 +197,42 @@ def test_cuda_batches_match_cpu_batches(daemon) -> None:
     assert images.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(images.cpu(), expected)
     assert batch_labels.cpu().tolist() == expected_labels.tolist()
+
+
+def test_one_stream_runs_across_epochs_without_a_gap(shards, labels) -> None:
+    server, port = start_daemon(shards)
+    try:
+        with _loader(f"127.0.0.1:{port}") as loader:
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                keys = [k for _, _, batch_keys in _drain(loader) for k in batch_keys]
+                assert Counter(keys) == Counter(labels["train"].keys())
+        # One stream carried the three epochs: the daemon never waited for a new one.
+        assert server.metrics.stats().streams_opened == 1
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_a_planned_size_change_opens_its_stream_before_the_old_one_drains(shards, labels) -> None:
+    server, port = start_daemon(shards)
+    try:
+        with _loader(f"127.0.0.1:{port}", prefetch_batches=2) as loader:
+            loader.plan_sizes(2, batch_size=16, image_size=48)
+            opened_ahead = []
+            for epoch in range(4):
+                loader.set_epoch(epoch)
+                size, batch = (32, 8) if epoch < 2 else (48, 16)
+                loader.set_batch_size(batch)
+                loader.set_image_size(size)
+                keys = []
+                for images, _, batch_keys in loader:
+                    assert images.shape == (batch, 3, size, size)
+                    keys += batch_keys
+                    if epoch == 1:  # the next phase's stream exists while this one drains
+                        opened_ahead.append(server.metrics.stats().streams_opened)
+                assert Counter(keys) == Counter(labels["train"].keys())
+        # Epochs 0-1 on one stream, 2-3 on another opened during epoch 1: no reopen.
+        assert server.metrics.stats().streams_opened == 2
+        assert opened_ahead[-1] == 2
+    finally:
+        server.stop(0).wait(10)
