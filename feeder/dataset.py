@@ -33,10 +33,14 @@ class _Columns:
     shard_ids: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
+    widths: np.ndarray
+    heights: np.ndarray
 
 
 class SplitIndex:
-    """One split: per-sample key, label and location, and the bytes behind them.
+    """One split: per-sample key, label, image size and location, and the bytes
+    behind them. ``widths`` / ``heights`` (pixels, as stored) let crop windows be
+    drawn before anything is decoded.
 
     Thread-safe for reads: the tars are mapped read-only, once, on first use.
     """
@@ -46,6 +50,8 @@ class SplitIndex:
         self.split = split
         self.keys = columns.keys
         self.labels = columns.labels
+        self.widths = columns.widths
+        self.heights = columns.heights
         self._cols = columns
         self._shards = shards
         self._maps: dict[int, mmap.mmap] = {}
@@ -156,15 +162,18 @@ def _check_shard_sizes(root: Path, info: dict[str, Any]) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
 
 
+_COLUMNS = ("key", "label", "shard", "offset", "size", "width", "height")
+
+
 def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
     path = index_path(root, split)
     if not path.is_file():
         raise DataError(f"{path}: missing index of split {split!r}")
     try:
-        table = pq.read_table(path, columns=["key", "label", "shard", "offset", "size"])
+        table = pq.read_table(path, columns=list(_COLUMNS))
     except Exception as e:  # pyarrow raises several unrelated types for bad files
         raise DataError(f"{path}: not a readable index ({e})") from e
-    for column in ("key", "label", "shard", "offset", "size"):
+    for column in _COLUMNS:
         if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
             raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
     if expected is not None and table.num_rows != expected:
@@ -177,8 +186,11 @@ def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
         shard_ids=shard_col.indices.to_numpy().astype(np.int32),
         offsets=table.column("offset").to_numpy().astype(np.int64),
         sizes=table.column("size").to_numpy().astype(np.int64),
+        widths=table.column("width").to_numpy().astype(np.int32),
+        heights=table.column("height").to_numpy().astype(np.int32),
     )
     _check_extents(root, path, columns, shards)
+    _check_image_sizes(path, columns)
     return SplitIndex(root, split, columns, shards)
 
 
@@ -191,3 +203,10 @@ def _check_extents(root: Path, path: Path, cols: _Columns, shards: list[str]) ->
         end = int((cols.offsets[mine] + cols.sizes[mine]).max(initial=0))
         if end > file.stat().st_size:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
+
+
+def _check_image_sizes(path: Path, cols: _Columns) -> None:
+    """Crop windows are drawn from the index's sizes; a row without one cannot be served."""
+    bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
+    if len(bad):
+        raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")
