@@ -16,6 +16,7 @@ the central crop with the ratio clamped to the range. Boxes are integer
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 from feeder.errors import ConfigError
 
 __all__ = [
+    "AugmentKind",
     "CropRange",
     "Crops",
     "VAL_CROP_FRACTION",
@@ -32,6 +34,7 @@ __all__ = [
     "key_hashes",
     "philox4x32",
     "random_resized_crops",
+    "sample_crops",
 ]
 
 # Validation resizes the shorter side to image_size / VAL_CROP_FRACTION, then takes
@@ -47,6 +50,13 @@ _ROUNDS = 10
 # Draws per sample, as Philox blocks of four 32-bit words: TRIES (area, ratio) pairs,
 # then one block with the x offset, the y offset and the flip.
 _BLOCKS = TRIES // 2 + 1
+
+
+class AugmentKind(str, enum.Enum):
+    """Which transform a stream applies."""
+
+    TRAIN = "train"
+    VAL = "val"
 
 
 @dataclass(frozen=True)
@@ -179,3 +189,19 @@ def centre_crops(widths: np.ndarray, heights: np.ndarray, fraction: float = VAL_
     side = np.maximum(1, np.rint(np.minimum(widths, heights) * fraction)).astype(np.int64)
     boxes = np.stack([(widths - side) // 2, (heights - side) // 2, side, side], axis=1).astype(np.int32)
     return Crops(boxes=boxes, flips=np.zeros(len(widths), dtype=bool))
+
+
+def sample_crops(
+    kind: AugmentKind,
+    seed: int,
+    epoch: int,
+    keys: Sequence[str],
+    widths: np.ndarray,
+    heights: np.ndarray,
+    crop: CropRange,
+) -> Crops:
+    """The windows and flips of samples named by ``keys``: random (train) or central
+    (val, where seed, epoch and ``crop`` play no part)."""
+    if kind is AugmentKind.VAL:
+        return centre_crops(widths, heights)
+    return random_resized_crops(seed, epoch, key_hashes(keys), widths, heights, crop)

@@ -44,6 +44,9 @@ def serve_command(
     max_streams: Annotated[int, typer.Option(help="Streams open at once; more are refused.")] = 64,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: any free one).")] = None,
     grace_s: Annotated[float, typer.Option(help="Seconds in-flight streams get on SIGTERM.")] = 5.0,
+    antialias: Annotated[bool, typer.Option(
+        help="Default resize filter of streams that choose none: antialiased bilinear (torchvision's PIL "
+        "path) instead of plain bilinear (tf.data's; about 1.75x the images/s on the CPU).")] = False,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -66,6 +69,7 @@ def serve_command(
             max_streams=max_streams,
             metrics_port=metrics_port,
             grace_s=grace_s,
+            antialias=antialias,
             **extra,
         )
         serve(config)

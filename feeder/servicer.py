@@ -65,6 +65,7 @@ def stream_spec(request: feeder_pb2.StreamRequest) -> StreamSpec:
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         job_id=request.job_id,
+        antialias=request.antialias if request.HasField("antialias") else None,
     )
 
 
