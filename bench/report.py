@@ -144,17 +144,21 @@ def format_table(rows: list[dict]) -> str:
     """The results as a fixed-width text table (failed loaders show their error)."""
     header = (
         f"{'loader':<13} {'images/s':>9} {'x torchvision':>13} {'x decode-only':>13} {'x dali':>7} "
-        f"{'CPU ms/image':>12} {'peak MB':>8}"
+        f"{'x tfdata':>8} {'CPU ms/image':>12} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['loader']:<13} failed: {r['error']}")
             continue
+        if "skipped" in r:
+            lines.append(f"{r['loader']:<13} skipped: {r['skipped']}")
+            continue
         cpu_ms = r["cpu_s_per_image"] * 1000
         lines.append(
             f"{r['loader']:<13} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r['x_torchvision'], '13.2f')} "
-            f"{_fmt(r['x_decode_only'], '13.2f')} {_fmt(r['x_dali'], '7.2f')} {_fmt(cpu_ms, '12.2f')} "
+            f"{_fmt(r['x_decode_only'], '13.2f')} {_fmt(r['x_dali'], '7.2f')} "
+            f"{_fmt(r.get('x_tfdata'), '8.2f')} {_fmt(cpu_ms, '12.2f')} "
             f"{r['peak_pss_bytes'] / 2**20:8.0f}"
         )
         if r.get("clients", 1) > 1:
@@ -174,7 +178,7 @@ def plot(path: Path, rows: list[dict], title: str, targets: list[dict] | None = 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [r for r in rows if "error" not in r and r["loader"] != _UNDRAWN]
+    done = [r for r in rows if "error" not in r and "skipped" not in r and r["loader"] != _UNDRAWN]
     bound = next((r for r in rows if r["loader"] == _UNDRAWN and "error" not in r), None)
     if bound is not None:
         title += f"\nsynthetic (harness bound): {bound['images_per_s']:,.0f} images/s"

@@ -32,8 +32,9 @@ import numpy as np  # noqa: E402
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
+from feeder.augment import CropRange, sample_crops  # noqa: E402
 from feeder.launcher import DaemonProcess  # noqa: E402
-from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec  # noqa: E402
+from feeder.pipeline import AugmentKind, Job, PipelineRunner, PipelineSpec  # noqa: E402
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protos import feeder_pb2, feeder_pb2_grpc  # noqa: E402
 from shards.reader import ShardDataset, SplitIndex  # noqa: E402
@@ -48,11 +49,14 @@ def inprocess_batches(split: SplitIndex, args: argparse.Namespace) -> Generator[
     spec = PipelineSpec(AugmentKind.TRAIN, "cpu", args.batch_size, args.threads, args.prefetch)
     runner = PipelineRunner(spec, seed=args.seed)
 
-    def jobs() -> Iterator[tuple[list[np.ndarray], int]]:
+    def jobs() -> Iterator[Job]:
         for epoch in count():
             part = rank_part(epoch_order(len(split), args.seed, epoch, True), 0, 1, LastBatch.DROP)
             for piece in iter_batches(part, 0, args.batch_size, LastBatch.DROP):
-                yield split.read_many(piece.indices), args.image_size
+                rows = piece.indices
+                crops = sample_crops(AugmentKind.TRAIN, args.seed, epoch, [split.keys[int(i)] for i in rows],
+                                     split.widths[rows], split.heights[rows], CropRange())
+                yield Job(split.read_many(rows), args.image_size, crops)
 
     yield from runner.run_many(jobs())
 

@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["FEEDER_TARGETS", "RATIO_PEERS", "add_ratios", "check_targets", "merge_results", "summarise", "summarise_runs"]
 
 # Column name -> loader every row is divided by (ratios are to peers in the same run).
-RATIO_PEERS = {"x_torchvision": "torchvision", "x_decode_only": "decode-only", "x_dali": "dali"}
+RATIO_PEERS = {"x_torchvision": "torchvision", "x_decode_only": "decode-only", "x_dali": "dali", "x_tfdata": "tfdata"}
 # What feeder-grpc aims for on CPU at 224 px, as a fraction of each peer's images/s.
 FEEDER_TARGETS = {"dali": 0.85, "torchvision": 1.5, "decode-only": 0.7}
 _FEEDER = "feeder-grpc"
@@ -54,6 +54,8 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
         A JSON-able row; ``error`` is set (and figures are absent) if the loader failed.
     """
     row: dict[str, Any] = {"loader": result["loader"], **memory}
+    if "skipped" in result:
+        return {**row, "skipped": result["skipped"]}
     failed = [c for c in result.get("clients", []) if "error" in c or not c["windows"]]
     if "error" in result or failed:
         row["error"] = result.get("error") or "; ".join(c.get("error", "no complete window") for c in failed)
@@ -78,7 +80,7 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
 def merge_results(results: list[dict]) -> dict:
     """One worker result from several starts of the same loader: each consumer's
     windows one after another (the first failure, if any, instead)."""
-    failed = [r for r in results if "error" in r or any("error" in c for c in r["clients"])]
+    failed = [r for r in results if "error" in r or "skipped" in r or any("error" in c for c in r["clients"])]
     if failed:
         return failed[0]
     merged = []

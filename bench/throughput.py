@@ -172,7 +172,7 @@ def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict
 
 def _progress(index: int, total: int, run: dict) -> None:
     row = summarise(run["result"], run["memory"])
-    figure = row.get("error") or f"{row['images_per_s']:.0f} images/s"
+    figure = row.get("error") or row.get("skipped") or f"{row['images_per_s']:.0f} images/s"
     print(f"[{index}/{total}] {row['loader']}: {figure}", file=sys.stderr, flush=True)
 
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         title = f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, {args.device}"
         plot(args.plot, rows, title, targets)
-    return 0 if all("error" not in r and not r["problems"] for r in rows) else 1
+    return 0 if all("error" not in r and not r.get("problems") for r in rows) else 1
 
 
 if __name__ == "__main__":

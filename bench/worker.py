@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.loaders import MULTI_CLIENT, LoaderSpec, loader_module
+from bench.loaders import MULTI_CLIENT, LoaderSpec, LoaderUnavailable, loader_module
 from bench.measure import Schedule, consume
 
 __all__ = ["main", "request_for", "restrict_cpus"]
@@ -81,6 +81,9 @@ def main(argv: list[str]) -> int:
     spec, schedule = LoaderSpec(**request["spec"]), Schedule(**request["schedule"])
     try:
         result = run(request["loader"], spec, schedule)
+    except LoaderUnavailable as e:
+        print(f"{request['loader']}: skipped: {e}", file=sys.stderr)
+        result = {"loader": request["loader"], "skipped": str(e)}
     except Exception as e:  # one failing loader must not stop the others
         traceback.print_exc()
         result = {"loader": request["loader"], "error": f"{type(e).__name__}: {e}"}

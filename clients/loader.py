@@ -322,10 +322,13 @@ class FeederLoader(Positioned):
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (equal on every rank)."""
-        remaining = max(self._samples_per_rank - self.position.cursor, 0)
+        return self._batches_after(self.position.cursor, self._batch_size)
+
+    def _batches_after(self, cursor: int, batch_size: int) -> int:
+        remaining = max(self._samples_per_rank - cursor, 0)
         if self.last_batch == "pad":
-            return math.ceil(remaining / self._batch_size)
-        return remaining // self._batch_size
+            return math.ceil(remaining / batch_size)
+        return remaining // batch_size
 
     # -- resumable state -----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -404,10 +407,15 @@ class FeederLoader(Positioned):
         return conn.fetcher
 
     def _open_successor(self, fetcher: StreamFetcher) -> None:
-        """Once ``fetcher``'s daemon side is done, open the planned next stream."""
+        """Once ``fetcher`` has received its stream's last batch (the daemon's side is
+        done; the consumer still has the queued ones to drain), open the planned next."""
         planned = self._planned.get(fetcher.end_epoch)
-        if planned is not None and self._connection.successor is None and fetcher.finished.is_set() \
-                and self._connection.fetcher is fetcher:
+        if planned is None or self._connection.successor is not None or self._connection.fetcher is not fetcher:
+            return
+        batch_size = fetcher.request.batch_size
+        received_all = fetcher.finished.is_set() or (
+            fetcher.epoch == fetcher.end_epoch - 1 and self._batches_after(fetcher.cursor, batch_size) == 0)
+        if received_all:
             self._connection.successor = self._start_fetcher(fetcher.end_epoch, 0, planned)
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:

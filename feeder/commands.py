@@ -49,6 +49,9 @@ def serve_command(
     grace_s: Annotated[float, typer.Option(help="Seconds in-flight streams get on SIGTERM.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info (a line per stream opened and closed), "
                                                 "warning (errors only) or error.")] = "info",
+    antialias: Annotated[bool, typer.Option(
+        help="Default resize filter of streams that choose none: antialiased bilinear (torchvision's PIL "
+        "path) instead of plain bilinear (tf.data's; about 1.75x the images/s on the CPU).")] = False,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -71,6 +74,7 @@ def serve_command(
             metrics_port=metrics_port,
             grace_s=grace_s,
             log_level=log_level,
+            antialias=antialias,
             **extra,
         )
         serve(config)

@@ -39,6 +39,9 @@ class ServerConfig:
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one).
         log_level: least severe log records written to stderr (one of ``LOG_LEVELS``).
+        antialias: resize filter of streams that do not choose one: plain bilinear
+            (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
+            CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
     """
 
     datasets: Mapping[str, Path]
@@ -54,6 +57,7 @@ class ServerConfig:
     grace_s: float = 5.0
     rpc_threads: int = 0
     log_level: str = "info"
+    antialias: bool = False
 
     def __post_init__(self) -> None:
         if not self.datasets:

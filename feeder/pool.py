@@ -36,7 +36,7 @@ class PipelinePool:
         self._idle_per_spec = idle_per_spec
         self._idle: dict[PipelineSpec, list[PipelineRunner]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._seeds = itertools.count(1)
+        self._seeds = itertools.count(1)  # only for runs without windows; streams bring theirs
         self._closed = False
 
     def acquire(self, spec: PipelineSpec) -> PipelineRunner:
@@ -58,6 +58,8 @@ class PipelinePool:
             idle = self._idle[runner.spec]
             if healthy and not self._closed and len(idle) < self._idle_per_spec:
                 idle.append(runner)
+                return
+        runner.close()
 
     def idle_count(self) -> int:
         """Idle runners held now."""
@@ -68,4 +70,7 @@ class PipelinePool:
         """Drop every idle runner; later releases are dropped too."""
         with self._lock:
             self._closed = True
+            runners = [r for idle in self._idle.values() for r in idle]
             self._idle.clear()
+        for runner in runners:
+            runner.close()

@@ -12,15 +12,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from core.errors import DataError, FeederError
+from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineRunner
+from feeder.pipeline import Job, PipelineRunner
 from feeder.plan import BatchSlice
 from shards.reader import SplitIndex
 
@@ -45,13 +46,18 @@ class ReadyBatch:
 
 @dataclass(frozen=True)
 class StreamContext:
-    """What a producer needs besides the plan: where bytes come from, what to run."""
+    """What a producer needs besides the plan: where bytes come from, what to run,
+    and what draws each sample's crop window and flip (``kind``, ``seed``, ``crop``,
+    with the batch's epoch and the samples' keys)."""
 
     split: SplitIndex
     runner: PipelineRunner
     image_size: int
     samples_per_rank: int
     queue_batches: int
+    kind: AugmentKind = AugmentKind.TRAIN
+    seed: int = 0
+    crop: CropRange = CropRange()
 
 
 class BatchStream:
@@ -185,8 +191,8 @@ class BatchStream:
             error.__cause__ = e
             self._put(error)
 
-    def _read_batches(self, pending: deque[BatchSlice]) -> Iterator[tuple[Sequence[np.ndarray], int]]:
-        split = self._ctx.split
+    def _read_batches(self, pending: deque[BatchSlice]) -> Iterator[Job]:
+        split, ctx = self._ctx.split, self._ctx
         upcoming = next(self._slices, None)
         while upcoming is not None and not self._stop.is_set():
             batch, upcoming = upcoming, next(self._slices, None)
@@ -194,11 +200,15 @@ class BatchStream:
             if upcoming is not None:
                 split.will_need(upcoming.indices)  # one batch of read-ahead
             jpegs = split.read_many(batch.indices)
+            crops = sample_crops(
+                ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
+                split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
+            )
             seconds = time.perf_counter() - started
             self._read_s += seconds
             self._metrics.stage("read", seconds)
             pending.append(batch)
-            yield jpegs, self._ctx.image_size
+            yield Job(jpegs, ctx.image_size, crops)
 
     def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
         split = self._ctx.split

@@ -72,6 +72,7 @@ class StreamSpec:
     crop: CropRange = field(default_factory=CropRange)
     job_id: str = ""
     peer: str = ""
+    antialias: bool | None = None  # resize filter; None: the daemon's default
 
     @property
     def kind(self) -> AugmentKind:
@@ -149,7 +150,8 @@ class FeederService:
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         context = StreamContext(
-            split, runner, spec.image_size, len(part), self.config.queue_batches
+            split, runner, spec.image_size, len(part), self.config.queue_batches,
+            kind=spec.kind, seed=spec.seed, crop=spec.crop,
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         self._admit(stream, runner)
@@ -210,7 +212,7 @@ class FeederService:
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
             threads=self.config.threads,
             prefetch=self.config.prefetch,
-            crop=spec.crop if kind is AugmentKind.TRAIN else CropRange(),
+            antialias=self.config.antialias if spec.antialias is None else spec.antialias,
         )
 
     def _admit(self, stream: BatchStream, runner: PipelineRunner) -> None:

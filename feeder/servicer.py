@@ -71,6 +71,7 @@ def stream_spec(request: feeder_pb2.StreamRequest, peer: str = "") -> StreamSpec
         crop=_crop(request),
         job_id=request.job_id,
         peer=peer,
+        antialias=request.antialias if request.HasField("antialias") else None,
     )
 
 

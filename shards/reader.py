@@ -51,10 +51,14 @@ class _Columns:
     shard_ids: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
+    widths: np.ndarray
+    heights: np.ndarray
 
 
 class SplitIndex:
-    """One split: per-sample key, label and location, and the bytes behind them.
+    """One split: per-sample key, label, image size and location, and the bytes
+    behind them. ``widths`` / ``heights`` (pixels, as stored) let crop windows be
+    drawn before anything is decoded.
 
     Thread-safe for reads: the tars are mapped read-only, once, on first use.
     """
@@ -64,6 +68,8 @@ class SplitIndex:
         self.split = split
         self.keys = columns.keys
         self.labels = columns.labels
+        self.widths = columns.widths
+        self.heights = columns.heights
         self._cols = columns
         self._shards = shards
         self._maps: dict[int, mmap.mmap] = {}
@@ -265,7 +271,7 @@ def read_lmdb_sample(env: lmdb.Environment, key: str) -> tuple[bytes, int]:
 
 def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
     path = index_path(root, split)
-    table = read_index(root, split, ["key", "label", "shard", "offset", "size"])
+    table = read_index(root, split, ["key", "label", "shard", "offset", "size", "width", "height"])
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
     shard_col = table.column("shard").dictionary_encode().combine_chunks()
@@ -276,8 +282,11 @@ def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
         shard_ids=shard_col.indices.to_numpy().astype(np.int32),
         offsets=table.column("offset").to_numpy().astype(np.int64),
         sizes=table.column("size").to_numpy().astype(np.int64),
+        widths=table.column("width").to_numpy().astype(np.int32),
+        heights=table.column("height").to_numpy().astype(np.int32),
     )
     _check_extents(root, path, columns, shards)
+    _check_image_sizes(path, columns)
     return SplitIndex(root, split, columns, shards)
 
 
@@ -290,3 +299,10 @@ def _check_extents(root: Path, path: Path, cols: _Columns, shards: list[str]) ->
         end = int((cols.offsets[mine] + cols.sizes[mine]).max(initial=0))
         if end > file.stat().st_size:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
+
+
+def _check_image_sizes(path: Path, cols: _Columns) -> None:
+    """Crop windows are drawn from the index's sizes; a row without one cannot be served."""
+    bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
+    if len(bad):
+        raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")

@@ -9,14 +9,15 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
-from bench.loaders.base import Batch, LoaderSpec, check_batch
+from bench.loaders.base import Batch, LoaderSpec, LoaderUnavailable, check_batch
 
-__all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "check_batch", "loader_module"]
+__all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "LoaderUnavailable", "check_batch", "loader_module"]
 
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {
     "feeder-grpc": "feeder_grpc",
     "dali": "dali_inprocess",
+    "tfdata": "tfdata",
     "torchvision": "imagefolder",
     "webdataset": "webdataset_tars",
     "decode-only": "decode_only",

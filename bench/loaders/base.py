@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "check_batch", "dtype_name"]
+__all__ = ["DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "LoaderUnavailable", "check_batch", "dtype_name"]
 
 DEVICES = ("cpu", "gpu")
 # "decoded": full-size decoded images whose pixels stay where they were decoded;
 # ``Batch.images`` then holds their (height, width, channels) shapes.
 LAYOUTS = ("NCHW", "NHWC", "decoded")
+
+
+class LoaderUnavailable(Exception):
+    """The loader cannot run here (an optional package is missing): it is reported as
+    skipped, with this one-line reason, not as a failure."""
 
 
 @dataclass(frozen=True)

@@ -1,48 +1,61 @@
-"""``dali``: the daemon's own read path and DALI pipeline, in the consumer's process.
+"""``dali``: the daemon's own code, in the consumer's process, without the gRPC hop.
 
-Same index and memory-mapped tars (``shards.reader``), same epoch plan
-(``feeder.plan``), same pipeline and runner (``feeder.pipeline``) with the same thread
-budget as ``feeder serve --threads``; only the gRPC hop is missing. This is the ceiling
-the daemon is measured against.
+A :class:`feeder.service.FeederService` is built here as ``feeder serve`` builds it
+(same index and memory-mapped tars, epoch plan, producer thread, crop windows drawn
+from (seed, epoch, key), DALI ROI decode and CPU resize, thread budget as
+``feeder serve --threads``) and one stream of many epochs is read straight from its
+queue. This is the ceiling the daemon is measured against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from itertools import count
+from pathlib import Path
 
 import numpy as np
 
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
-from feeder.pipeline import AugmentKind, PipelineRunner, PipelineSpec
-from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part
-from shards.reader import ShardDataset, SplitIndex
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.service import FeederService, StreamSpec, open_datasets
 
-__all__ = ["open_loader"]
+__all__ = ["daemon_batches", "open_loader"]
+
+_EPOCHS = 1_000_000  # one stream, epochs back to back: endless for a benchmark
 
 
-def _jpeg_batches(split: SplitIndex, spec: LoaderSpec) -> Iterator[tuple[list[np.ndarray], int]]:
-    """Encoded batches of this rank's part, epoch after epoch, as the daemon plans them."""
-    for epoch in count():
-        order = epoch_order(len(split), spec.seed, epoch, shuffle=True)
-        part = rank_part(order, spec.client_rank, spec.clients, LastBatch.DROP)
-        for piece in iter_batches(part, 0, spec.batch_size, LastBatch.DROP):
-            yield split.read_many(piece.indices), spec.image_size_px
+@contextmanager
+def daemon_batches(
+    shards: Path, split: str, request: StreamSpec, *, device: str = "cpu", threads: int = 2, prefetch: int = 2
+) -> Iterator[Iterator[np.ndarray]]:
+    """Yields an endless iterator of the uint8 NHWC image batches the daemon would send
+    for ``request`` (its ``dataset`` is ignored), produced in this process."""
+    config = ServerConfig(
+        datasets={"bench": Path(shards)}, device=device, threads=threads, prefetch=prefetch,
+        max_batch_size=max(request.batch_size, 1), metrics_port=None,
+    )
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    spec = StreamSpec(**{**request.__dict__, "dataset": "bench", "split": split, "epochs": _EPOCHS})
+    stream = service.open_stream(spec)
+    try:
+        yield (batch.images for batch in stream)
+    finally:
+        stream.close()
+        service.close()
 
 
 @contextmanager
 def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Batch]]:
-    """Yields endless uint8 NHWC batches decoded and augmented by DALI in this process.
+    """Yields endless uint8 NHWC batches decoded and augmented by the daemon's code here.
 
     Raises:
         core.errors.NotFound, core.errors.DataError: ``spec.shards`` is not a
             readable shard directory, or has no ``spec.split``.
     """
-    split = ShardDataset.open("bench", spec.shards).splits[spec.split]
-    runner = PipelineRunner(
-        PipelineSpec(kind=AugmentKind.TRAIN, device=spec.device, max_batch_size=spec.batch_size, threads=spec.threads),
-        seed=spec.seed,
+    request = StreamSpec(
+        dataset="bench", split=spec.split, rank=spec.client_rank, world_size=spec.clients,
+        batch_size=spec.batch_size, image_size=spec.image_size_px, seed=spec.seed,
     )
-    outputs = runner.run_many(_jpeg_batches(split, spec))
-    yield (Batch(len(images), images, "NHWC", dtype_name(images)) for images in outputs)
+    with daemon_batches(spec.shards, spec.split, request, device=spec.device, threads=spec.threads) as images:
+        yield (Batch(len(b), b, "NHWC", dtype_name(b)) for b in images)

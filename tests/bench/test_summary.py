@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.summary import add_ratios, check_targets, summarise, summarise_runs
+from bench.summary import add_ratios, check_targets, merge_results, summarise, summarise_runs
 
 MEMORY = {"peak_pss_bytes": 1, "peak_rss_bytes": 2}
 
@@ -99,3 +99,9 @@ def test_a_round_that_failed_fails_the_loader() -> None:
     ]
 
     assert summarise_runs(runs)["error"] == "exit -9: killed"
+
+
+def test_a_skipped_loader_is_a_row_with_its_reason_and_no_figures() -> None:
+    row = summarise({"loader": "tfdata", "skipped": "tensorflow is not installed"}, {"peak_pss_bytes": 1})
+    assert row["skipped"] == "tensorflow is not installed" and "images_per_s" not in row
+    assert merge_results([{"loader": "tfdata", "skipped": "no tf"}])["skipped"] == "no tf"

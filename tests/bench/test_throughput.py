@@ -22,7 +22,7 @@ THREADS = 2
 ROW_KEYS = {
     "loader", "images_per_s", "images_per_s_repeats", "cpu_s_per_image", "peak_pss_bytes", "peak_rss_bytes",
     "setup_s", "batches", "problems", "cpus", "clients", "per_client_images_per_s", "client_spread",
-    "x_torchvision", "x_decode_only", "x_dali", "load_average_1m", "starts", "cpus_busy",
+    "x_torchvision", "x_decode_only", "x_dali", "x_tfdata", "load_average_1m", "starts", "cpus_busy",
 }
 
 
@@ -90,3 +90,14 @@ def test_bad_options_are_refused_before_anything_runs(capsys: pytest.CaptureFixt
 def test_a_folder_without_shards_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert throughput.main(["--data", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards: Path, bench_source: Path) -> None:
+    code, doc = _run(tmp_path, bench_shards, bench_source, ["tfdata"])
+    (row,) = doc["results"]
+    assert code == 0
+    if "skipped" in row:  # tensorflow is optional
+        assert "tensorflow" in row["skipped"] and "\n" not in row["skipped"]
+    else:
+        assert row["problems"] == [] and row["images_per_s"] > 0

@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from core.errors import ConfigError, DataError
-from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
+from feeder.augment import key_hashes, random_resized_crops
+from feeder.pipeline import AugmentKind, CropRange, Crops, Job, PipelineRunner, PipelineSpec
 
 
 def _jpeg(width: int, height: int, seed: int) -> np.ndarray:
@@ -59,12 +60,40 @@ def test_train_mirrors_about_half_the_images():
     Image.fromarray(pixels).save(out, format="JPEG", quality=95)
     jpeg = np.frombuffer(out.getvalue(), dtype=np.uint8)
     whole = CropRange(min_scale=1.0, max_scale=1.0, min_ratio=1.0, max_ratio=1.0)
-    runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, max_batch_size=64, threads=1, crop=whole))
-    images = runner.run([jpeg] * 64, 32).astype(np.int32)
+    side = np.full(64, 64)
+    crops = random_resized_crops(3, 0, key_hashes([str(i) for i in range(64)]), side, side, whole)
+    runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, max_batch_size=64, threads=1))
+    images = runner.run([jpeg] * 64, 32, crops).astype(np.int32)
     left, right = images[:, :, :16].mean(axis=(1, 2, 3)), images[:, :, 16:].mean(axis=(1, 2, 3))
     assert np.all(np.abs(left - right) > 200)  # each image is the original or its mirror
     mirrored = int((left < right).sum())
     assert 12 <= mirrored <= 52  # coin flip with p = 0.5 over 64 samples
+    assert np.array_equal(left < right, crops.flips)
+
+
+def test_windows_are_decoded_where_the_crops_say(jpegs):
+    # A 4x4 grid of flat colours: a window on one cell gives that colour only.
+    pixels = np.zeros((128, 128, 3), dtype=np.uint8)
+    for row in range(4):
+        for col in range(4):
+            pixels[32 * row:32 * (row + 1), 32 * col:32 * (col + 1)] = (60 * row, 60 * col, 128)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="JPEG", quality=98)
+    jpeg = np.frombuffer(out.getvalue(), np.uint8)
+    boxes = np.array([[36, 4, 24, 24], [68, 100, 24, 24]], dtype=np.int32)
+    crops = Crops(boxes=boxes, flips=np.array([False, True]))
+    for antialias in (False, True):
+        runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, max_batch_size=2, threads=1, antialias=antialias))
+        images = runner.run([jpeg, jpeg], 16, crops).reshape(2, -1, 3).astype(int)
+        assert np.abs(images[0] - (0, 60, 128)).max() <= 4
+        assert np.abs(images[1] - (180, 120, 128)).max() <= 4
+
+
+def test_crops_must_match_the_batch(jpegs):
+    runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, max_batch_size=4, threads=1))
+    crops = Crops(boxes=np.array([[0, 0, 8, 8]], np.int32), flips=np.zeros(1, bool))
+    with pytest.raises(ConfigError, match="crops"):
+        list(runner.run_many([Job(jpegs[:2], 16, crops)]))
 
 
 def test_undecodable_bytes_raise_data_error(jpegs):

@@ -157,3 +157,28 @@ def test_health_serving_and_reflection(server):
         (reply,) = reflect.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
         names = {s.name for s in reply.list_services_response.service}
         assert {"feeder.v1.Feeder", "grpc.health.v1.Health"} <= names
+
+
+def _pixels_by_key(batches) -> dict[str, np.ndarray]:
+    return {k: image for b in batches for k, image in zip(b.keys, _images(b))}
+
+
+def test_augmentation_depends_only_on_seed_epoch_and_key(stub):
+    # Different world and batch sizes put each sample in other batches, on other ranks.
+    one = _pixels_by_key(stub.StreamBatches(request(batch_size=8, image_size=32, seed=3, epoch=1)))
+    split = [request(rank=r, world_size=2, batch_size=5, image_size=32, seed=3, epoch=1) for r in range(2)]
+    two = _pixels_by_key(b for r in split for b in stub.StreamBatches(r))
+    assert set(two) <= set(one) and len(two) > 50
+    assert all(np.array_equal(one[k], two[k]) for k in two)
+    other = _pixels_by_key(stub.StreamBatches(request(batch_size=8, image_size=32, seed=3, epoch=2)))
+    assert sum(not np.array_equal(one[k], other[k]) for k in one) > len(one) // 2
+
+
+def test_the_resize_filter_is_a_stream_option(stub):
+    fields = dict(split="val", batch_size=4, image_size=24, max_samples=4)
+    plain, default, smooth = (
+        _images(next(iter(stub.StreamBatches(request(**fields, **extra)))))
+        for extra in ({"antialias": False}, {}, {"antialias": True})
+    )
+    assert np.array_equal(plain, default), "plain bilinear is the default"
+    assert not np.array_equal(plain, smooth)
