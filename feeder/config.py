@@ -20,6 +20,11 @@ def _default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
+def _default_memory_bytes() -> int:
+    """Half of this machine's physical memory: the rest is the training job's."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """What a daemon serves and how.
@@ -33,8 +38,18 @@ class ServerConfig:
         threads: DALI CPU worker threads per pipeline.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
+        queue_bytes: bytes of ready batches buffered per stream, a second bound beside
+            ``queue_batches`` (one batch is always let through, however large).
         max_batch_size: largest batch a request may ask for.
         max_streams: streams open at once; more are refused as unavailable.
+        max_streams_per_peer: streams one client host may hold open (all unix-socket
+            clients count as one peer); more are refused as resource exhausted.
+        max_memory_bytes: memory budget of all open streams together, each estimated
+            from its request (see ``feeder.admission.stream_need_bytes``); a stream
+            that would pass it is refused as resource exhausted. Default: half of
+            physical memory.
+        idle_timeout_s: a stream whose client has taken no batch for this long is
+            cancelled and its memory freed.
         metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one).
@@ -48,8 +63,12 @@ class ServerConfig:
     threads: int = field(default_factory=_default_threads)
     prefetch: int = 2
     queue_batches: int = 4
+    queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
     max_streams: int = 64
+    max_streams_per_peer: int = 32
+    max_memory_bytes: int = field(default_factory=_default_memory_bytes)
+    idle_timeout_s: float = 600.0
     metrics_port: int | None = None
     grace_s: float = 5.0
     rpc_threads: int = 0
@@ -67,9 +86,12 @@ class ServerConfig:
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
-        for name in ("threads", "prefetch", "queue_batches", "max_batch_size", "max_streams"):
+        for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
+                     "max_streams_per_peer", "max_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.idle_timeout_s > 0:
+            raise ConfigError(f"idle_timeout_s: must be > 0, got {self.idle_timeout_s}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: must be >= 0, got {self.grace_s}")
         if self.log_level not in LOG_LEVELS:

@@ -181,7 +181,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def StreamBatches(self, request, context) -> Iterator[ReadyBatch]:  # noqa: N802
         try:
-            stream = self.service.open_stream(stream_spec(request, context.peer()))
+            stream = self.service.open_stream(stream_spec(request, context.peer()), cancel=context.cancel)
         except FeederError as e:
             self._abort(context, e)
         context.add_callback(stream.close)
