@@ -82,10 +82,23 @@ def serve_command(
     grace_s: Annotated[float, typer.Option(help="Seconds in-flight streams get on SIGTERM.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info (a line per stream opened and closed), "
                                                 "warning (errors only) or error.")] = "info",
+    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate of the gRPC port (TLS only, with "
+                                                       "--tls-key).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(help="PEM CA: clients must present a certificate it "
+                                                            "signed (mutual TLS).")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="File with a token every call but the health check "
+                                                         "must send as 'authorization: Bearer <token>'.")] = None,
+    insecure: Annotated[bool, typer.Option(help="Allow a non-loopback --bind without TLS and a token.")] = False,
+    socket: Annotated[Path | None, typer.Option(help="Also listen on this unix socket (mode 0600) for "
+                                                     "clients on this host. Example: /run/feeder.sock.")] = None,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
     Example: feeder serve --dataset imagenet=/data/shards --port 50051 --metrics-port 9100
+
+    Open to the network: feeder serve --dataset imagenet=/data/shards --bind 0.0.0.0
+    --tls-cert server.pem --tls-key server.key --token-file token
     """
     from feeder.config import ServerConfig
     from feeder.server import serve
@@ -109,6 +122,12 @@ def serve_command(
             metrics_port=metrics_port,
             grace_s=grace_s,
             log_level=log_level,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            token_file=token_file,
+            insecure=insecure,
+            socket_path=socket,
             **extra,
         )
         serve(config)

@@ -60,6 +60,9 @@ class ServerMetrics:
         self.refused = Counter(
             "feeder_streams_refused", "Streams refused by a limit.", ["reason"], registry=r
         )
+        self.unauthenticated = Counter(
+            "feeder_unauthenticated", "Calls refused for a missing or wrong token.", registry=r
+        )
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
@@ -83,6 +86,9 @@ class ServerMetrics:
 
     def stream_refused(self, reason: str) -> None:
         self.refused.labels(reason=reason).inc()
+
+    def unauthenticated_call(self) -> None:
+        self.unauthenticated.inc()
 
     def stream_idle_cancelled(self) -> None:
         self.idle_cancelled.inc()
