@@ -67,10 +67,10 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return _CallDetails(details.method, details.timeout, metadata, details.credentials,
                             getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):  # noqa: ANN001
+    def intercept_unary_unary(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)
 
-    def intercept_unary_stream(self, continuation, client_call_details, request):  # noqa: ANN001
+    def intercept_unary_stream(self, continuation, client_call_details, request):
         return continuation(self._with_token(client_call_details), request)
 
 

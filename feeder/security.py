@@ -89,7 +89,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self._expected = b"Bearer " + token
         self._metrics = metrics
 
-    def intercept_service(self, continuation, handler_call_details):  # noqa: ANN001 - gRPC's signature
+    def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or method.startswith(_OPEN_PREFIX):

@@ -243,7 +243,8 @@ class FeederService:
             for stream, ticket in self._admission.open():
                 idle_s = stream.idle_s()
                 if idle_s > timeout_s:
-                    stream.outcome = f"idle: no batch taken for {idle_s:.1f} s (idle timeout {timeout_s:g} s), cancelled"
+                    stream.outcome = (f"idle: no batch taken for {idle_s:.1f} s "
+                                      f"(idle timeout {timeout_s:g} s), cancelled")
                     self.metrics.stream_idle_cancelled()
                     ticket.cancel()
                     stream.close()

@@ -138,7 +138,7 @@ def _answer(stub, message: feeder_pb2.StreamRequest) -> grpc.StatusCode | int:
                                                                    HealthCheck.too_slow])
 @given(message=stream_requests())
 def test_any_request_gets_batches_or_a_clear_status(fuzz_stub, message):
-    server, stub = fuzz_stub
+    _, stub = fuzz_stub
     answer = _answer(stub, message)
     event(f"answer: {answer.name if isinstance(answer, grpc.StatusCode) else 'batches'}")
     if isinstance(answer, grpc.StatusCode):

@@ -1,5 +1,5 @@
 """An open network: TLS (and mutual TLS), a bearer token checked on every call but
-the health check, loopback unless told otherwise, a owner-only unix socket, and the
+the health check, loopback unless told otherwise, an owner-only unix socket, and the
 metrics endpoint on the service's address."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_calls_without_the_token_are_unauthenticated_but_health_stays_open(daemo
 # -- TLS --------------------------------------------------------------------------------
 
 def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(daemon, certs, token_file):
-    server, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
+    _, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
     with _tls_channel(port, certs) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
@@ -159,7 +159,7 @@ def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(daemon, cert
 
 
 def test_mutual_tls_needs_a_client_certificate_signed_by_the_client_ca(daemon, certs):
-    server, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca)
+    _, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca)
     with _tls_channel(port, certs, client_cert=True) as channel:
         assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
         assert feeder_pb2_grpc.FeederStub(channel).ListDatasets(feeder_pb2.ListDatasetsRequest()).datasets
@@ -173,7 +173,7 @@ def test_mutual_tls_needs_a_client_certificate_signed_by_the_client_ca(daemon, c
 
 def test_unix_socket_is_owner_only_and_serves(daemon, tmp_path):
     path = tmp_path / "feeder.sock"
-    server, _ = daemon(socket_path=path)
+    daemon(socket_path=path)
     mode = os.stat(path).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
     with grpc.insecure_channel(f"unix:{path}", options=OPTIONS) as channel:
@@ -217,7 +217,7 @@ def test_a_peer_at_its_limit_does_not_lock_out_a_client_on_the_socket(daemon, tm
 # -- metrics endpoint -------------------------------------------------------------------
 
 def test_metrics_listen_only_where_the_service_listens(daemon):
-    server, port = daemon(bind="127.0.0.2", metrics_port=0)
+    server, _ = daemon(bind="127.0.0.2", metrics_port=0)
     text = urllib.request.urlopen(f"http://127.0.0.2:{server.metrics_port}/metrics", timeout=5).read()
     assert b"feeder_open_streams" in text
     with pytest.raises(urllib.error.URLError):
@@ -229,9 +229,11 @@ def test_metrics_listen_only_where_the_service_listens(daemon):
 def test_launcher_checks_health_of_a_tls_daemon(shards, certs, token_file):
     options = ("--device", "cpu", "--threads", "1", "--tls-cert", str(certs.server_cert),
                "--tls-key", str(certs.server_key), "--token-file", str(token_file))
-    with DaemonProcess({"sample": shards}, options, tls_root=certs.ca) as daemon:
-        port = int(daemon.address.rsplit(":", 1)[1])
+    daemon = DaemonProcess({"sample": shards}, options, tls_root=certs.ca)
+    port = int(daemon.start().rsplit(":", 1)[1])
+    try:
         with _tls_channel(port, certs) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
             assert stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), metadata=_bearer(TOKEN)).datasets
-    assert daemon.stop() == 0
+    finally:
+        assert daemon.stop() == 0
