@@ -48,11 +48,12 @@ class FeederServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = ServerMetrics()
-        self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
-        self.health = health.HealthServicer()
+        # Files first: a bad certificate or token stops the start before anything runs.
         self._credentials = server_credentials(config)
         interceptors = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
                                                                                 self.metrics)]
+        self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
+        self.health = health.HealthServicer()
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
             interceptors=interceptors,
@@ -134,7 +135,11 @@ def create_server(config: ServerConfig) -> tuple[FeederServer, int]:
         ConfigError: the port cannot be bound.
     """
     server = FeederServer(config)
-    port = server.bind()
+    try:
+        port = server.bind()
+    except ConfigError:
+        server.service.close()
+        raise
     server.start()
     return server, port
 
