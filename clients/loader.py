@@ -6,7 +6,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ class LoaderConfig:
     prefetch_next_epoch: bool = True
     connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)  # never in logs
     tls_root: str | Path | None = None
     tls_cert: str | Path | None = None
     tls_key: str | Path | None = None

@@ -131,3 +131,7 @@ def test_the_trainers_loaders_use_tls_root_and_feeder_token(daemon, certs, monke
         with train, val:
             assert tuple(next(iter(train))[0].shape) == (8, 3, 32, 32)
             assert val is not None and len(val) > 0
+
+
+def test_the_token_stays_out_of_the_configs_repr():
+    assert TOKEN not in repr(LoaderConfig(address="127.0.0.1:1", dataset="sample", token=TOKEN))
