@@ -20,7 +20,11 @@ class TrainConfig:
     """One training run.
 
     Args:
-        server: ``host:port`` of the feeder daemon (optional with synthetic data).
+        server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket
+            (optional with synthetic data). A daemon with a token reads it from the
+            ``FEEDER_TOKEN`` environment variable.
+        tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:
+            plaintext).
         dataset: Dataset name the daemon serves.
         schedule: Path of a schedule TOML file, or a bundled schedule's name.
         arch: torchvision ResNet name.
@@ -50,6 +54,7 @@ class TrainConfig:
     """
 
     server: str = ""
+    tls_root: Path | None = None
     dataset: str = "imagenet"
     schedule: str = "imagenet-fastai"
     arch: str = "resnet50"

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
+from clients.channel import open_channel, resolve_token
 from clients.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
 from clients.distributed import Dist
 from clients.loader import FeederLoader
@@ -23,7 +22,7 @@ def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
     given, ImageNet's otherwise."""
     if not config.server:
         return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
-    with grpc.insecure_channel(config.server) as channel:
+    with open_channel(config.server, (), resolve_token(None), config.tls_root) as channel:
         reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
             feeder_pb2.ListDatasetsRequest(), timeout=30)
     for info in reply.datasets:
@@ -50,7 +49,7 @@ def make_loaders(
     common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
                   seed=config.seed, job_id=f"train-{config.dataset}-{config.seed}",
                   prefetch_batches=config.prefetch_batches,
-                  reconnect_timeout_s=config.reconnect_timeout_s)
+                  reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(
         config.server, config.dataset, split=config.train_split, batch_size=first.batch_size,
         image_size=first.image_size, last_batch="drop", return_keys=config.visit_log is not None, augment="train",

@@ -26,7 +26,9 @@ from core.errors import (
     FeederError,
     InvalidArgument,
     NotFound,
+    ResourceExhausted,
     ServiceUnavailable,
+    Unauthenticated,
 )
 from protos import feeder_pb2
 
@@ -46,6 +48,8 @@ _ERRORS: dict[grpc.StatusCode, type[FeederError]] = {
     grpc.StatusCode.DATA_LOSS: DataError,
     grpc.StatusCode.FAILED_PRECONDITION: ConfigError,
     grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 _END = object()  # queued after the last batch of a stream
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end

@@ -7,13 +7,15 @@ import os
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
 import numpy as np
 import torch
 
+from clients.channel import check_token, open_channel, resolve_token
 from clients.fetcher import HostBatch, StreamFetcher, error_from_rpc
 from clients.position import Position, Positioned
 from clients.transfer import DeviceTransfer
@@ -72,7 +74,7 @@ class LoaderConfig:
     once here.
 
     Args:
-        address: ``host:port`` of the daemon.
+        address: ``host:port`` of the daemon, or ``unix:/path`` of its socket.
         dataset: Name of a dataset the daemon serves.
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
@@ -103,6 +105,14 @@ class LoaderConfig:
             stopped sending without ending the stream); counted in ``reconnects``.
             It also bounds the wait for a stream's first batch, which includes the
             daemon building its pipeline, hence the generous default.
+        token: The daemon's token (its ``--token-file``), sent with every call as
+            ``authorization: Bearer <token>``; None: the ``FEEDER_TOKEN`` environment
+            variable, read when the loader is created, if it is set.
+        tls_root: PEM file of the CA that signed the daemon's TLS certificate; None:
+            plaintext.
+        tls_cert: This client's PEM certificate, for a daemon that requires one
+            (``--tls-client-ca``); with ``tls_key`` and ``tls_root``.
+        tls_key: Private key of ``tls_cert``.
     """
 
     address: str
@@ -128,6 +138,10 @@ class LoaderConfig:
     connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
     stall_timeout_s: float = 120.0
+    token: str | None = field(default=None, repr=False)  # never in logs
+    tls_root: str | Path | None = None
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.last_batch not in _LAST_BATCH:
@@ -142,6 +156,12 @@ class LoaderConfig:
         _check_batch_size(self.batch_size)
         _check_image_size(self.image_size)
         _check_min_scale(self.min_scale)
+        if self.token is not None:
+            check_token(self.token)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key: give both or neither")
+        if self.tls_cert is not None and self.tls_root is None:
+            raise ConfigError("tls_root: a client certificate needs TLS (give the daemon's CA as tls_root)")
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -165,11 +185,11 @@ class _Connection:
     to the loader, so a finalizer of the loader can own it.
 
     Args:
-        address: ``host:port`` of the daemon.
+        channel: the open channel to the daemon.
     """
 
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
         self.stub = feeder_pb2_grpc.FeederStub(self.channel)
         self.fetcher: StreamFetcher | None = None
         self.successor: StreamFetcher | None = None  # opened ahead of a planned size change
@@ -192,11 +212,12 @@ class FeederLoader(Positioned):
     iterating yields the rest of the current epoch, then moves to the next one.
 
     Args:
-        address: ``host:port`` of the daemon.
+        address: ``host:port`` of the daemon, or ``unix:/path`` of its socket.
         dataset: Name of a dataset the daemon serves.
         options: the other fields of :class:`LoaderConfig` by name (``split``,
             ``batch_size``, ``image_size``, ``seed``, ``rank``, ``world_size``,
-            ``device``, ``normalize``, ...), each documented there.
+            ``device``, ``normalize``, ``token``, ``tls_root``, ...), each
+            documented there.
 
     Raises:
         ServiceUnavailable: The daemon cannot be reached within ``connect_timeout_s``.
@@ -219,7 +240,9 @@ class FeederLoader(Positioned):
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
         self._batch_size, self._image_size = config.batch_size, config.image_size
         self._min_scale = config.min_scale
-        self._connection = _Connection(address)
+        channel = open_channel(address, _CHANNEL_OPTIONS, resolve_token(config.token),
+                               config.tls_root, config.tls_cert, config.tls_key)
+        self._connection = _Connection(channel)
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._connection.release)
         self.num_samples, self.classes = self._describe(config.connect_timeout_s)

@@ -15,7 +15,9 @@ __all__ = [
     "FeederError",
     "InvalidArgument",
     "NotFound",
+    "ResourceExhausted",
     "ServiceUnavailable",
+    "Unauthenticated",
     "cli_message",
     "grpc_code",
 ]
@@ -45,12 +47,23 @@ class ServiceUnavailable(FeederError):
     """A daemon that cannot be reached, or is shutting down."""
 
 
+class ResourceExhausted(FeederError):
+    """A request the daemon refuses because it would pass one of its budgets (memory,
+    streams per peer); the message names the budget and what the request needs."""
+
+
+class Unauthenticated(FeederError):
+    """A call without the daemon's token, or with a wrong one."""
+
+
 _GRPC_CODES: dict[type[FeederError], grpc.StatusCode] = {
     ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
     DataError: grpc.StatusCode.DATA_LOSS,
     ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
     FeederError: grpc.StatusCode.INTERNAL,
 }
 
@@ -60,6 +73,8 @@ _CLI_PREFIXES: dict[type[FeederError], str] = {
     NotFound: "not found",
     DataError: "bad data",
     ServiceUnavailable: "unavailable",
+    ResourceExhausted: "over budget",
+    Unauthenticated: "not authenticated",
     FeederError: "error",
 }
 

@@ -9,7 +9,9 @@ import typer
 
 from core.cli import run_command
 
-__all__ = ["parse_datasets", "register"]
+__all__ = ["parse_bytes", "parse_datasets", "register"]
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_datasets(values: list[str]) -> dict[str, Path]:
@@ -31,6 +33,28 @@ def parse_datasets(values: list[str]) -> dict[str, Path]:
     return datasets
 
 
+def parse_bytes(text: str, option: str) -> int:
+    """``"8G"`` -> 8 GiB in bytes. Units K, M, G, T are powers of 1024 (``B``, ``iB``
+    after them are accepted); a bare number is bytes.
+
+    Raises:
+        ConfigError: not a positive size (the message names ``option``).
+    """
+    import math
+
+    from core.errors import ConfigError
+
+    number = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = number[-1:] if number[-1:] in _UNITS else ""
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 1):
+        raise ConfigError(f"{option} {text!r}: expected a size such as 8G, 512M or 1073741824")
+    return int(value)
+
+
 def serve_command(
     ctx: typer.Context,
     dataset: Annotated[
@@ -43,8 +67,17 @@ def serve_command(
     threads: Annotated[int | None, typer.Option(help="DALI CPU threads per pipeline [default: CPUs, at most 8].")] = None,
     prefetch: Annotated[int, typer.Option(help="Pipeline runs in flight per stream.")] = 2,
     queue_batches: Annotated[int, typer.Option(help="Ready batches buffered per stream.")] = 4,
+    queue_bytes: Annotated[str, typer.Option(help="Bytes of ready batches buffered per stream (one batch "
+                                                  "always fits). Example: 512M.")] = "256M",
     max_batch_size: Annotated[int, typer.Option(help="Largest batch a client may ask for.")] = 1024,
     max_streams: Annotated[int, typer.Option(help="Streams open at once; more are refused.")] = 64,
+    max_streams_per_peer: Annotated[int, typer.Option(help="Streams one client host may hold open (all "
+                                                           "unix-socket clients count as one).")] = 32,
+    max_memory: Annotated[str | None, typer.Option(help="Memory budget of all streams, each estimated from its "
+                                                        "request; past it new streams are refused. Example: 8G.",
+                                                   show_default="half of physical memory")] = None,
+    idle_timeout_s: Annotated[float, typer.Option(help="Cancel a stream whose client has taken no batch for "
+                                                       "this many seconds.")] = 600.0,
     metrics_port: Annotated[int | None, typer.Option(help="Prometheus /metrics port (0: any free one).")] = None,
     grace_s: Annotated[float, typer.Option(help="Seconds in-flight streams get on SIGTERM.")] = 5.0,
     log_level: Annotated[str, typer.Option(help="debug, info (a line per stream opened and closed), "
@@ -52,16 +85,31 @@ def serve_command(
     antialias: Annotated[bool, typer.Option(
         help="Default resize filter of streams that choose none: antialiased bilinear (torchvision's PIL "
         "path) instead of plain bilinear (tf.data's; about 1.75x the images/s on the CPU).")] = False,
+    tls_cert: Annotated[Path | None, typer.Option(help="PEM certificate of the gRPC port (TLS only, with "
+                                                       "--tls-key).")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(help="PEM CA: clients must present a certificate it "
+                                                            "signed (mutual TLS).")] = None,
+    token_file: Annotated[Path | None, typer.Option(help="File with a token every call but the health check "
+                                                         "must send as 'authorization: Bearer <token>'.")] = None,
+    insecure: Annotated[bool, typer.Option(help="Allow a non-loopback --bind without TLS and a token.")] = False,
+    socket: Annotated[Path | None, typer.Option(help="Also listen on this unix socket (mode 0600) for "
+                                                     "clients on this host. Example: /run/feeder.sock.")] = None,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
     Example: feeder serve --dataset imagenet=/data/shards --port 50051 --metrics-port 9100
+
+    Open to the network: feeder serve --dataset imagenet=/data/shards --bind 0.0.0.0
+    --tls-cert server.pem --tls-key server.key --token-file token
     """
     from feeder.config import ServerConfig
     from feeder.server import serve
 
     def run() -> None:
-        extra = {} if threads is None else {"threads": threads}
+        extra: dict[str, int] = {} if threads is None else {"threads": threads}
+        if max_memory is not None:
+            extra["max_memory_bytes"] = parse_bytes(max_memory, "--max-memory")
         config = ServerConfig(
             datasets=parse_datasets(dataset),
             port=port,
@@ -69,12 +117,21 @@ def serve_command(
             device=device,
             prefetch=prefetch,
             queue_batches=queue_batches,
+            queue_bytes=parse_bytes(queue_bytes, "--queue-bytes"),
             max_batch_size=max_batch_size,
             max_streams=max_streams,
+            max_streams_per_peer=max_streams_per_peer,
+            idle_timeout_s=idle_timeout_s,
             metrics_port=metrics_port,
             grace_s=grace_s,
             log_level=log_level,
             antialias=antialias,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
+            token_file=token_file,
+            insecure=insecure,
+            socket_path=socket,
             **extra,
         )
         serve(config)

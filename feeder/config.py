@@ -3,6 +3,7 @@ passed down."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from core.errors import ConfigError
 
-__all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig"]
+__all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig", "is_loopback"]
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -18,6 +19,22 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 def _default_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1); a host
+    name is not resolved, so any other name counts as reachable from outside."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _default_memory_bytes() -> int:
+    """Half of this machine's physical memory: the rest is the training job's."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
 
 
 @dataclass(frozen=True)
@@ -28,13 +45,25 @@ class ServerConfig:
         datasets: dataset name -> shard directory (made by ``feeder shard``). Clients
             ask by name; they can never make the daemon open another path.
         port: TCP port to listen on; 0 picks any free port.
-        bind: address to bind; loopback by default.
+        bind: address to bind; loopback by default. Any other address needs TLS and a
+            token (``tls_cert``, ``tls_key``, ``token_file``) or ``insecure``. The
+            metrics endpoint binds here too.
         device: ``auto`` (GPU when CUDA is available), ``cpu`` or ``gpu``.
         threads: DALI CPU worker threads per pipeline.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
+        queue_bytes: bytes of ready batches buffered per stream, a second bound beside
+            ``queue_batches`` (one batch is always let through, however large).
         max_batch_size: largest batch a request may ask for.
         max_streams: streams open at once; more are refused as unavailable.
+        max_streams_per_peer: streams one client host may hold open (all unix-socket
+            clients count as one peer); more are refused as resource exhausted.
+        max_memory_bytes: memory budget of all open streams together, each estimated
+            from its request (see ``feeder.admission.stream_need_bytes``); a stream
+            that would pass it is refused as resource exhausted. Default: half of
+            physical memory.
+        idle_timeout_s: a stream whose client has taken no batch for this long is
+            cancelled and its memory freed.
         metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one).
@@ -42,6 +71,16 @@ class ServerConfig:
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
+        tls_cert: PEM certificate (chain) of the gRPC port; with ``tls_key``, the port
+            speaks TLS only.
+        tls_key: PEM private key of ``tls_cert``.
+        tls_client_ca: PEM CA certificates; when given, clients must present a
+            certificate signed by one of them (mutual TLS).
+        token_file: file holding a token every call but the health check must carry
+            as ``authorization: Bearer <token>`` metadata.
+        insecure: allow a non-loopback ``bind`` without TLS and a token.
+        socket_path: also listen on this unix socket (created owner-only, mode 0600;
+            no TLS on it, the token still applies).
     """
 
     datasets: Mapping[str, Path]
@@ -51,13 +90,23 @@ class ServerConfig:
     threads: int = field(default_factory=_default_threads)
     prefetch: int = 2
     queue_batches: int = 4
+    queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
     max_streams: int = 64
+    max_streams_per_peer: int = 32
+    max_memory_bytes: int = field(default_factory=_default_memory_bytes)
+    idle_timeout_s: float = 600.0
     metrics_port: int | None = None
     grace_s: float = 5.0
     rpc_threads: int = 0
     log_level: str = "info"
     antialias: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    token_file: Path | None = None
+    insecure: bool = False
+    socket_path: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -71,15 +120,32 @@ class ServerConfig:
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
-        for name in ("threads", "prefetch", "queue_batches", "max_batch_size", "max_streams"):
+        for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
+                     "max_streams_per_peer", "max_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.idle_timeout_s > 0:
+            raise ConfigError(f"idle_timeout_s: must be > 0, got {self.idle_timeout_s}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: must be >= 0, got {self.grace_s}")
         if self.log_level not in LOG_LEVELS:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
+        self._check_security()
+
+    def _check_security(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            missing = "tls_key" if self.tls_key is None else "tls_cert"
+            raise ConfigError(f"{missing}: TLS needs both --tls-cert and --tls-key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("tls_client_ca: mutual TLS needs --tls-cert and --tls-key as well")
+        protected = self.tls_cert is not None and self.token_file is not None
+        if not (is_loopback(self.bind) or protected or self.insecure):
+            raise ConfigError(
+                f"bind: {self.bind} is not a loopback address; serving it needs --tls-cert, --tls-key and "
+                "--token-file (or --insecure to serve it without)"
+            )
 
     @property
     def worker_threads(self) -> int:

@@ -34,6 +34,8 @@ class DaemonProcess:
         start_timeout_s: how long opening the shards and binding may take.
         stop_timeout_s: how long the daemon gets to exit after SIGTERM before SIGKILL.
         cwd: working directory of the child.
+        tls_root: PEM file of the CA that signed the daemon's ``--tls-cert``, for the
+            health check of a daemon serving TLS (the health check needs no token).
 
     Attributes:
         address: ``host:port`` it listens on, once started.
@@ -47,6 +49,7 @@ class DaemonProcess:
         start_timeout_s: float = 120.0,
         stop_timeout_s: float = 30.0,
         cwd: Path | None = None,
+        tls_root: Path | None = None,
     ) -> None:
         self.command = [sys.executable, "-m", "feeder", "serve", "--port", "0"]
         for name, path in datasets.items():
@@ -56,6 +59,7 @@ class DaemonProcess:
         self._echo = echo
         self._start_timeout_s, self._stop_timeout_s = start_timeout_s, stop_timeout_s
         self._cwd = cwd
+        self._tls_root = tls_root
         self._log: deque[str] = deque(maxlen=_LOG_LINES)
         self._proc: subprocess.Popen[str] | None = None
 
@@ -95,8 +99,14 @@ class DaemonProcess:
                 ready.set()
         ready.set()  # exited before it was ready
 
+    def _channel(self) -> grpc.Channel:
+        if self._tls_root is None:
+            return grpc.insecure_channel(self.address)
+        credentials = grpc.ssl_channel_credentials(Path(self._tls_root).read_bytes())
+        return grpc.secure_channel(self.address, credentials)
+
     def _wait_healthy(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        with self._channel() as channel:
             try:
                 reply = health_pb2_grpc.HealthStub(channel).Check(
                     health_pb2.HealthCheckRequest(), timeout=self._start_timeout_s, wait_for_ready=True)

@@ -52,6 +52,20 @@ class ServerMetrics:
         )
         self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
         self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
+        self.queued_bytes = Gauge("feeder_queued_bytes", "Bytes of ready batches in stream queues.", registry=r)
+        self.reserved = Gauge(
+            "feeder_reserved_bytes", "Estimated memory of the open streams (see --max-memory).", registry=r
+        )
+        self.memory_budget = Gauge("feeder_memory_budget_bytes", "The --max-memory budget.", registry=r)
+        self.refused = Counter(
+            "feeder_streams_refused", "Streams refused by a limit.", ["reason"], registry=r
+        )
+        self.unauthenticated = Counter(
+            "feeder_unauthenticated", "Calls refused for a missing or wrong token.", registry=r
+        )
+        self.idle_cancelled = Counter(
+            "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
+        )
         self.stage_s = Histogram(
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
             buckets=_STAGE_BUCKETS_S, registry=r,
@@ -69,6 +83,15 @@ class ServerMetrics:
     def stream_closed(self) -> None:
         self._add(open=-1)
         self.open_streams.dec()
+
+    def stream_refused(self, reason: str) -> None:
+        self.refused.labels(reason=reason).inc()
+
+    def unauthenticated_call(self) -> None:
+        self.unauthenticated.inc()
+
+    def stream_idle_cancelled(self) -> None:
+        self.idle_cancelled.inc()
 
     def batch_sent(self, images: int, nbytes: int) -> None:
         self._add(images=images, batches=1, bytes=nbytes)

@@ -23,6 +23,7 @@ from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import Job, PipelineRunner
 from feeder.plan import BatchSlice
+from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
 
 __all__ = ["BatchStream", "ReadyBatch"]
@@ -55,6 +56,7 @@ class StreamContext:
     image_size: int
     samples_per_rank: int
     queue_batches: int
+    queue_bytes: int
     kind: AugmentKind = AugmentKind.TRAIN
     seed: int = 0
     crop: CropRange = CropRange()
@@ -82,7 +84,7 @@ class BatchStream:
         self._slices = slices
         self._metrics = metrics
         self._on_close = on_close
-        self._queue: queue.Queue = queue.Queue(maxsize=context.queue_batches)
+        self._queue = ReadyQueue(context.queue_batches, context.queue_bytes, metrics.queued_bytes)
         self._stop = threading.Event()
         self._healthy = True
         self._read_s = 0.0  # total seconds spent reading, to separate it from decoding
@@ -90,6 +92,8 @@ class BatchStream:
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
         self.opened_s = time.monotonic()
+        # When the consumer last took a batch; None while it waits for the next one.
+        self._taken_s: float | None = self.opened_s
         self.samples_sent = self.batches_sent = 0
         self.outcome = "cancelled"  # until the stream ends by itself or by an error
 
@@ -101,9 +105,17 @@ class BatchStream:
                 self._thread.start()
         return self
 
+    def idle_s(self) -> float:
+        """Seconds since the consumer took its last batch without coming back for
+        another (0 while it waits for one: then the producer is the slow side)."""
+        taken = self._taken_s
+        return 0.0 if taken is None else time.monotonic() - taken
+
     def __iter__(self) -> Iterator[ReadyBatch]:
         while True:
+            self._taken_s = None
             item = self._get()
+            self._taken_s = time.monotonic()
             if item is _END:
                 if not self._stop.is_set():
                     self.outcome = "finished"

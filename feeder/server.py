@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from core.errors import ConfigError
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
+from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
@@ -47,10 +48,15 @@ class FeederServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.metrics = ServerMetrics()
+        # Files first: a bad certificate or token stops the start before anything runs.
+        self._credentials = server_credentials(config)
+        interceptors = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
+                                                                                self.metrics)]
         self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
+            interceptors=interceptors,
             options=[("grpc.so_reuseport", 0)],
         )
         add_to_server(FeederServicer(self.service), self._grpc)
@@ -62,14 +68,20 @@ class FeederServer:
         self.metrics_port: int | None = None
 
     def bind(self) -> int:
-        """Listen on the configured address; returns the bound port."""
+        """Listen on the configured address (TLS when configured) and unix socket;
+        returns the bound port."""
         address = format_address(self.config.bind, self.config.port)
         try:
-            port = self._grpc.add_insecure_port(address)
+            if self._credentials is None:
+                port = self._grpc.add_insecure_port(address)
+            else:
+                port = self._grpc.add_secure_port(address, self._credentials)
         except RuntimeError as e:
             raise ConfigError(f"port: cannot listen on {address} ({e})") from e
         if port == 0:
             raise ConfigError(f"port: cannot listen on {address}")
+        if self.config.socket_path is not None:
+            listen_on_socket(self._grpc, self.config.socket_path)
         if self.config.metrics_port is not None:
             try:
                 self._http, self.metrics_port = self.metrics.serve_http(
@@ -123,7 +135,11 @@ def create_server(config: ServerConfig) -> tuple[FeederServer, int]:
         ConfigError: the port cannot be bound.
     """
     server = FeederServer(config)
-    port = server.bind()
+    try:
+        port = server.bind()
+    except ConfigError:
+        server.service.close()
+        raise
     server.start()
     return server, port
 
@@ -144,6 +160,12 @@ def serve(config: ServerConfig) -> None:
              server.service.device)
     if server.metrics_port is not None:
         log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
+    log.info("gRPC port: %s, %s; budget %.1f GiB, %d streams per peer, idle timeout %g s",
+             "TLS" + (" with client certificates" if config.tls_client_ca else "") if config.tls_cert else "plaintext",
+             "token required" if config.token_file else "no token", config.max_memory_bytes / (1 << 30),
+             config.max_streams_per_peer, config.idle_timeout_s)
+    if config.socket_path is not None:
+        log.info("also serving on unix:%s (mode 0600)", config.socket_path)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -7,7 +7,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +16,8 @@ from core.errors import (
     FeederError,
     InvalidArgument,
     NotFound,
-    ServiceUnavailable,
 )
+from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
@@ -126,39 +126,46 @@ class FeederService:
         self.metrics = metrics
         self.device = resolve_device(config.device)
         self.pool = PipelinePool()
-        self._streams: set[BatchStream] = set()
-        self._lock = threading.Lock()
-        self._accepting = True
+        self._admission: Admission[BatchStream] = Admission(config, metrics)
         self._numbers = itertools.count(1)
-        self._described: dict[BatchStream, str] = {}
+        self._closed = threading.Event()
+        threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
 
-    def open_stream(self, spec: StreamSpec) -> BatchStream:
-        """Check ``spec``, plan its batches and start a producer.
+    def open_stream(self, spec: StreamSpec, cancel: Callable[[], None] = lambda: None) -> BatchStream:
+        """Check ``spec``, admit it against the daemon's limits, plan its batches and
+        start a producer.
+
+        Args:
+            spec: the request.
+            cancel: ends the client's call; used when the daemon ends the stream on
+                its own (idle timeout).
 
         Raises:
             NotFound: unknown dataset or split.
             InvalidArgument: a field out of range (the message names it).
             ServiceUnavailable: shutting down, or ``max_streams`` already open.
+            ResourceExhausted: its peer's stream limit or the memory budget is reached.
         """
         split = self._split(spec)
         self._check_sizes(spec)
         part = self._part(spec, split, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         slices = self._slices(spec, split, part)
+        peer, need = peer_key(spec.peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
+        self._admission.check(peer, need)  # before building anything for a refused stream
         try:
             runner = self.pool.acquire(self._pipeline_spec(spec))
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         context = StreamContext(
-            split, runner, spec.image_size, len(part), self.config.queue_batches,
+            split, runner, spec.image_size, len(part), self.config.queue_batches, self.config.queue_bytes,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
-        self._admit(stream, runner)
-        number = next(self._numbers)
-        self._described[stream] = f"stream {number} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
+        name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
+        self._admit(stream, runner, Ticket(name, peer, need, cancel))
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d",
-                 self._described[stream], spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
+                 name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
                  spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1)
         return stream.start()
 
@@ -215,45 +222,47 @@ class FeederService:
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
         )
 
-    def _admit(self, stream: BatchStream, runner: PipelineRunner) -> None:
-        with self._lock:
-            refused = None
-            if not self._accepting:
-                refused = "daemon is shutting down"
-            elif len(self._streams) >= self.config.max_streams:
-                refused = f"max_streams: {self.config.max_streams} streams already open"
-            if refused is None:
-                self._streams.add(stream)
-        if refused is not None:
+    def _admit(self, stream: BatchStream, runner: PipelineRunner, ticket: Ticket) -> None:
+        try:
+            self._admission.admit(stream, ticket)
+        except FeederError:
             self.pool.release(runner)
-            raise ServiceUnavailable(refused)
+            raise
         self.metrics.stream_opened()
 
     def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
-        with self._lock:
-            self._streams.discard(stream)
-            described = self._described.pop(stream, "stream")
-        level = logging.WARNING if stream.outcome.startswith("failed") else logging.INFO
-        log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", described, stream.outcome,
-                stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
+        ticket = self._admission.release(stream)
+        level = logging.WARNING if stream.outcome.startswith(("failed", "idle")) else logging.INFO
+        log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", ticket.name if ticket else "stream",
+                stream.outcome, stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
         self.pool.release(runner, healthy)
         self.metrics.stream_closed()
 
+    def _cancel_idle_streams(self) -> None:
+        """Until closed: cancel streams whose client took no batch for ``idle_timeout_s``."""
+        timeout_s = self.config.idle_timeout_s
+        while not self._closed.wait(min(1.0, timeout_s / 4)):
+            for stream, ticket in self._admission.open():
+                idle_s = stream.idle_s()
+                if idle_s > timeout_s:
+                    stream.outcome = (f"idle: no batch taken for {idle_s:.1f} s "
+                                      f"(idle timeout {timeout_s:g} s), cancelled")
+                    self.metrics.stream_idle_cancelled()
+                    ticket.cancel()
+                    stream.close()
+
     def open_streams(self) -> int:
         """Streams open now."""
-        with self._lock:
-            return len(self._streams)
+        return len(self._admission)
 
     def stop_accepting(self) -> None:
         """Refuse new streams from now on (shutdown has begun)."""
-        with self._lock:
-            self._accepting = False
+        self._admission.stop_accepting()
 
     def close(self) -> None:
         """Stop accepting, close every open stream, drop idle pipelines."""
         self.stop_accepting()
-        with self._lock:
-            streams = list(self._streams)
-        for stream in streams:
+        self._closed.set()
+        for stream, _ in self._admission.open():
             stream.close()
         self.pool.close()

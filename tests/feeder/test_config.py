@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from feeder.commands import parse_datasets
+from feeder.commands import parse_bytes, parse_datasets
 from feeder.config import ServerConfig
 
 OK = {"datasets": {"d": Path("/x")}}
@@ -25,6 +25,11 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"queue_batches": 0}, "queue_batches"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"grace_s": -1.0}, "grace_s"),
+        ({"queue_bytes": 0}, "queue_bytes"),
+        ({"max_streams_per_peer": 0}, "max_streams_per_peer"),
+        ({"max_memory_bytes": 0}, "max_memory_bytes"),
+        ({"idle_timeout_s": 0.0}, "idle_timeout_s"),
+        ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):
@@ -43,3 +48,33 @@ def test_parse_datasets():
     for bad in (["nopath"], ["=x"], ["a=x", "a=y"]):
         with pytest.raises(ConfigError, match="--dataset"):
             parse_datasets(bad)
+
+
+@pytest.mark.parametrize("text,value", [
+    ("8G", 8 << 30), ("8g", 8 << 30), ("512M", 512 << 20), ("1.5G", 3 << 29), ("64K", 64 << 10),
+    ("1T", 1 << 40), ("1000", 1000), ("2GiB", 2 << 30), ("300MB", 300 << 20),
+])
+def test_parse_bytes(text, value):
+    assert parse_bytes(text, "--max-memory") == value
+
+
+@pytest.mark.parametrize("text", ["", "G", "-1G", "8X", "nanG", "infG", "1e400"])
+def test_parse_bytes_refuses_what_is_not_a_size(text):
+    with pytest.raises(ConfigError, match="--max-memory"):
+        parse_bytes(text, "--max-memory")
+
+
+def test_budget_defaults():
+    config = ServerConfig(**OK)
+    assert 0 < config.max_memory_bytes and config.max_streams_per_peer < config.max_streams
+    assert config.idle_timeout_s > 0 and config.queue_bytes > 0
+
+
+def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from feeder.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory", "8X"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "feeder: error: --max-memory '8X': expected a size such as 8G, 512M or 1073741824"

@@ -27,14 +27,19 @@ def test_encoded_batch_parses_as_the_protobuf_message(shape):
     assert np.array_equal(pixels, batch.images)
 
 
+def _request(**fields) -> feeder_pb2.StreamRequest:
+    return feeder_pb2.StreamRequest(**(dict(world_size=1, batch_size=4, image_size=32) | fields))
+
+
 def test_stream_spec_maps_enums_and_crop_defaults():
-    spec = stream_spec(feeder_pb2.StreamRequest(
+    spec = stream_spec(_request(
         dataset="d", split="val", last_batch=feeder_pb2.LAST_BATCH_PAD, augment=feeder_pb2.AUGMENT_TRAIN,
         min_scale=0.25,
     ))
     assert spec.last_batch is LastBatch.PAD and spec.kind is AugmentKind.TRAIN
     assert spec.crop == CropRange(min_scale=0.25)
-    assert stream_spec(feeder_pb2.StreamRequest(split="train")).kind is AugmentKind.TRAIN
-    assert stream_spec(feeder_pb2.StreamRequest(split="val")).kind is AugmentKind.VAL
+    assert stream_spec(_request(split="train")).kind is AugmentKind.TRAIN
+    assert stream_spec(_request(split="val")).kind is AugmentKind.VAL
+    assert stream_spec(_request(epochs=0)).epochs == 1
     with pytest.raises(InvalidArgument, match="augment"):
-        stream_spec(feeder_pb2.StreamRequest(augment=9))
+        stream_spec(_request(augment=9))

@@ -1,0 +1,115 @@
+"""The loader's connection to a daemon: plaintext or TLS (mutual TLS with a client
+certificate), to ``host:port`` or ``unix:/path``, with the daemon's token sent on
+every call as ``authorization: Bearer <token>`` metadata."""
+
+from __future__ import annotations
+
+import collections
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from core.errors import ConfigError
+
+__all__ = ["TOKEN_ENV", "check_token", "open_channel", "resolve_token"]
+
+TOKEN_ENV = "FEEDER_TOKEN"
+
+
+def check_token(token: str, source: str = "token") -> None:
+    """Refuse a token gRPC metadata cannot carry (empty, or not printable ASCII).
+
+    Raises:
+        ConfigError: naming ``source``.
+    """
+    if not token:
+        raise ConfigError(f"{source}: empty")
+    if not all(" " < c <= "~" for c in token):
+        raise ConfigError(f"{source}: must be printable ASCII without spaces")
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``token`` as given, else the ``FEEDER_TOKEN`` environment variable (read now),
+    else None.
+
+    Raises:
+        ConfigError: ``FEEDER_TOKEN`` is set to something that is not a token.
+    """
+    if token is not None:
+        return token
+    found = os.environ.get(TOKEN_ENV)
+    if found is None:
+        return None
+    found = found.strip()
+    check_token(found, TOKEN_ENV)
+    return found
+
+
+class _CallDetails(
+    collections.namedtuple("_CallDetails", ("method", "timeout", "metadata", "credentials", "wait_for_ready",
+                                            "compression")),
+    grpc.ClientCallDetails,
+):
+    """Concrete call details (grpc only defines the interface)."""
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds ``authorization: Bearer <token>`` to every call."""
+
+    def __init__(self, token: str) -> None:
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
+        metadata = [*(details.metadata or ()), self._header]
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            getattr(details, "wait_for_ready", None), getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+
+def _read(option: str, path: str | Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot read {path} ({e.strerror})") from e
+
+
+def open_channel(
+    address: str,
+    options: Sequence[tuple[str, Any]],
+    token: str | None = None,
+    tls_root: str | Path | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+) -> grpc.Channel:
+    """A channel to the daemon at ``address`` (``host:port`` or ``unix:/path``).
+
+    Args:
+        address: where the daemon listens.
+        options: gRPC channel options.
+        token: sent with every call, if given.
+        tls_root: PEM CA certificate(s) that signed the daemon's certificate; None:
+            plaintext.
+        tls_cert: this client's PEM certificate (mutual TLS), with ``tls_key``.
+        tls_key: the private key of ``tls_cert``.
+
+    Raises:
+        ConfigError: a certificate or key file cannot be read.
+    """
+    if tls_root is None:
+        channel = grpc.insecure_channel(address, options=list(options))
+    else:
+        key = None if tls_key is None else _read("tls_key", tls_key)
+        cert = None if tls_cert is None else _read("tls_cert", tls_cert)
+        credentials = grpc.ssl_channel_credentials(_read("tls_root", tls_root), key, cert)
+        channel = grpc.secure_channel(address, credentials, options=list(options))
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel

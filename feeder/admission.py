@@ -1,0 +1,176 @@
+"""Which streams the daemon lets in: at most ``max_streams`` in all, at most
+``max_streams_per_peer`` from one client host, and only while the estimated memory
+of every open stream stays within ``max_memory_bytes``.
+
+The memory of a stream is estimated from its request before anything is built (see
+:func:`stream_need_bytes`); the estimate is reserved while the stream is open and
+given back when it closes. Idle pipelines kept by the pool for reuse are not part of
+any stream's estimate.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from core.errors import ResourceExhausted, ServiceUnavailable
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+
+__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Ticket", "peer_key", "stream_need_bytes"]
+
+# One source photo decoded to RGB before it is cropped and resized: 500 x 400 px,
+# a little above ImageNet's mean (about 400 x 350), so typical batches fit.
+DECODED_SAMPLE_BYTES = 500 * 400 * 3
+# Batches a stream holds besides its ready queue: the one its producer waits to
+# queue, the one being sent, and that one's serialized copy.
+_HELD_BATCHES = 3
+_MIB = 1 << 20
+
+Stream = TypeVar("Stream", bound=Hashable)
+
+
+def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) -> int:
+    """Estimated peak memory of one stream, in bytes.
+
+    ``batch`` is one output batch (``batch_size x image_size^2 x 3`` bytes, uint8):
+
+    - the ready queue: ``queue_batches`` batches, fewer if ``queue_bytes`` holds fewer
+      (never less than one);
+    - three more batches held outside the queue (see ``_HELD_BATCHES``);
+    - the pipeline's ``prefetch`` runs in flight, each holding per sample one decoded
+      source photo (``DECODED_SAMPLE_BYTES``) and two output-sized images (resize
+      and crop/flip output).
+    """
+    image = image_size * image_size * 3
+    batch = batch_size * image
+    queued = min(config.queue_batches, max(1, config.queue_bytes // batch))
+    pipeline = config.prefetch * batch_size * (DECODED_SAMPLE_BYTES + 2 * image)
+    return (queued + _HELD_BATCHES) * batch + pipeline
+
+
+def peer_key(peer: str) -> str:
+    """The client host of a gRPC peer string (``ipv4:10.0.0.1:5123`` ->
+    ``ipv4:10.0.0.1``): streams are counted per host, not per connection. Every
+    unix-socket client is one peer ``unix`` (the socket is owner-only, so that is one
+    user); ``""`` (a caller without gRPC) is ``local``."""
+    if not peer:
+        return "local"
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return "unix"
+    host = urllib.parse.unquote(address).rpartition(":")[0].strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return f"{kind}:{host}"
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return f"ipv4:{ip}" if ip.version == 4 else f"ipv6:[{ip}]"
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """What an admitted stream holds.
+
+    Attributes:
+        name: how the log names the stream.
+        peer: its client host (:func:`peer_key`).
+        need_bytes: its reserved memory estimate.
+        cancel: ends the stream's call from the daemon's side (idle timeout).
+    """
+
+    name: str
+    peer: str
+    need_bytes: int
+    cancel: Callable[[], None]
+
+
+class Admission(Generic[Stream]):
+    """The open streams and the budgets they are admitted against. Thread-safe.
+
+    Args:
+        config: the limits (``max_streams``, ``max_streams_per_peer``,
+            ``max_memory_bytes``).
+        metrics: where refusals and reserved bytes are counted.
+    """
+
+    def __init__(self, config: ServerConfig, metrics: ServerMetrics) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._open: dict[Stream, Ticket] = {}
+        self._per_peer: Counter[str] = Counter()
+        self._reserved_bytes = 0
+        self._accepting = True
+        self._lock = threading.Lock()
+        metrics.memory_budget.set(config.max_memory_bytes)
+
+    def check(self, peer: str, need_bytes: int) -> None:
+        """Raise what :meth:`admit` would raise now (to refuse before building)."""
+        with self._lock:
+            self._refuse_if_over(peer, need_bytes)
+
+    def admit(self, stream: Stream, ticket: Ticket) -> None:
+        """Register ``stream``.
+
+        Raises:
+            ServiceUnavailable: shutting down, or ``max_streams`` open.
+            ResourceExhausted: its peer's limit or the memory budget would be passed.
+        """
+        with self._lock:
+            self._refuse_if_over(ticket.peer, ticket.need_bytes)
+            self._open[stream] = ticket
+            self._per_peer[ticket.peer] += 1
+            self._reserved_bytes += ticket.need_bytes
+            self._metrics.reserved.set(self._reserved_bytes)
+
+    def release(self, stream: Stream) -> Ticket | None:
+        """Forget ``stream`` and give back what it reserved; its ticket, if it had one."""
+        with self._lock:
+            ticket = self._open.pop(stream, None)
+            if ticket is not None:
+                self._per_peer[ticket.peer] -= 1
+                if not self._per_peer[ticket.peer]:
+                    del self._per_peer[ticket.peer]
+                self._reserved_bytes -= ticket.need_bytes
+                self._metrics.reserved.set(self._reserved_bytes)
+            return ticket
+
+    def stop_accepting(self) -> None:
+        """Refuse every stream from now on (shutdown)."""
+        with self._lock:
+            self._accepting = False
+
+    def open(self) -> list[tuple[Stream, Ticket]]:
+        """The open streams and their tickets, now."""
+        with self._lock:
+            return list(self._open.items())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def _refuse_if_over(self, peer: str, need_bytes: int) -> None:
+        config = self._config
+        if not self._accepting:
+            raise ServiceUnavailable("daemon is shutting down")
+        if len(self._open) >= config.max_streams:
+            self._metrics.stream_refused("max_streams")
+            raise ServiceUnavailable(f"max_streams: {config.max_streams} streams already open")
+        if self._per_peer[peer] >= config.max_streams_per_peer:
+            self._metrics.stream_refused("max_streams_per_peer")
+            raise ResourceExhausted(
+                f"max_streams_per_peer: {peer} already has {self._per_peer[peer]} streams open "
+                f"(limit {config.max_streams_per_peer})"
+            )
+        if self._reserved_bytes + need_bytes > config.max_memory_bytes:
+            self._metrics.stream_refused("max_memory")
+            raise ResourceExhausted(
+                f"max_memory: this stream needs {need_bytes / _MIB:.1f} MiB; {len(self._open)} open streams "
+                f"hold {self._reserved_bytes / _MIB:.1f} MiB of the {config.max_memory_bytes / _MIB:.1f} MiB budget"
+            )

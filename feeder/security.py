@@ -1,0 +1,129 @@
+"""Who may talk to a daemon: TLS credentials of the gRPC port, the bearer token every
+call but the health check must carry, and the owner-only unix socket."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from core.errors import ConfigError, Unauthenticated, grpc_code
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TokenInterceptor", "listen_on_socket", "read_token", "server_credentials"]
+
+# Calls that need no token: load balancers and launchers probe health without one.
+_OPEN_PREFIX = "/grpc.health.v1.Health/"
+_SOCKET_MODE = 0o600
+
+
+def _read(option: str, path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{option}: cannot read {path} ({e.strerror})") from e
+
+
+def read_token(path: Path) -> bytes:
+    """The token in ``path`` (surrounding whitespace removed).
+
+    Raises:
+        ConfigError: the file cannot be read or holds no token.
+    """
+    token = _read("token_file", path).strip()
+    if not token:
+        raise ConfigError(f"token_file: {path} is empty")
+    return token
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials for the gRPC port, or None when the config has no certificate.
+
+    Raises:
+        ConfigError: a certificate or key file cannot be read.
+    """
+    if config.tls_cert is None or config.tls_key is None:
+        return None
+    pair = (_read("tls_key", config.tls_key), _read("tls_cert", config.tls_cert))
+    client_ca = None if config.tls_client_ca is None else _read("tls_client_ca", config.tls_client_ca)
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
+    """A handler of the same kind as ``handler`` that aborts with ``error``."""
+
+    def abort(_request: Any, context: grpc.ServicerContext) -> None:
+        context.abort(grpc_code(error), str(error))
+
+    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(abort, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+class TokenInterceptor(grpc.ServerInterceptor):
+    """Lets a call through when its ``authorization`` metadata is ``Bearer <token>``
+    (compared in constant time) or it is a health check; others end UNAUTHENTICATED.
+
+    Args:
+        token: the daemon's token.
+        metrics: counts refused calls.
+    """
+
+    def __init__(self, token: bytes, metrics: ServerMetrics) -> None:
+        self._expected = b"Bearer " + token
+        self._metrics = metrics
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(_OPEN_PREFIX):
+            return handler
+        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
+        sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)
+        if hmac.compare_digest(sent_bytes, self._expected):
+            return handler
+        self._metrics.unauthenticated_call()
+        log.warning("UNAUTHENTICATED %s: %s token", method, "wrong" if sent else "no")
+        return _refusing(handler, Unauthenticated(
+            "authorization: missing or wrong token (send metadata 'authorization: Bearer <token>')"
+        ))
+
+
+def listen_on_socket(server: grpc.Server, path: Path) -> None:
+    """Listen on the unix socket ``path``, created with mode 0600. A socket left by
+    a daemon that died is replaced; any other file at ``path`` is left alone.
+
+    Raises:
+        ConfigError: ``path`` is another kind of file, or the socket cannot be made.
+    """
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            raise ConfigError(f"socket_path: {path} exists and is not a socket")
+        path.unlink()
+    previous = os.umask(0o777 & ~_SOCKET_MODE)  # the socket is never group/other-accessible
+    try:
+        bound = server.add_insecure_port(f"unix:{path}")
+    except RuntimeError as e:
+        raise ConfigError(f"socket_path: cannot listen on {path} ({e})") from e
+    finally:
+        os.umask(previous)
+    if not bound or not path.exists():
+        raise ConfigError(f"socket_path: cannot listen on {path}")
+    os.chmod(path, _SOCKET_MODE)

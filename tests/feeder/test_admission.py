@@ -1,0 +1,233 @@
+"""Budgets a client can run into: the daemon's memory, streams per peer, idle
+streams and the bytes of each stream's ready queue."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from core.errors import ResourceExhausted
+from feeder.admission import DECODED_SAMPLE_BYTES, peer_key, stream_need_bytes
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.producer import ReadyBatch
+from feeder.ready_queue import ReadyQueue
+from feeder.service import FeederService, StreamSpec, open_datasets
+from protos import feeder_pb2_grpc
+from tests.feeder.conftest import connect, request, start
+
+MIB = 1 << 20
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture()
+def private_server(shards):
+    servers = []
+
+    def make(**options):
+        servers.append(start({"sample": shards}, **options))
+        return servers[-1]
+
+    yield make
+    for server, _ in servers:
+        server.stop(0).wait(10)
+
+
+def _config(shards, **options) -> ServerConfig:
+    return ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
+
+
+# -- the estimate -------------------------------------------------------------
+
+def test_need_estimate_counts_queue_send_and_pipeline_buffers(shards):
+    batch = 4 * 32 * 32 * 3
+    pipeline = 2 * 4 * (DECODED_SAMPLE_BYTES + 2 * 32 * 32 * 3)
+    config = _config(shards, prefetch=2, queue_batches=4, queue_bytes=1 << 30)
+    assert stream_need_bytes(config, batch_size=4, image_size=32) == (4 + 3) * batch + pipeline
+    fewer = _config(shards, prefetch=2, queue_batches=4, queue_bytes=2 * batch + 1)
+    assert stream_need_bytes(fewer, batch_size=4, image_size=32) == (2 + 3) * batch + pipeline
+    tiny = _config(shards, prefetch=2, queue_batches=4, queue_bytes=1)
+    assert stream_need_bytes(tiny, batch_size=4, image_size=32) == (1 + 3) * batch + pipeline
+
+
+# -- memory budget --------------------------------------------------------------
+
+def test_a_stream_past_the_memory_budget_is_refused_naming_budget_and_need(private_server, shards):
+    fields = dict(batch_size=8, image_size=64)
+    need = stream_need_bytes(_config(shards), **fields)
+    server, port = private_server(max_memory_bytes=need + need // 2)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        held = stub.StreamBatches(request(epochs=20, **fields))
+        next(held)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.StreamBatches(request(**fields)))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = caught.value.details()
+        assert "max_memory" in details and f"{need / MIB:.1f} MiB" in details
+        assert f"{(need + need // 2) / MIB:.1f} MiB" in details
+        assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == need
+        held.cancel()
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == 0
+        assert len(list(stub.StreamBatches(request(max_samples=16, **fields)))) == 2
+
+
+def test_a_request_larger_than_the_whole_budget_is_refused(private_server, shards):
+    server, port = private_server(max_memory_bytes=64 * MIB)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.StreamBatches(request(batch_size=64, image_size=512)))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_memory" in caught.value.details()
+        assert server.metrics.registry.get_sample_value(
+            "feeder_streams_refused_total", {"reason": "max_memory"}) == 1
+        assert len(list(stub.StreamBatches(request(max_samples=5)))) == 1
+
+
+# -- streams per peer -----------------------------------------------------------
+
+@pytest.mark.parametrize("peer,key", [
+    ("ipv4:127.0.0.1:50312", "ipv4:127.0.0.1"),
+    ("ipv4:10.1.2.3:1", "ipv4:10.1.2.3"),
+    ("ipv6:[::1]:50312", "ipv6:[::1]"),
+    ("ipv6:[::ffff:127.0.0.1]:50312", "ipv4:127.0.0.1"),
+    ("ipv6:%5B::1%5D:50312", "ipv6:[::1]"),
+    ("unix:/run/feeder.sock", "unix"),
+    ("unix:", "unix"),
+    ("", "local"),
+])
+def test_peer_key_is_the_host_without_the_port(peer, key):
+    assert peer_key(peer) == key
+
+
+def test_one_peer_cannot_take_every_stream(shards):
+    config = _config(shards, max_streams=8, max_streams_per_peer=2)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    try:
+        def open_from(peer: str):
+            return service.open_stream(StreamSpec(dataset="sample", split="val", batch_size=4,
+                                                  image_size=16, peer=peer))
+
+        streams = [open_from("ipv4:10.0.0.1:1000"), open_from("ipv4:10.0.0.1:1001")]
+        with pytest.raises(ResourceExhausted, match=r"max_streams_per_peer: ipv4:10\.0\.0\.1 .*2"):
+            open_from("ipv4:10.0.0.1:1002")
+        streams.append(open_from("ipv4:10.0.0.2:1000"))
+        assert service.open_streams() == 3
+        streams[0].close()
+        streams.append(open_from("ipv4:10.0.0.1:1003"))
+        for stream in streams:
+            stream.close()
+        assert service.open_streams() == 0
+    finally:
+        service.close()
+
+
+def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server):
+    server, port = private_server(max_streams_per_peer=3, queue_batches=1)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        unread = [stub.StreamBatches(request(batch_size=16, image_size=128, epochs=20)) for _ in range(3)]
+        assert _wait_for(lambda: server.service.open_streams() == 3)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.StreamBatches(request()))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "max_streams_per_peer: ipv4:127.0.0.1" in caught.value.details()
+        for call in unread:
+            call.cancel()
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+
+
+# -- idle streams ---------------------------------------------------------------
+
+def test_an_unread_stream_is_cancelled_after_the_idle_timeout(private_server, caplog):
+    caplog.set_level(logging.INFO, logger="feeder.service")
+    server, port = private_server(idle_timeout_s=1.0)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        # ~0.8 MB batches: gRPC's flow-control window (a few MB) fills, then the
+        # daemon's send waits on a client that never reads.
+        unread = stub.StreamBatches(request(batch_size=16, image_size=128, epochs=50))
+        assert _wait_for(lambda: server.service.open_streams() == 1)
+        assert _wait_for(lambda: server.service.open_streams() == 0, timeout_s=15)
+        assert server.metrics.registry.get_sample_value("feeder_queued_bytes") == 0
+        assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == 0
+        assert server.metrics.registry.get_sample_value("feeder_streams_idle_cancelled_total") == 1
+        with pytest.raises(grpc.RpcError) as caught:
+            list(unread)
+        assert caught.value.code() == grpc.StatusCode.CANCELLED
+    assert any("idle" in r.getMessage() and "cancelled" in r.getMessage() for r in caplog.records)
+
+
+def test_a_slow_but_steady_reader_is_not_idle(private_server):
+    server, port = private_server(idle_timeout_s=2.0)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        call = stub.StreamBatches(request(batch_size=16, image_size=128, epochs=3))
+        received = 0
+        for _ in call:
+            received += 1
+            time.sleep(0.3)
+        assert received == 3 * 4
+    assert server.metrics.registry.get_sample_value("feeder_streams_idle_cancelled_total") == 0
+
+
+# -- ready queue in bytes ---------------------------------------------------------
+
+def _batch(nbytes: int) -> ReadyBatch:
+    return ReadyBatch(epoch=0, cursor=0, samples_per_rank=1, keys=["k"], labels=np.zeros(1, np.int64),
+                      images=np.zeros(nbytes, np.uint8), padding=np.zeros(1, bool))
+
+
+def test_ready_queue_is_bounded_in_bytes_as_well_as_batches():
+    q = ReadyQueue(max_items=4, max_bytes=250)
+    q.put(_batch(100), timeout=0.01)
+    q.put(_batch(100), timeout=0.01)
+    with pytest.raises(queue.Full):  # a third would pass 250 bytes
+        q.put(_batch(100), timeout=0.01)
+    assert q.nbytes == 200
+    q.get(timeout=0.01)
+    q.put(_batch(100), timeout=0.01)
+    assert q.nbytes == 200 and len(q) == 2
+
+
+def test_one_batch_larger_than_the_byte_bound_still_moves():
+    q = ReadyQueue(max_items=4, max_bytes=10)
+    q.put(_batch(100), timeout=0.01)  # alone in the queue: accepted
+    with pytest.raises(queue.Full):
+        q.put(_batch(1), timeout=0.01)
+    taken = []
+    consumer = threading.Thread(target=lambda: taken.append(q.get(timeout=5)))
+    consumer.start()
+    consumer.join()
+    assert taken and q.nbytes == 0
+
+
+def test_queue_bytes_bounds_a_slow_streams_queue(private_server):
+    batch_bytes = 16 * 128 * 128 * 3
+    server, port = private_server(queue_batches=8, queue_bytes=2 * batch_bytes)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        slow = stub.StreamBatches(request(batch_size=16, image_size=128, epochs=20))
+        next(slow)
+        time.sleep(2.0)
+        queued = server.metrics.registry.get_sample_value("feeder_queued_bytes")
+        assert 0 < queued <= 2 * batch_bytes
+        slow.cancel()
+        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert server.metrics.registry.get_sample_value("feeder_queued_bytes") == 0

@@ -1,0 +1,154 @@
+"""Every StreamRequest a client can send is answered with batches or a clear gRPC
+status, never UNKNOWN or INTERNAL, and the daemon keeps serving afterwards."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import grpc
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from core.errors import InvalidArgument
+from feeder.servicer import stream_spec
+from protos import feeder_pb2, feeder_pb2_grpc
+from tests.feeder.conftest import connect, request, start
+
+INT32 = (-(2**31), 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+FIELDS = set(feeder_pb2.StreamRequest.DESCRIPTOR.fields_by_name)
+# Codes a well-formed daemon may answer a request with (besides batches).
+ANSWERS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+OUT_OF_RANGE = [
+    (dict(epoch=-1), "epoch"),
+    (dict(epoch=2**63 - 1), "epoch"),
+    (dict(epoch=2**31 - 1, epochs=2), "epochs"),
+    (dict(epochs=-5), "epochs"),
+    (dict(rank=-1), "rank"),
+    (dict(world_size=-3), "world_size"),
+    (dict(world_size=2**31 - 1), "world_size"),
+    (dict(batch_size=-1), "batch_size"),
+    (dict(image_size=-16), "image_size"),
+    (dict(image_size=2**31 - 1), "image_size"),
+    (dict(start_cursor=-(2**63)), "start_cursor"),
+    (dict(max_samples=-1), "max_samples"),
+    (dict(min_scale=1e-30), "min_scale"),
+    (dict(min_scale=-0.5), "min_scale"),
+    (dict(min_scale=math.nan), "min_scale"),
+    (dict(max_scale=1e30), "max_scale"),
+    (dict(max_scale=math.inf), "max_scale"),
+    (dict(min_scale=0.9, max_scale=0.5), "min_scale"),
+    (dict(min_ratio=-math.inf), "min_ratio"),
+    (dict(min_ratio=1e-30), "min_ratio"),
+    (dict(max_ratio=math.inf), "max_ratio"),
+    (dict(max_ratio=1e30), "max_ratio"),
+    (dict(max_ratio=math.nan), "max_ratio"),
+    (dict(min_ratio=2.0, max_ratio=1.5), "min_ratio"),
+    (dict(augment=-1), "augment"),
+    (dict(last_batch=2**31 - 1), "last_batch"),
+]
+
+
+@pytest.mark.parametrize("fields,name", OUT_OF_RANGE)
+def test_out_of_range_fields_are_refused_naming_the_field(fields, name):
+    with pytest.raises(InvalidArgument) as caught:
+        stream_spec(request(**fields))
+    assert str(caught.value).startswith(f"{name}:")
+
+
+@pytest.mark.parametrize("fields,name", OUT_OF_RANGE[:6] + OUT_OF_RANGE[12:14])
+def test_out_of_range_fields_over_grpc(stub, fields, name):
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.StreamBatches(request(**fields)))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"{name}:")
+    assert len(list(stub.StreamBatches(request(max_samples=5)))) == 1
+
+
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """Any value of the type, the edges of the type and the values next to 0."""
+    return st.one_of(st.sampled_from([lo, lo + 1, -1, 0, 1, hi - 1, hi]), st.integers(lo, hi))
+
+
+def _floats() -> st.SearchStrategy[float]:
+    odd = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-30, 1e30, -1.0, 3.4e38, 1e-45, 0.01, 10.0]
+    return st.one_of(st.sampled_from(odd), st.floats(width=32))
+
+
+# Plausible values of every field (a request built from them alone is served).
+USUAL = dict(
+    dataset=["sample"], split=["train", "val"], job_id=["", "job-1"], seed=[0, 1, 12345],
+    epoch=[0, 1, 7], rank=[0], world_size=[1, 2, 3], batch_size=[1, 4, 16], image_size=[16, 24, 32],
+    start_cursor=[0, 3, 20], last_batch=[0, 1], augment=[0, 1, 2], min_scale=[0.0, 0.08, 0.35],
+    max_scale=[0.0, 0.5, 1.0], min_ratio=[0.0, 0.5, 0.75], max_ratio=[0.0, 4 / 3, 2.0],
+    max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True],
+)
+# Anything the wire can carry in each field.
+ODD = dict(
+    dataset=st.text(max_size=20), split=st.sampled_from(["", "test", "../train", "train\x00", "TRAIN"]),
+    job_id=st.text(max_size=40), seed=_ints(*INT64), epoch=_ints(*INT64), rank=_ints(*INT32),
+    world_size=_ints(*INT32), batch_size=_ints(*INT32), image_size=_ints(*INT32),
+    start_cursor=_ints(*INT64), last_batch=_ints(*INT32), augment=_ints(*INT32),
+    min_scale=_floats(), max_scale=_floats(), min_ratio=_floats(), max_ratio=_floats(),
+    max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(),
+)
+assert set(USUAL) == set(ODD) == FIELDS
+
+
+@st.composite
+def stream_requests(draw: st.DrawFn) -> feeder_pb2.StreamRequest:
+    """A plausible request with up to three fields set to odd values."""
+    fields = {name: draw(st.sampled_from(values)) for name, values in USUAL.items()}
+    for name in draw(st.lists(st.sampled_from(sorted(ODD)), max_size=3, unique=True)):
+        fields[name] = draw(ODD[name])
+    if fields["rank"] == 0 and fields["world_size"] > 1:
+        fields["rank"] = draw(st.integers(0, fields["world_size"] - 1))
+    return feeder_pb2.StreamRequest(**fields)
+
+
+@pytest.fixture(scope="module")
+def fuzz_stub(shards):
+    server, port = start({"sample": shards})
+    with connect(port) as channel:
+        yield server, feeder_pb2_grpc.FeederStub(channel)
+    server.stop(0).wait(10)
+
+
+def _answer(stub, message: feeder_pb2.StreamRequest) -> grpc.StatusCode | int:
+    """The status the daemon answers with, or the number of batches taken (at most
+    two: a valid request may ask for a long stream)."""
+    call = stub.StreamBatches(message, timeout=60)
+    taken = 0
+    try:
+        for _ in call:
+            taken += 1
+            if taken == 2:
+                break
+    except grpc.RpcError as e:
+        return e.code()
+    finally:
+        call.cancel()
+    return taken
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                   HealthCheck.too_slow])
+@given(message=stream_requests())
+def test_any_request_gets_batches_or_a_clear_status(fuzz_stub, message):
+    _, stub = fuzz_stub
+    answer = _answer(stub, message)
+    event(f"answer: {answer.name if isinstance(answer, grpc.StatusCode) else 'batches'}")
+    if isinstance(answer, grpc.StatusCode):
+        assert answer in ANSWERS, f"{answer.name} for {message}"
+
+
+def test_daemon_serves_normally_after_the_fuzzing(fuzz_stub):
+    server, stub = fuzz_stub
+    assert [len(b.keys) for b in stub.StreamBatches(request(max_samples=10))] == [5, 5]
+    deadline = time.monotonic() + 10
+    while server.service.open_streams() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.service.open_streams() == 0, "a refused or cancelled stream stayed open"
