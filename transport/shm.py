@@ -162,7 +162,9 @@ def _create_segment(path: Path, nbytes: int) -> tuple[int, mmap.mmap]:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "owner alive" for sweep_stale
         os.fchmod(fd, 0o600)  # whatever the umask
         os.posix_fallocate(fd, 0, nbytes)
-        return fd, mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        # Populated now: the stream's first batches do not pay the page faults.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return fd, mmap.mmap(fd, nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
     except OSError as e:
         os.close(fd)
         _unlink(path)
