@@ -9,15 +9,16 @@ measured from the first failure in a row; bad-argument errors end it at once.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
-import numpy as np
 import torch
 
 from core.errors import (
@@ -31,6 +32,11 @@ from core.errors import (
     Unauthenticated,
 )
 from protos import feeder_pb2
+from transport.base import ReceivedBatch, ReleaseSink, TransportKind, TransportUnavailable
+from transport.client import StreamReceiver
+from transport.grpc_payload import parse_batch
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["HostBatch", "StreamFetcher", "error_from_rpc", "is_transient"]
 
@@ -57,6 +63,10 @@ _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between 
 _POLL_S = 0.25  # most time get() waits between two checks for a stalled stream
 
 
+def _no_release(after: torch.cuda.Event | None = None) -> None:
+    """Nothing to hand back (the pixels are not in a transport's memory)."""
+
+
 @dataclass(frozen=True)
 class HostBatch:
     """One batch as it arrived, in host memory.
@@ -69,6 +79,9 @@ class HostBatch:
         epoch: Epoch the batch belongs to.
         cursor: Sample cursor after this batch.
         samples_per_rank: Length of this rank's part of the epoch, in samples.
+        release: Hands the transport's memory back once ``images`` has been copied
+            elsewhere (optionally after a CUDA event); without a call it goes back
+            when ``images`` is no longer referenced.
     """
 
     images: torch.Tensor
@@ -78,6 +91,7 @@ class HostBatch:
     epoch: int
     cursor: int
     samples_per_rank: int
+    release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -95,17 +109,20 @@ def error_from_rpc(error: grpc.RpcError, address: str) -> FeederError:
     return cls(f"daemon {address}: {error.details()} ({error.code().name})")
 
 
-def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
-    shape = tuple(message.shape)
-    if len(shape) != 4 or shape[3] != 3:
-        raise DataError(f"batch with shape {shape}, expected [N, H, W, 3]")
-    pixels = np.frombuffer(message.images, dtype=np.uint8)
-    if pixels.size != int(np.prod(shape)):
-        raise DataError(f"batch of {pixels.size} bytes does not match shape {shape}")
-    images = torch.empty(shape, dtype=torch.uint8, pin_memory=pin)
-    images.numpy()[...] = pixels.reshape(shape)
+def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
+    """The loader's view of a received batch. The pixels stay where the transport put
+    them (a shared-memory slot, the received message) unless ``pin``: a CUDA consumer
+    copies from pinned memory without blocking, so they are copied there once and the
+    slot goes back at once."""
+    message, images = received.message, received.images
+    release = received.release
+    if pin and images.device.type == "cpu":
+        pinned = torch.empty(images.shape, dtype=torch.uint8, pin_memory=True)
+        pinned.copy_(images)
+        received.release()
+        images, release = pinned, _no_release
     labels = torch.tensor(list(message.labels), dtype=torch.int64)
-    padding = torch.tensor(list(message.padding) or [False] * shape[0], dtype=torch.bool)
+    padding = torch.tensor(list(message.padding) or [False] * images.shape[0], dtype=torch.bool)
     if pin:
         labels, padding = labels.pin_memory(), padding.pin_memory()
     return HostBatch(
@@ -116,6 +133,7 @@ def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
         epoch=message.epoch,
         cursor=message.cursor,
         samples_per_rank=message.samples_per_rank,
+        release=release,
     )
 
 
@@ -124,12 +142,15 @@ class StreamFetcher:
     ``request.start_cursor``) into a queue.
 
     Args:
-        open_stream: Opens ``StreamBatches`` for a request (the stub method).
+        open_stream: Opens ``StreamBatches`` for a request, yielding each ``Batch``
+            as the raw bytes received (a stub method without a deserializer).
         request: What to ask for; ``start_cursor`` is where the stream begins.
         address: The daemon's address, for error messages.
         depth: Batches to hold ready (the bound of the queue).
         reconnect_timeout_s: Give up after failing for this long in a row.
         pin: Put images in pinned memory (for non-blocking copies to CUDA).
+        release: Hands transport slots back to the daemon (``SlotReleaser``).
+        shm_dir: The shared-memory directory this client sees.
         stall_timeout_s: While the consumer waits in ``get()``, a stream that has sent
             nothing for this long is cancelled and reopened at its cursor (a daemon
             that stopped sending without ending the stream). While reconnecting, the
@@ -138,15 +159,18 @@ class StreamFetcher:
 
     def __init__(
         self,
-        open_stream: Callable[[feeder_pb2.StreamRequest], Iterator[feeder_pb2.Batch]],
+        open_stream: Callable[[feeder_pb2.StreamRequest], Iterator[bytes]],
         request: feeder_pb2.StreamRequest,
         address: str,
         depth: int,
         reconnect_timeout_s: float,
         pin: bool,
         stall_timeout_s: float,
+        release: ReleaseSink = lambda ref, after: None,
+        shm_dir: Path = Path("/dev/shm"),
     ) -> None:
         self.request = request
+        self._receiver = StreamReceiver(release, shm_dir)
         self._open = open_stream
         self._address = address
         self._timeout_s = reconnect_timeout_s
@@ -270,11 +294,24 @@ class StreamFetcher:
         return False
 
     def _run(self) -> None:
+        try:
+            self._fetch()
+        finally:
+            self._receiver.close()
+
+    @property
+    def transport(self) -> str:
+        """What carried the last batch: ``shm``, ``grpc`` or ``cuda_ipc`` (empty before
+        the first)."""
+        kind = self._receiver.kind
+        return kind.name.lower() if kind is not None else ""
+
+    def _fetch(self) -> None:
         delay_s = _FIRST_DELAY_S
         while not self._stop.is_set():
             try:
                 for message in self._messages(self._stream_from(self.epoch, self.cursor)):
-                    batch = _to_host(message, self._pin)
+                    batch = _to_host(self._receiver.receive(parse_batch(message)), self._pin)
                     self.epoch, self.cursor = batch.epoch, batch.cursor
                     self._failing_since, delay_s = None, _FIRST_DELAY_S
                     if not self._put(batch):
@@ -296,6 +333,14 @@ class StreamFetcher:
                 self.reconnects += 1
                 self._stop.wait(delay_s)
                 delay_s = min(delay_s * 2, _MAX_DELAY_S)
+            except TransportUnavailable as e:
+                # This process cannot map the daemon's segment (another mount of
+                # /dev/shm, no permission): the rest of the stream comes inline.
+                _log.warning("daemon %s: shared memory unusable here (%s); batches come over gRPC",
+                             self._address, e)
+                self._cancel_call()
+                self.request.transport = TransportKind.GRPC.value
+                self.reconnects += 1
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._put(e)
                 return

@@ -21,15 +21,31 @@ from clients.position import Position, Positioned
 from clients.transfer import DeviceTransfer
 from core.errors import ConfigError, NotFound, ServiceUnavailable
 from protos import feeder_pb2, feeder_pb2_grpc
+from transport.base import HostIdentity
+from transport.client import STREAM_BATCHES, SlotReleaser
 
 __all__ = ["FeederLoader", "LoaderConfig", "resolve_rank"]
 
 _LAST_BATCH = {"drop": feeder_pb2.LAST_BATCH_DROP, "pad": feeder_pb2.LAST_BATCH_PAD}
+_TRANSPORTS = {"auto": feeder_pb2.TRANSPORT_AUTO, "shm": feeder_pb2.TRANSPORT_SHM,
+               "grpc": feeder_pb2.TRANSPORT_GRPC}
 _AUGMENT = {"auto": feeder_pb2.AUGMENT_AUTO, "train": feeder_pb2.AUGMENT_TRAIN,
             "val": feeder_pb2.AUGMENT_VAL}
 # A 256 x 288 x 288 x 3 batch is 64 MB; gRPC's 4 MB default would refuse it.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
                     ("grpc.max_send_message_length", -1)]
+
+
+def _gpu_uuid(device: torch.device) -> str:
+    """The CUDA device's UUID (names the GPU whatever CUDA_VISIBLE_DEVICES says);
+    empty for a CPU consumer."""
+    if device.type != "cuda":
+        return ""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -96,6 +112,11 @@ class LoaderConfig:
         prefetch_batches: Ready batches held in memory per loader.
         prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
             drained the current one, before it asks for the next epoch's first batch.
+        transport: How pixels come from a daemon on this host: ``"auto"`` (shared
+            memory when this process can share the daemon's ``/dev/shm``, else inside
+            the gRPC messages, with one log line saying why), ``"shm"`` or ``"grpc"``.
+            ``loader.transport`` says which one is in use.
+        shm_dir: The shared-memory directory (the daemon's ``--shm-dir``).
         connect_timeout_s: How long the first contact may take.
         reconnect_timeout_s: How long to keep reconnecting after the daemon goes away
             (or stalls), counted from the first failure in a row; then
@@ -135,6 +156,8 @@ class LoaderConfig:
     job_id: str = ""
     prefetch_batches: int = 4
     prefetch_next_epoch: bool = True
+    transport: str = "auto"
+    shm_dir: Path = Path("/dev/shm")
     connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
     stall_timeout_s: float = 120.0
@@ -148,6 +171,8 @@ class LoaderConfig:
             raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {self.last_batch!r}")
         if self.augment not in _AUGMENT:
             raise ConfigError(f"augment must be one of {sorted(_AUGMENT)}, got {self.augment!r}")
+        if self.transport not in _TRANSPORTS:
+            raise ConfigError(f"transport must be one of {sorted(_TRANSPORTS)}, got {self.transport!r}")
         if self.prefetch_batches < 1:
             raise ConfigError(f"prefetch_batches must be >= 1, got {self.prefetch_batches}")
         for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s"):
@@ -191,6 +216,10 @@ class _Connection:
     def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
         self.stub = feeder_pb2_grpc.FeederStub(self.channel)
+        # Batches arrive as the bytes sent: the transport's receiver parses them.
+        self.stream_batches = channel.unary_stream(
+            STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
+        self.releaser = SlotReleaser(self.stub.ReleaseSlots)
         self.fetcher: StreamFetcher | None = None
         self.successor: StreamFetcher | None = None  # opened ahead of a planned size change
 
@@ -200,6 +229,7 @@ class _Connection:
             if fetcher is not None:
                 fetcher.close()
         self.fetcher = self.successor = None
+        self.releaser.close()
         self.channel.close()
 
 
@@ -248,6 +278,8 @@ class FeederLoader(Positioned):
         self.num_samples, self.classes = self._describe(config.connect_timeout_s)
         self._samples_per_rank = self._expected_samples_per_rank()
         self.position = Position()
+        self._host = HostIdentity.of_this_process(config.shm_dir)
+        self._last_transport = ""
         self._pending: HostBatch | None = None  # first batch of the next epoch, already taken
         self._planned: dict[int, _Sizes] = {}  # epoch -> sizes from then on
         self.wait_seconds = 0.0
@@ -298,6 +330,14 @@ class FeederLoader(Positioned):
     def image_size(self) -> int:
         """Image side in pixels from the next batch on."""
         return self._image_size
+
+    @property
+    def transport(self) -> str:
+        """What carries this loader's pixels: ``shm`` (shared memory with a daemon on
+        this host), ``grpc`` (inside the messages) or ``cuda_ipc``; empty before the
+        first batch."""
+        fetcher = self._connection.fetcher
+        return (fetcher.transport if fetcher is not None else "") or self._last_transport
 
     @property
     def reconnects(self) -> int:
@@ -446,6 +486,8 @@ class FeederLoader(Positioned):
         if host.samples_per_rank:
             self._samples_per_rank = host.samples_per_rank
         images, labels, padding = self._transfer(host.images, host.labels, host.padding)
+        if not _shares_memory(images, host.images):  # copied out: the slot can go back now
+            host.release(self._transfer.copied)
         out: tuple[Any, ...] = (images, labels)
         if self.return_keys:
             out += (host.keys,)
@@ -475,17 +517,21 @@ class FeederLoader(Positioned):
             epoch=epoch, epochs=end - epoch, rank=self.rank, world_size=self.world_size,
             batch_size=sizes.batch_size, image_size=sizes.image_size, start_cursor=cursor,
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
-            min_scale=sizes.min_scale,
+            min_scale=sizes.min_scale, transport=_TRANSPORTS[self.config.transport],
+            client_host=self._host.to_message(_gpu_uuid(self.device)),
         )
-        return StreamFetcher(self._connection.stub.StreamBatches, request, self.address,
+        conn = self._connection
+        return StreamFetcher(conn.stream_batches, request, self.address,
                              self.config.prefetch_batches, self.config.reconnect_timeout_s,
-                             pin=self.device.type == "cuda", stall_timeout_s=self.config.stall_timeout_s)
+                             pin=self.device.type == "cuda", stall_timeout_s=self.config.stall_timeout_s,
+                             release=conn.releaser, shm_dir=self.config.shm_dir)
 
     def _drop_fetchers(self) -> None:
         """Close the open stream and any opened ahead; forget a taken-ahead batch."""
         conn = self._connection
         for fetcher in (conn.fetcher, conn.successor):
             if fetcher is not None:
+                self._last_transport = fetcher.transport or self._last_transport
                 self._reconnects += fetcher.reconnects
                 fetcher.close()
         conn.fetcher = conn.successor = None

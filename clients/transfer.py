@@ -44,6 +44,8 @@ class DeviceTransfer:
         self._mean = mean.view(1, 3, 1, 1)
         self._inv_std = std.reciprocal().view(1, 3, 1, 1)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # Recorded after the last host-to-device copy (None: copies were synchronous).
+        self.copied: torch.cuda.Event | None = None
 
     def __call__(self, images: torch.Tensor, *others: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Copies ``images`` (uint8 NHWC) and ``others`` (labels, masks) to the device.
@@ -57,6 +59,8 @@ class DeviceTransfer:
         current = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._side):
             moved = [t.to(self.device, non_blocking=True) for t in (images, *others)]
+            self.copied = torch.cuda.Event()
+            self.copied.record(self._side)  # the host memory may be reused after this
             moved[0] = self._convert(moved[0])
         current.wait_stream(self._side)
         for tensor in moved:

@@ -95,6 +95,12 @@ def serve_command(
     insecure: Annotated[bool, typer.Option(help="Allow a non-loopback --bind without TLS and a token.")] = False,
     socket: Annotated[Path | None, typer.Option(help="Also listen on this unix socket (mode 0600) for "
                                                      "clients on this host. Example: /run/feeder.sock.")] = None,
+    shm_dir: Annotated[Path, typer.Option(help="tmpfs of the shared-memory rings of clients on this host.")]
+    = Path("/dev/shm"),
+    ring_slots: Annotated[int, typer.Option(help="Batches a same-host stream may have lent out at once (cover "
+                                                 "--queue-batches plus the client's prefetch).")] = 10,
+    shm_bytes: Annotated[str, typer.Option(help="Shared memory all rings may take; past it (or with /dev/shm "
+                                                "full) streams use the gRPC payload. Example: 16G.")] = "4G",
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -132,6 +138,9 @@ def serve_command(
             token_file=token_file,
             insecure=insecure,
             socket_path=socket,
+            shm_dir=shm_dir,
+            ring_slots=ring_slots,
+            shm_budget_bytes=parse_bytes(shm_bytes, "--shm-bytes"),
             **extra,
         )
         serve(config)

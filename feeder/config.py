@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError
+from transport.base import TransportConfig
 
 __all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig", "is_loopback"]
 
@@ -81,6 +82,12 @@ class ServerConfig:
         insecure: allow a non-loopback ``bind`` without TLS and a token.
         socket_path: also listen on this unix socket (created owner-only, mode 0600;
             no TLS on it, the token still applies).
+        shm_dir: tmpfs where same-host clients' shared-memory rings live.
+        ring_slots: batches a same-host stream may have lent out at once (being
+            queued, sent or held by the client); must cover the daemon's
+            ``queue_batches`` plus the client's prefetch, or batches wait for slots.
+        shm_budget_bytes: shared memory all rings together may take; a stream past it
+            (or a ``/dev/shm`` too small or full) is sent over the gRPC payload.
     """
 
     datasets: Mapping[str, Path]
@@ -107,6 +114,9 @@ class ServerConfig:
     token_file: Path | None = None
     insecure: bool = False
     socket_path: Path | None = None
+    shm_dir: Path = Path("/dev/shm")
+    ring_slots: int = 10
+    shm_budget_bytes: int = 4 << 30
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -121,7 +131,7 @@ class ServerConfig:
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
         for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
-                     "max_streams_per_peer", "max_memory_bytes"):
+                     "max_streams_per_peer", "max_memory_bytes", "ring_slots"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not self.idle_timeout_s > 0:
@@ -146,6 +156,12 @@ class ServerConfig:
                 f"bind: {self.bind} is not a loopback address; serving it needs --tls-cert, --tls-key and "
                 "--token-file (or --insecure to serve it without)"
             )
+
+    @property
+    def transport(self) -> TransportConfig:
+        """The transports' settings."""
+        return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots,
+                               shm_budget_bytes=self.shm_budget_bytes)
 
     @property
     def worker_threads(self) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -193,6 +193,10 @@ def _dali_reason(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+# Supplies the array a batch of the given shape is written into.
+Allocate = Callable[[tuple[int, ...]], np.ndarray]
+
+
 class PipelineRunner:
     """One built pipeline, run on lists of encoded JPEGs. Not thread-safe: one
     stream (or one benchmark loop) owns a runner at a time.
@@ -227,10 +231,11 @@ class PipelineRunner:
         """
         return next(self.run_many([Job(jpegs, image_size, crops)]))
 
-    def run_many(self, batches: Iterable[JobLike]) -> Iterator[np.ndarray]:
+    def run_many(self, batches: Iterable[JobLike], allocate: Allocate | None = None) -> Iterator[np.ndarray]:
         """Run a sequence of jobs (or ``(jpegs, image_size)`` pairs) keeping up to
         ``prefetch`` of them in flight, yielding outputs in order (same contract as
-        :meth:`run` per batch)."""
+        :meth:`run` per batch). ``allocate(shape)``, when given, supplies each output
+        array (e.g. a transport's slot, so the pixels are written where they leave)."""
         pending = iter(batches)
         exhausted = False
         while True:
@@ -242,7 +247,7 @@ class PipelineRunner:
                 self._submit(item if isinstance(item, Job) else Job(*item))
             if not self._pending:
                 return
-            yield self._collect()
+            yield self._collect(allocate=allocate)
 
     def _submit(self, job: Job) -> None:
         n = len(job.jpegs)
@@ -261,18 +266,21 @@ class PipelineRunner:
         self._pipe.schedule_run()
         self._pending.append((job.image_size, crops.flips))
 
-    def _collect(self, resize: bool = True) -> np.ndarray:
+    def _collect(self, resize: bool = True, allocate: Allocate | None = None) -> np.ndarray:
         size, flips = self._pending.popleft()
         try:
             (out,) = self._pipe.outputs()
         except RuntimeError as e:
             raise DataError(f"decode failed: {_dali_reason(e)}") from e
-        if self._resizer is None:
-            return out.as_cpu().as_array()
         if not resize:  # drained: nobody wants the pixels
             return np.empty((0, size, size, 3), dtype=np.uint8)
+        shape = (len(out), size, size, 3)
+        dst = allocate(shape) if allocate is not None else np.empty(shape, dtype=np.uint8)
+        if self._resizer is None:  # GPU: DALI resized; one copy to host memory
+            np.copyto(dst, out.as_cpu().as_array())
+            return dst
         windows = [np.asarray(out[i]) for i in range(len(out))]
-        return self._resizer.resize(windows, size, flips, self.spec.antialias)
+        return self._resizer.resize(windows, size, flips, self.spec.antialias, out=dst)
 
     def drain(self) -> None:
         """Collect and drop every run still in flight (a stream stopped early)."""

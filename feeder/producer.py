@@ -25,6 +25,7 @@ from feeder.pipeline import Job, PipelineRunner
 from feeder.plan import BatchSlice
 from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
+from transport.base import BatchMeta, BatchSender, Slot, TransportClosed
 
 __all__ = ["BatchStream", "ReadyBatch"]
 
@@ -43,16 +44,19 @@ class ReadyBatch:
     labels: np.ndarray
     images: np.ndarray
     padding: np.ndarray
+    slot: Slot | None = None  # the transport's memory ``images`` lives in
 
 
 @dataclass(frozen=True)
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from, what to run,
-    and what draws each sample's crop window and flip (``kind``, ``seed``, ``crop``,
-    with the batch's epoch and the samples' keys)."""
+    where the pixels go (``sender``: the stream's transport, whose slots the pipeline
+    writes into) and what draws each sample's crop window and flip (``kind``,
+    ``seed``, ``crop``, with the batch's epoch and the samples' keys)."""
 
     split: SplitIndex
     runner: PipelineRunner
+    sender: BatchSender
     image_size: int
     samples_per_rank: int
     queue_batches: int
@@ -140,6 +144,7 @@ class BatchStream:
             self._closed = True
             started = self._thread.ident is not None
         self._stop.set()
+        self._ctx.sender.close()  # a producer waiting for a free slot stops waiting
         self._drain_queue()
         if started:
             self._thread.join()
@@ -180,7 +185,8 @@ class BatchStream:
     def _produce(self) -> None:
         pending: deque[BatchSlice] = deque()
         try:
-            outputs = self._ctx.runner.run_many(self._read_batches(pending))
+            slots: deque[Slot] = deque()
+            outputs = self._ctx.runner.run_many(self._read_batches(pending), self._slot_array(slots))
             while True:
                 started, read_before = time.perf_counter(), self._read_s
                 images = next(outputs, None)
@@ -189,9 +195,11 @@ class BatchStream:
                 # Time blocked on DALI, less the reads of next batches done meanwhile.
                 waited = time.perf_counter() - started - (self._read_s - read_before)
                 self._metrics.stage("decode_augment", waited)
-                if not self._put(self._ready(pending.popleft(), images)):
+                if not self._put(self._ready(pending.popleft(), images, slots.popleft())):
                     return
             self._put(_END)
+        except TransportClosed:
+            return  # closed while waiting for a slot: nobody reads any more
         except DataError as e:
             self._healthy = False
             self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
@@ -222,7 +230,37 @@ class BatchStream:
             pending.append(batch)
             yield Job(jpegs, ctx.image_size, crops)
 
-    def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
+    def _slot_array(self, slots: deque[Slot]) -> Callable[[tuple[int, ...]], np.ndarray]:
+        """Where each batch is written: a slot of the stream's transport (waits
+        while the transport's ring is full: the client's backpressure)."""
+
+        def allocate(shape: tuple[int, ...]) -> np.ndarray:
+            slot = self._ctx.sender.slot_for(shape)
+            slots.append(slot)
+            return slot.array
+
+        return allocate
+
+    def encode(self, batch: ReadyBatch) -> bytes:
+        """The serialized ``Batch`` message of ``batch`` for its transport (pixels
+        inline, or a reference to the slot they are in)."""
+        if batch.slot is None:
+            raise ValueError("batch has no transport slot")
+        meta = BatchMeta(batch.epoch, batch.cursor, batch.samples_per_rank, batch.keys, batch.labels,
+                         batch.padding)
+        return self._ctx.sender.message(batch.slot, meta)
+
+    @property
+    def sender(self) -> BatchSender:
+        """The stream's transport (daemon half)."""
+        return self._ctx.sender
+
+    @property
+    def transport(self) -> str:
+        """Which transport carries this stream's pixels (``shm``, ``grpc``, ...)."""
+        return self._ctx.sender.kind.name.lower()
+
+    def _ready(self, batch: BatchSlice, images: np.ndarray, slot: Slot) -> ReadyBatch:
         split = self._ctx.split
         return ReadyBatch(
             epoch=batch.epoch,
@@ -232,4 +270,5 @@ class BatchStream:
             labels=split.labels[batch.indices],
             images=images,
             padding=batch.padding,
+            slot=slot,
         )

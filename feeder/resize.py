@@ -54,7 +54,8 @@ class BatchResizer:
         cv2.setNumThreads(1)  # parallel over images in our pool, not inside one image
 
     def resize(
-        self, images: Sequence[np.ndarray], size: int, flips: np.ndarray, antialias: bool = False
+        self, images: Sequence[np.ndarray], size: int, flips: np.ndarray, antialias: bool = False,
+        out: np.ndarray | None = None,
     ) -> np.ndarray:
         """Resize each image to ``size x size`` (bilinear), mirror where ``flips``.
 
@@ -63,11 +64,13 @@ class BatchResizer:
             size: output side in pixels.
             flips: bool ``[N]``.
             antialias: widen the filter when downscaling (see module doc).
+            out: uint8 ``[N, size, size, 3]`` to write into (None: a new array).
 
         Returns:
-            uint8 ``[N, size, size, 3]``.
+            ``out``, filled.
         """
-        out = np.empty((len(images), size, size, 3), dtype=np.uint8)
+        if out is None:
+            out = np.empty((len(images), size, size, 3), dtype=np.uint8)
         one = _resize_antialiased if antialias else _resize_linear
 
         def work(rows: range) -> None:

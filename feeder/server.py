@@ -21,6 +21,7 @@ from feeder.security import TokenInterceptor, listen_on_socket, read_token, serv
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
+from transport.shm import sweep_stale
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,9 @@ class FeederServer:
         self._credentials = server_credentials(config)
         interceptors = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
                                                                                 self.metrics)]
+        swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
+        if swept:
+            log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
         self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
         self.health = health.HealthServicer()
         self._grpc = grpc.server(

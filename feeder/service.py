@@ -34,6 +34,8 @@ from feeder.plan import (
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchStream, StreamContext
 from shards.reader import ShardDataset, SplitIndex
+from transport.base import TransportKind
+from transport.daemon import TransportHub, TransportRequest
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,11 @@ def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
     return {name: ShardDataset.open(name, Path(path)) for name, path in paths.items()}
 
 
+# A stream read in this process (benchmarks, tests): its batches stay in the daemon's
+# memory, in buffers the gRPC payload would also use.
+_IN_PROCESS = TransportRequest(preference=TransportKind.GRPC)
+
+
 class FeederService:
     """Serves batches of named datasets.
 
@@ -126,12 +133,16 @@ class FeederService:
         self.metrics = metrics
         self.device = resolve_device(config.device)
         self.pool = PipelinePool()
+        self.transports = TransportHub(config.transport)
         self._admission: Admission[BatchStream] = Admission(config, metrics)
         self._numbers = itertools.count(1)
         self._closed = threading.Event()
         threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
 
-    def open_stream(self, spec: StreamSpec, cancel: Callable[[], None] = lambda: None) -> BatchStream:
+    def open_stream(
+        self, spec: StreamSpec, cancel: Callable[[], None] = lambda: None,
+        transport: TransportRequest = _IN_PROCESS,
+    ) -> BatchStream:
         """Check ``spec``, admit it against the daemon's limits, plan its batches and
         start a producer.
 
@@ -139,6 +150,8 @@ class FeederService:
             spec: the request.
             cancel: ends the client's call; used when the daemon ends the stream on
                 its own (idle timeout).
+            transport: what the client asked for and where it runs (shared memory
+                for a client on this host, else the gRPC payload).
 
         Raises:
             NotFound: unknown dataset or split.
@@ -157,16 +170,18 @@ class FeederService:
             runner = self.pool.acquire(self._pipeline_spec(spec))
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
+        sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3)
         context = StreamContext(
-            split, runner, spec.image_size, len(part), self.config.queue_batches, self.config.queue_bytes,
+            split, runner, sender, spec.image_size, len(part), self.config.queue_batches, self.config.queue_bytes,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
         self._admit(stream, runner, Ticket(name, peer, need, cancel))
-        log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d",
+        log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s",
                  name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
-                 spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1)
+                 spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1,
+                 stream.transport)
         return stream.start()
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
@@ -227,11 +242,13 @@ class FeederService:
             self._admission.admit(stream, ticket)
         except FeederError:
             self.pool.release(runner)
+            self.transports.close_sender(stream.sender)
             raise
         self.metrics.stream_opened()
 
     def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
         ticket = self._admission.release(stream)
+        self.transports.close_sender(stream.sender)
         level = logging.WARNING if stream.outcome.startswith(("failed", "idle")) else logging.INFO
         log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", ticket.name if ticket else "stream",
                 stream.outcome, stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
@@ -265,4 +282,5 @@ class FeederService:
         self._closed.set()
         for stream, _ in self._admission.open():
             stream.close()
+        self.transports.close_all()
         self.pool.close()

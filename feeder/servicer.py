@@ -10,19 +10,17 @@ from collections.abc import Iterator
 from typing import NoReturn
 
 import grpc
-import numpy as np
 
 from core.errors import ConfigError, FeederError, InvalidArgument, grpc_code
-from core.wire import BYTES, field_key, varint
 from feeder.pipeline import AugmentKind, CropRange
 from feeder.plan import LastBatch
-from feeder.producer import ReadyBatch
 from feeder.service import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, FeederService, StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
+from transport.daemon import TransportRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeederServicer", "add_to_server", "batch_message", "encode_batch", "stream_spec"]
+__all__ = ["FeederServicer", "add_to_server", "stream_spec"]
 
 _LAST_BATCH = {feeder_pb2.LAST_BATCH_DROP: LastBatch.DROP, feeder_pb2.LAST_BATCH_PAD: LastBatch.PAD}
 _AUGMENT = {
@@ -126,38 +124,6 @@ def stream_spec(request: feeder_pb2.StreamRequest, peer: str = "") -> StreamSpec
     )
 
 
-# Key of the ``images`` field: field number, wire type 2 (length-delimited).
-_IMAGES_KEY = field_key(feeder_pb2.Batch.DESCRIPTOR.fields_by_name["images"].number, BYTES)
-
-
-def batch_message(batch: ReadyBatch, with_images: bool = True) -> feeder_pb2.Batch:
-    """A ``Batch`` message for ``batch`` (pixels as raw bytes unless ``with_images``
-    is False)."""
-    return feeder_pb2.Batch(
-        epoch=batch.epoch,
-        cursor=batch.cursor,
-        keys=batch.keys,
-        labels=batch.labels.tolist(),
-        images=batch.images.tobytes() if with_images else b"",
-        shape=list(batch.images.shape),
-        padding=batch.padding.tolist(),
-        samples_per_rank=batch.samples_per_rank,
-    )
-
-
-def encode_batch(batch: ReadyBatch) -> bytes:
-    """The serialized ``Batch`` message of ``batch``, with the pixels copied once.
-
-    Protobuf would copy the pixels three times (array -> bytes -> message ->
-    wire); here the small fields are serialized by protobuf and the ``images`` field
-    is appended straight from the array. Parsers accept fields in any order, so the
-    result reads as an ordinary ``Batch``.
-    """
-    pixels = np.ascontiguousarray(batch.images).data.cast("B")
-    head = batch_message(batch, with_images=False).SerializeToString()
-    return b"".join((head, _IMAGES_KEY, varint(pixels.nbytes), pixels))
-
-
 class FeederServicer(feeder_pb2_grpc.FeederServicer):
     """Implements ``feeder.v1.Feeder`` on top of a :class:`FeederService`."""
 
@@ -180,20 +146,29 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
             datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes))
         return feeder_pb2.ListDatasetsResponse(datasets=datasets)
 
-    def StreamBatches(self, request, context) -> Iterator[ReadyBatch]:  # noqa: N802
+    def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
         try:
-            stream = self.service.open_stream(stream_spec(request, context.peer()), cancel=context.cancel)
+            stream = self.service.open_stream(stream_spec(request, context.peer()), cancel=context.cancel,
+                                              transport=TransportRequest.from_message(request))
         except FeederError as e:
             self._abort(context, e)
         context.add_callback(stream.close)
         try:
-            # Yields the service's own batches: ``encode_batch`` is this method's
-            # response serializer (see ``add_to_server``).
-            yield from stream
+            # Already serialized by the stream's transport (pixels inline or in a
+            # slot); this method has no response serializer (see ``add_to_server``).
+            for batch in stream:
+                yield stream.encode(batch)
         except FeederError as e:
             self._abort(context, e)
         finally:
             stream.close()
+
+    def ReleaseSlots(self, request, context):  # noqa: N802
+        try:
+            released = self.service.transports.release(request.slots)
+        except FeederError as e:
+            self._abort(context, e)
+        return feeder_pb2.ReleaseResponse(released=released)
 
     def GetStats(self, request, context):  # noqa: N802
         return feeder_pb2.StatsResponse(**dataclasses.asdict(self.service.metrics.stats()))
@@ -201,8 +176,8 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
 def add_to_server(servicer: FeederServicer, server: grpc.Server) -> None:
     """Register ``servicer`` as ``feeder.v1.Feeder``, like the generated
-    ``add_FeederServicer_to_server`` except that batches go out through
-    :func:`encode_batch`."""
+    ``add_FeederServicer_to_server`` except that batches go out as the bytes the
+    stream's transport serialized (no second serialization)."""
     pb = feeder_pb2
     handlers = {
         "ListDatasets": grpc.unary_unary_rpc_method_handler(
@@ -213,7 +188,12 @@ def add_to_server(servicer: FeederServicer, server: grpc.Server) -> None:
         "StreamBatches": grpc.unary_stream_rpc_method_handler(
             servicer.StreamBatches,
             request_deserializer=pb.StreamRequest.FromString,
-            response_serializer=encode_batch,
+            response_serializer=None,
+        ),
+        "ReleaseSlots": grpc.unary_unary_rpc_method_handler(
+            servicer.ReleaseSlots,
+            request_deserializer=pb.ReleaseRequest.FromString,
+            response_serializer=pb.ReleaseResponse.SerializeToString,
         ),
         "GetStats": grpc.unary_unary_rpc_method_handler(
             servicer.GetStats,

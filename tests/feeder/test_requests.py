@@ -15,6 +15,7 @@ from core.errors import InvalidArgument
 from feeder.servicer import stream_spec
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.feeder.conftest import connect, request, start
+from transport.base import HostIdentity
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
@@ -84,7 +85,8 @@ USUAL = dict(
     epoch=[0, 1, 7], rank=[0], world_size=[1, 2, 3], batch_size=[1, 4, 16], image_size=[16, 24, 32],
     start_cursor=[0, 3, 20], last_batch=[0, 1], augment=[0, 1, 2], min_scale=[0.0, 0.08, 0.35],
     max_scale=[0.0, 0.5, 1.0], min_ratio=[0.0, 0.5, 0.75], max_ratio=[0.0, 4 / 3, 2.0],
-    max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True],
+    max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True], transport=[0, 1, 2],
+    client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
 )
 # Anything the wire can carry in each field.
 ODD = dict(
@@ -93,7 +95,9 @@ ODD = dict(
     world_size=_ints(*INT32), batch_size=_ints(*INT32), image_size=_ints(*INT32),
     start_cursor=_ints(*INT64), last_batch=_ints(*INT32), augment=_ints(*INT32),
     min_scale=_floats(), max_scale=_floats(), min_ratio=_floats(), max_ratio=_floats(),
-    max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(),
+    max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(), transport=_ints(*INT32),
+    client_host=st.builds(feeder_pb2.ClientHost, boot_id=st.text(max_size=40), hostname=st.text(max_size=20),
+                          shm_device=_ints(0, 2**64 - 1), gpu_uuid=st.text(max_size=40)),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 

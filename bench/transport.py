@@ -1,0 +1,257 @@
+"""Transport-only benchmark: GB/s of a pre-made uint8 batch from a daemon process to
+a client process, no decoding, beside a plain memcpy of the same bytes.
+
+Paths, each a real gRPC stream over loopback from a server process:
+
+- ``shm``: the shared-memory ring (producer copies the batch into a slot, client
+  wraps it and drops it, the slot returns through ``ReleaseSlots``);
+- ``grpc``: the new gRPC payload (producer writes into the message, raw
+  deserializer, tensor is a view of the received bytes);
+- ``today``: the path before the transport package, kept here as the baseline
+  (``_encode_before``: protobuf head + pixels joined into one bytes;
+  ``_to_host_before``: ``Batch.FromString`` + a copy into a fresh tensor);
+- ``memcpy``: ``np.copyto`` of the same bytes in one process (upper bound).
+
+Usage: ``python bench/transport.py [--batch-sizes 64 256] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(_ROOT))
+
+import grpc  # noqa: E402
+import torch  # noqa: E402
+
+from bench.report import write_json  # noqa: E402
+from protos import feeder_pb2  # noqa: E402
+
+_UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+_TODAY = "today"  # job_id that selects the current encode path
+_PATHS = ("memcpy", "shm", "grpc", _TODAY)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure.
+
+    Attributes:
+        batch_sizes: Images per batch.
+        side_px: Image side (pixels), 3 channels, uint8.
+        batches: Batches per timed repeat.
+        warmup_batches: Batches received and discarded before timing.
+        repeats: Timed repeats per path and size (the median is reported).
+        ring_slots: Shared-memory ring depth.
+    """
+
+    batch_sizes: tuple[int, ...] = (64, 256)
+    side_px: int = 224
+    batches: int = 24
+    warmup_batches: int = 3
+    repeats: int = 5
+    ring_slots: int = 4
+
+
+def _premade(batch_size: int, side_px: int) -> np.ndarray:
+    rng = np.random.default_rng(batch_size)
+    return rng.integers(0, 256, (batch_size, side_px, side_px, 3), dtype=np.uint8)
+
+
+def _encode_before(images: np.ndarray, meta: Any) -> bytes:
+    """How the daemon serialized a batch before the transport package: the small
+    fields by protobuf, then the pixels joined on (one copy into the message)."""
+    from core.wire import BYTES, field_key, varint
+
+    head = meta.to_message(images.shape).SerializeToString()
+    pixels = np.ascontiguousarray(images).data.cast("B")
+    return b"".join((head, field_key(5, BYTES), varint(pixels.nbytes), pixels))
+
+
+def _to_host_before(message: feeder_pb2.Batch) -> torch.Tensor:
+    """How the loader turned a parsed ``Batch`` into a host tensor before: a copy of
+    the ``images`` field into a fresh tensor."""
+    shape = tuple(message.shape)
+    images = torch.empty(shape, dtype=torch.uint8)
+    images.numpy()[...] = np.frombuffer(message.images, dtype=np.uint8).reshape(shape)
+    return images
+
+
+def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
+    """The daemon side, in its own process: streams the pre-made batch."""
+    from transport.base import BatchMeta, TransportConfig
+    from transport.daemon import TransportHub, TransportRequest
+
+    hub = TransportHub(TransportConfig(shm_dir=Path(shm_dir), ring_slots=config.ring_slots, slot_wait_s=30.0))
+    made = {n: _premade(n, config.side_px) for n in config.batch_sizes}
+
+    def meta(n: int) -> BatchMeta:
+        keys = [f"n{i:08d}_{i}" for i in range(n)]
+        return BatchMeta(0, n, 10 * n, keys, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool))
+
+    def stream(request: feeder_pb2.StreamRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
+        images, small = made[request.batch_size], meta(request.batch_size)
+        if request.job_id == _TODAY:
+            for _ in range(request.max_samples):
+                yield _encode_before(images, small)
+            return
+        sender = hub.open_sender(TransportRequest.from_message(request), images.nbytes)
+        try:
+            for _ in range(request.max_samples):
+                slot = sender.slot_for(images.shape)
+                np.copyto(slot.array, images)  # the producer's one copy
+                yield sender.message(slot, small)
+        finally:
+            hub.close_sender(sender)
+
+    def release(request: feeder_pb2.ReleaseRequest, context: grpc.ServicerContext) -> feeder_pb2.ReleaseResponse:
+        return feeder_pb2.ReleaseResponse(released=hub.release(request.slots))
+
+    handlers = {
+        "StreamBatches": grpc.unary_stream_rpc_method_handler(
+            stream, request_deserializer=feeder_pb2.StreamRequest.FromString),
+        "ReleaseSlots": grpc.unary_unary_rpc_method_handler(
+            release, request_deserializer=feeder_pb2.ReleaseRequest.FromString,
+            response_serializer=feeder_pb2.ReleaseResponse.SerializeToString),
+    }
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("feeder.v1.Feeder", handlers),))
+    ports.put(server.add_insecure_port("127.0.0.1:0"))
+    server.start()
+    stop.wait()
+    server.stop(0)
+    hub.close_all()
+
+
+def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_size: int, shm_dir: Path) -> float:
+    """Bytes/s of one repeat of ``path`` through the server behind ``channel``."""
+    from transport.base import HostIdentity
+    from transport.client import STREAM_BATCHES, SlotReleaser, StreamReceiver
+    from transport.grpc_payload import parse_batch
+
+    transport = {"shm": feeder_pb2.TRANSPORT_SHM, "grpc": feeder_pb2.TRANSPORT_GRPC}.get(path, feeder_pb2.TRANSPORT_AUTO)
+    request = feeder_pb2.StreamRequest(
+        batch_size=batch_size, max_samples=config.warmup_batches + config.batches, transport=transport,
+        job_id=_TODAY if path == _TODAY else "", client_host=HostIdentity.of_this_process(shm_dir).to_message(),
+    )
+    call = channel.unary_stream(STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
+    releaser = SlotReleaser(channel.unary_unary(
+        "/feeder.v1.Feeder/ReleaseSlots", request_serializer=feeder_pb2.ReleaseRequest.SerializeToString,
+        response_deserializer=feeder_pb2.ReleaseResponse.FromString))
+    receiver = StreamReceiver(releaser, shm_dir)
+    nbytes, started = 0, 0.0
+    for count, data in enumerate(call(request, timeout=600)):
+        if count == config.warmup_batches:
+            nbytes, started = 0, time.perf_counter()
+        if path == _TODAY:
+            images = _to_host_before(feeder_pb2.Batch.FromString(data))
+        else:
+            images = receiver.receive(parse_batch(data)).images
+            if receiver.kind is None or receiver.kind.name.lower() != path:
+                raise RuntimeError(f"asked for {path}, got {receiver.kind}")
+        nbytes += images.numel()
+        del images  # a CPU consumer done with the batch: its slot goes back
+    elapsed = time.perf_counter() - started
+    receiver.close()
+    releaser.close()
+    return nbytes / elapsed
+
+
+def _memcpy_rate(config: BenchConfig, batch_size: int) -> float:
+    source = _premade(batch_size, config.side_px)
+    target = np.empty_like(source)
+    for _ in range(config.warmup_batches):
+        np.copyto(target, source)
+    started = time.perf_counter()
+    for _ in range(config.batches):
+        np.copyto(target, source)
+    return config.batches * source.nbytes / (time.perf_counter() - started)
+
+
+def run(config: BenchConfig) -> list[dict]:
+    """Every path at every batch size; one row each with the median GB/s."""
+    context = mp.get_context("spawn")
+    base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="feeder-bench-", dir=base) as shm_dir:
+        ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
+        stop = context.Event()
+        server = context.Process(target=_serve, args=(config, shm_dir, ports, stop), daemon=True)
+        server.start()
+        try:
+            port = ports.get(timeout=120)
+            with grpc.insecure_channel(f"127.0.0.1:{port}", options=_UNLIMITED) as channel:
+                rows = _measure_all(channel, config, Path(shm_dir))
+        finally:
+            stop.set()
+            server.join(30)
+    return rows
+
+
+def _measure_all(channel: grpc.Channel, config: BenchConfig, shm_dir: Path) -> list[dict]:
+    # Repeats interleave the paths, so a change of load on a shared machine falls
+    # on all of them rather than on whichever ran at that moment.
+    rows = []
+    for batch_size in config.batch_sizes:
+        rates: dict[str, list[float]] = {path: [] for path in _PATHS}
+        for _ in range(config.repeats):
+            for path in _PATHS:
+                if path == "memcpy":
+                    rates[path].append(_memcpy_rate(config, batch_size) / 1e9)
+                else:
+                    rates[path].append(_stream_rate(channel, path, config, batch_size, shm_dir) / 1e9)
+        for path, gbps in rates.items():
+            rows.append({"path": path, "batch_size": batch_size, "gb_per_s": statistics.median(gbps),
+                         "repeats_gb_per_s": gbps, "batch_bytes": batch_size * config.side_px ** 2 * 3})
+            print(f"{path:>7} batch {batch_size:>4}: {statistics.median(gbps):6.2f} GB/s  "
+                  f"(repeats {', '.join(f'{g:.2f}' for g in gbps)})", flush=True)
+    return rows
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    """shm >= 0.5x memcpy; new gRPC payload >= 1.5x today's, per batch size."""
+    rate = {(r["path"], r["batch_size"]): r["gb_per_s"] for r in rows}
+    checks = []
+    for size in sorted({r["batch_size"] for r in rows}):
+        for path, peer, goal in (("shm", "memcpy", 0.5), ("grpc", _TODAY, 1.5)):
+            ratio = rate[(path, size)] / rate[(peer, size)]
+            checks.append({"name": f"{path} / {peer} at batch {size}", "ratio": ratio,
+                           "target": goal, "met": ratio >= goal})
+    return checks
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256], help="e.g. 64 256")
+    parser.add_argument("--side-px", type=int, default=224, help="image side in pixels")
+    parser.add_argument("--batches", type=int, default=24, help="batches per timed repeat")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repeats (median reported)")
+    parser.add_argument("--json", type=Path, default=None, help="write results here, e.g. /tmp/transport.json")
+    args = parser.parse_args(argv)
+    config = BenchConfig(batch_sizes=tuple(args.batch_sizes), side_px=args.side_px,
+                         batches=args.batches, repeats=args.repeats)
+    rows = run(config)
+    checks = targets(rows)
+    for check in checks:
+        print(f"{check['name']}: {check['ratio']:.2f}x (target {check['target']}x) "
+              f"{'met' if check['met'] else 'NOT met'}")
+    if args.json is not None:
+        write_json(args.json, asdict(config), rows, [sys.executable, *sys.argv], checks)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

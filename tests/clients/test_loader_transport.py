@@ -1,0 +1,185 @@
+"""How pixels reach a FeederLoader: shared memory with a daemon on this host, the
+gRPC payload otherwise; and nothing of either side left in /dev/shm whatever dies."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from clients import FeederLoader
+from feeder.launcher import DaemonProcess
+from protos import feeder_pb2, feeder_pb2_grpc
+from tests.clients.conftest import N_TRAIN, ROOT, start_daemon
+from transport.base import HostIdentity
+
+SHM = Path("/dev/shm")
+
+
+def _segments(pid: int) -> list[str]:
+    return sorted(p.name for p in SHM.glob(f"feeder-{pid}-*"))
+
+
+def _within(seconds: float, check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def _epoch_keys(loader: FeederLoader) -> Counter[str]:
+    return Counter(k for _, _, keys in loader for k in keys)
+
+
+def _loader(address: str, **options) -> FeederLoader:
+    base = dict(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True)
+    return FeederLoader(address, **(base | options))
+
+
+def test_a_local_loader_gets_shared_memory_and_every_sample_once(shards):
+    server, port = start_daemon(shards)
+    try:
+        with _loader(f"127.0.0.1:{port}") as loader:
+            assert loader.transport == ""
+            seen = _epoch_keys(loader)
+            assert loader.transport == "shm"
+            assert _segments(os.getpid())  # the open stream's ring
+        assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
+        assert _within(5, lambda: not _segments(os.getpid()))  # unlinked when the stream ended
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_grpc_when_asked_and_when_the_client_is_on_another_host(shards, monkeypatch):
+    server, port = start_daemon(shards)
+    try:
+        with _loader(f"127.0.0.1:{port}", transport="grpc") as loader:
+            assert sum(_epoch_keys(loader).values()) == N_TRAIN
+            assert loader.transport == "grpc"
+        # A client that says it runs elsewhere (another kernel) asks for shm: refused,
+        # it gets the pixels inline and loses nothing.
+        elsewhere = HostIdentity(boot_id="another-machine", hostname="elsewhere", shm_device=1)
+        monkeypatch.setattr(HostIdentity, "of_this_process", classmethod(lambda cls, shm_dir=SHM: elsewhere))
+        with _loader(f"127.0.0.1:{port}", transport="shm") as loader:
+            assert sum(_epoch_keys(loader).values()) == N_TRAIN
+            assert loader.transport == "grpc"
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_a_full_dev_shm_falls_back_to_grpc(shards, monkeypatch):
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    server, port = start_daemon(shards)
+    try:
+        with _loader(f"127.0.0.1:{port}") as loader:
+            assert sum(_epoch_keys(loader).values()) == N_TRAIN
+            assert loader.transport == "grpc"
+        assert not _segments(os.getpid())
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_a_stale_or_twice_released_slot_is_invalid_and_the_daemon_goes_on(shards):
+    server, port = start_daemon(shards)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            request = feeder_pb2.StreamRequest(
+                dataset="sample", split="train", world_size=1, batch_size=4, image_size=32,
+                transport=feeder_pb2.TRANSPORT_SHM, client_host=HostIdentity.of_this_process().to_message())
+            call = stub.StreamBatches(request)  # kept open: slots of ended streams are moot
+            first = next(call)
+            assert first.shm_segment and first.HasField("slot")
+            stub.ReleaseSlots(feeder_pb2.ReleaseRequest(slots=[first.slot]))
+            for bad in (first.slot,  # released twice
+                        feeder_pb2.SlotRef(stream_id=first.slot.stream_id, index=99, generation=1),
+                        feeder_pb2.SlotRef(stream_id=first.slot.stream_id, index=first.slot.index,
+                                           generation=first.slot.generation + 7)):
+                with pytest.raises(grpc.RpcError) as caught:
+                    stub.ReleaseSlots(feeder_pb2.ReleaseRequest(slots=[bad]))
+                assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            call.cancel()
+        with _loader(f"127.0.0.1:{port}") as loader:
+            assert sum(_epoch_keys(loader).values()) == N_TRAIN
+    finally:
+        server.stop(0).wait(10)
+
+
+_CLIENT = """
+import sys, time
+from clients import FeederLoader
+loader = FeederLoader(sys.argv[1], dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1)
+for i, _ in enumerate(loader):
+    if i == 1:
+        print("holding", flush=True)
+        time.sleep(600)
+"""
+
+
+def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
+    server, port = start_daemon(shards)
+    address = f"127.0.0.1:{port}"
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        client = subprocess.Popen([sys.executable, "-c", _CLIENT, address], env=env, stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            assert client.stdout is not None and client.stdout.readline().strip() == "holding"
+            assert _segments(os.getpid())
+            with _loader(address) as other:  # another stream, meanwhile
+                other_keys = _epoch_keys(other)
+            client.send_signal(signal.SIGKILL)
+            client.wait(10)
+        finally:
+            if client.poll() is None:
+                client.kill()
+        assert sum(other_keys.values()) == N_TRAIN
+        # The daemon notices the dead client (its call is cancelled) and unlinks the ring.
+        assert _within(30, lambda: not _segments(os.getpid()) and server.service.open_streams() == 0)
+    finally:
+        server.stop(0).wait(10)
+
+
+def test_a_daemon_killed_and_restarted_is_swept_and_the_loader_resumes_over_shm(shards):
+    first = DaemonProcess({"sample": shards}, ("--device", "cpu", "--threads", "1"), cwd=ROOT)
+    first.start()
+    port = first.address.rsplit(":", 1)[1]
+    seen: Counter[str] = Counter()
+    try:
+        with _loader(first.address, batch_size=4, reconnect_timeout_s=60) as loader:
+            batches = iter(loader)
+            for _ in range(3):
+                seen.update(next(batches)[2])
+            assert loader.transport == "shm" and _segments(first.pid)
+            os.kill(first.pid, signal.SIGKILL)
+            first.stop()
+            assert _segments(first.pid)  # a daemon killed with SIGKILL cannot clean up
+            second = DaemonProcess({"sample": shards}, ("--device", "cpu", "--threads", "1", "--port", port),
+                                   cwd=ROOT)
+            second.command.remove("0")  # the same port as before, not a free one
+            second.command.remove("--port")
+            second.start()
+            try:
+                assert not _segments(first.pid)  # swept by the new daemon at start
+                for batch in batches:
+                    seen.update(batch[2])
+                assert loader.transport == "shm" and loader.reconnects >= 1
+            finally:
+                second.stop()
+        assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
+        assert not _segments(second.pid)
+    finally:
+        first.stop()

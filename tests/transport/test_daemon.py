@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from core.errors import InvalidArgument
+from protos import feeder_pb2
+from tests.transport.conftest import make_batch
+from transport.base import HostIdentity, TransportConfig, TransportKind
+from transport.daemon import TransportHub, TransportRequest
+
+SLOT_BYTES = 4 * 8 * 8 * 3
+
+
+def _hub(config: TransportConfig) -> tuple[TransportHub, HostIdentity]:
+    hub = TransportHub(config)
+    return hub, hub.host
+
+
+def test_same_host_client_gets_shared_memory(config):
+    hub, host = _hub(config)
+    sender = hub.open_sender(TransportRequest(client=host), SLOT_BYTES)
+    assert sender.kind == TransportKind.SHM and sender.stream_id.startswith(hub.prefix)
+    assert hub.reserved_bytes() == 2 * SLOT_BYTES
+    hub.close_all()
+
+
+@pytest.mark.parametrize("request_", [
+    TransportRequest(preference=TransportKind.GRPC),
+    TransportRequest(),  # a client that did not say where it runs
+])
+def test_grpc_when_asked_or_unknown_host(config, request_):
+    hub, _ = _hub(config)
+    assert hub.open_sender(request_, SLOT_BYTES).kind == TransportKind.GRPC
+
+
+def test_client_on_another_host_asking_for_shm_falls_back_with_one_warning(config, caplog):
+    hub, _ = _hub(config)
+    other = HostIdentity(boot_id="another-kernel", hostname="elsewhere", shm_device=1)
+    with caplog.at_level(logging.DEBUG, logger="transport.daemon"):
+        for _ in range(2):
+            sender = hub.open_sender(TransportRequest(TransportKind.SHM, other), SLOT_BYTES)
+            assert sender.kind == TransportKind.GRPC
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "elsewhere" in warnings[0].getMessage()
+
+
+def test_full_shm_falls_back_to_grpc(config, shm_dir, monkeypatch, caplog):
+    import errno
+    import os
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
+    hub, host = _hub(config)
+    with caplog.at_level(logging.WARNING, logger="transport.daemon"):
+        sender = hub.open_sender(TransportRequest(client=host), SLOT_BYTES)
+    assert sender.kind == TransportKind.GRPC
+    assert "shared memory full" in caplog.text
+    assert list(shm_dir.iterdir()) == []
+
+
+def test_budget_bounds_shared_memory(shm_dir):
+    config = TransportConfig(shm_dir=shm_dir, ring_slots=2, shm_budget_bytes=3 * SLOT_BYTES)
+    hub, host = _hub(config)
+    assert hub.open_sender(TransportRequest(client=host), SLOT_BYTES).kind == TransportKind.SHM
+    assert hub.open_sender(TransportRequest(client=host), SLOT_BYTES).kind == TransportKind.GRPC
+    hub.close_all()
+
+
+def test_release_routes_ignores_ended_streams_and_refuses_bad_slots(config, shm_dir):
+    hub, host = _hub(config)
+    sender = hub.open_sender(TransportRequest(client=host), SLOT_BYTES)
+    pixels, _ = make_batch()
+    a, b = sender.slot_for(pixels.shape), sender.slot_for(pixels.shape)
+    ref = lambda slot, sid=sender.stream_id: feeder_pb2.SlotRef(  # noqa: E731
+        stream_id=sid, index=slot.index, generation=slot.generation)
+    assert hub.release([ref(a), ref(a, "feeder-1-ff-9")]) == 1
+    with pytest.raises(InvalidArgument, match="released twice"):
+        hub.release([ref(a), ref(b)])  # a twice: b is still released
+    assert sender.slot_for(pixels.shape).index in (0, 1)
+    assert sender.inline_batches == 0
+    hub.close_sender(sender)
+    assert hub.release([ref(b)]) == 0  # stream over: ignored
+    assert list(shm_dir.iterdir()) == []
+
+
+def test_close_all_unlinks_every_segment(config, shm_dir):
+    hub, host = _hub(config)
+    for _ in range(3):
+        hub.open_sender(TransportRequest(client=host), SLOT_BYTES)
+    assert len(list(shm_dir.iterdir())) == 3
+    hub.close_all()
+    assert list(shm_dir.iterdir()) == [] and hub.reserved_bytes() == 0
+
+
+def test_transport_request_from_message():
+    host = HostIdentity.of_this_process()
+    request = feeder_pb2.StreamRequest(transport=feeder_pb2.TRANSPORT_SHM, client_host=host.to_message("GPU-1"))
+    parsed = TransportRequest.from_message(request)
+    assert parsed == TransportRequest(TransportKind.SHM, host, "GPU-1")
+    assert TransportRequest.from_message(feeder_pb2.StreamRequest()) == TransportRequest()
+    with pytest.raises(InvalidArgument, match="transport"):
+        TransportRequest.from_message(feeder_pb2.StreamRequest(transport=9))
+
+
+def test_host_identity_needs_same_kernel_and_same_shm():
+    host = HostIdentity("boot", "a", 5)
+    assert host.shares_shm_with(HostIdentity("boot", "b", 5))
+    assert not host.shares_shm_with(HostIdentity("boot", "a", 6))  # a private /dev/shm
+    assert not host.shares_shm_with(HostIdentity("other", "a", 5))
+    assert not HostIdentity("", "a", 5).shares_shm_with(HostIdentity("", "a", 5))

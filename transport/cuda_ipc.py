@@ -1,0 +1,211 @@
+"""CUDA IPC: a ring of device buffers on the client's GPU, allocated by the daemon
+and shared once per stream; batches never go through host memory.
+
+The daemon's pipeline runs on the client's GPU (named by UUID: device indices
+differ per process with CUDA_VISIBLE_DEVICES) and writes each batch into a slot
+of the ring, then records the slot's interprocess event. The message carries the
+ring's IPC handles (torch's ``UntypedStorage._share_cuda_``, as
+``torch/multiprocessing/reductions.py`` sends a CUDA tensor), the slot's offset and
+the event handles. The client opens the ring once, makes its stream wait on the
+slot's event, and releases the slot after its own work on it (an event it records
+after the copy/convert), exactly like a shared-memory slot.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from core.errors import DataError, InvalidArgument
+from protos import feeder_pb2
+from transport.base import (
+    BatchMeta,
+    BatchReceiver,
+    BatchSender,
+    OnceRelease,
+    ReceivedBatch,
+    ReleaseSink,
+    Slot,
+    TransportClosed,
+    TransportConfig,
+    TransportKind,
+    TransportUnavailable,
+    WireBatch,
+    check_shape,
+)
+
+__all__ = ["CudaIpcReceiver", "CudaIpcSender", "device_index"]
+
+
+def device_index(uuid: str) -> int:
+    """This process's index of the CUDA device with ``uuid`` ("GPU-...").
+
+    Raises:
+        TransportUnavailable: no CUDA, or no visible device with that UUID.
+    """
+    if not torch.cuda.is_available():
+        raise TransportUnavailable("CUDA IPC: no CUDA device in this process")
+    for index in range(torch.cuda.device_count()):
+        if _uuid_of(index) == uuid:
+            return index
+    raise TransportUnavailable(f"CUDA IPC: device {uuid} is not visible to this process")
+
+
+def _uuid_of(index: int) -> str:
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+class _Loans:
+    """Which slots are lent, with generations (as ``transport.shm.ShmRing`` keeps them)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._generation = [0] * slots
+        self._lent = [False] * slots
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def acquire(self, timeout_s: float) -> tuple[int, int] | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: not all(self._lent) or self.closed, timeout_s):
+                return None
+            if self.closed:
+                raise TransportClosed("CUDA IPC ring closed")
+            index = self._lent.index(False)
+            self._lent[index] = True
+            self._generation[index] += 1
+            return index, self._generation[index]
+
+    def release(self, index: int, generation: int, where: str) -> None:
+        with self._cond:
+            if self.closed:
+                return
+            if not 0 <= index < self.slots or not self._lent[index]:
+                raise InvalidArgument(f"{where} slot {index}: not lent (released twice?)")
+            if generation != self._generation[index]:
+                raise InvalidArgument(f"{where} slot {index}: stale generation {generation}")
+            self._lent[index] = False
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class CudaIpcSender(BatchSender):
+    """Daemon half: ``ring_slots`` device slots of ``slot_bytes`` on ``gpu_uuid``.
+
+    Producers write a slot on the device's current stream of the thread that calls
+    :meth:`message` (or finish their writes before it): ``message`` records the
+    slot's event there.
+
+    Raises:
+        TransportUnavailable: no such device, or no memory for the ring.
+    """
+
+    kind = TransportKind.CUDA_IPC
+
+    def __init__(self, stream_id: str, config: TransportConfig, slot_bytes: int, gpu_uuid: str) -> None:
+        self.stream_id = stream_id
+        self.device = torch.device("cuda", device_index(gpu_uuid))
+        self.slot_bytes = slot_bytes
+        self._wait_s = config.slot_wait_s
+        self._loans = _Loans(config.ring_slots)
+        try:
+            self._ring = torch.empty(config.ring_slots * slot_bytes, dtype=torch.uint8, device=self.device)
+        except torch.OutOfMemoryError as e:
+            raise TransportUnavailable(f"CUDA IPC: no room for the ring on {gpu_uuid}: {e}") from e
+        self._events = [torch.cuda.Event(interprocess=True) for _ in range(config.ring_slots)]
+        self._ring_message = self._describe(gpu_uuid)
+
+    def _describe(self, gpu_uuid: str) -> feeder_pb2.CudaRing:
+        with torch.cuda.device(self.device):
+            (_, handle, size, offset, counter, counter_offset, event, sync) = (
+                self._ring.untyped_storage()._share_cuda_()
+            )
+            events = [e.ipc_handle() for e in self._events]
+        return feeder_pb2.CudaRing(
+            device_uuid=gpu_uuid, storage_handle=handle, storage_size_bytes=size,
+            storage_offset_bytes=offset, ref_counter_handle=counter,
+            ref_counter_offset=counter_offset, event_handle=event or b"",
+            event_sync_required=bool(sync), slot_event_handles=events,
+        )
+
+    def slot_for(self, shape: tuple[int, ...]) -> Slot:
+        nbytes = math.prod(shape)
+        if nbytes > self.slot_bytes:
+            raise ValueError(f"batch of {nbytes} bytes in slots of {self.slot_bytes}")
+        loan = None
+        while loan is None:  # device slots cannot fall back inline: wait
+            loan = self._loans.acquire(self._wait_s)
+        index, generation = loan
+        start = index * self.slot_bytes
+        tensor = self._ring[start : start + nbytes].view(shape)
+        return Slot(tensor=tensor, index=index, generation=generation)
+
+    def message(self, slot: Slot, meta: BatchMeta) -> bytes:
+        self._events[slot.index].record(torch.cuda.current_stream(self.device))
+        message = meta.to_message(tuple(slot.tensor.shape))
+        message.slot.stream_id = self.stream_id
+        message.slot.index = slot.index
+        message.slot.generation = slot.generation
+        message.slot_offset = slot.index * self.slot_bytes
+        message.cuda_ring.CopyFrom(self._ring_message)
+        return message.SerializeToString()
+
+    def release(self, index: int, generation: int) -> None:
+        self._loans.release(index, generation, f"stream {self.stream_id}")
+
+    def close(self) -> None:
+        self._loans.close()
+
+
+class CudaIpcReceiver(BatchReceiver):
+    """Client half: opens a stream's ring once; each batch is a view of its slot,
+    ready once the current stream has waited on the slot's event.
+
+    The consumer must release every batch (``ReceivedBatch.release(after=event)``
+    after its copy): a view of a device ring cannot tell when it is unreferenced.
+    """
+
+    def __init__(self, release: ReleaseSink) -> None:
+        self._release = release
+        self._ring_key: bytes = b""
+        self._ring: torch.Tensor | None = None
+        self._events: list[torch.cuda.Event] = []
+
+    def receive(self, wire: WireBatch) -> ReceivedBatch:
+        message = wire.message
+        shape = tuple(message.shape)
+        nbytes = math.prod(shape) if shape else 0
+        check_shape(shape, nbytes)
+        ring = self._open(message.cuda_ring)
+        if message.slot_offset + nbytes > ring.numel() or message.slot.index >= len(self._events):
+            raise DataError(f"CUDA IPC slot {message.slot.index} outside the ring")
+        torch.cuda.current_stream(ring.device).wait_event(self._events[message.slot.index])
+        images = ring[message.slot_offset : message.slot_offset + nbytes].view(shape)
+        ref = feeder_pb2.SlotRef()
+        ref.CopyFrom(message.slot)
+        return ReceivedBatch(images=images, message=message, _release=OnceRelease(self._release, ref))
+
+    def close(self) -> None:
+        self._ring, self._events, self._ring_key = None, [], b""
+
+    def _open(self, ring: feeder_pb2.CudaRing) -> torch.Tensor:
+        if self._ring is None or ring.storage_handle != self._ring_key:
+            device = device_index(ring.device_uuid)
+            with torch.cuda.device(device):
+                storage = torch.UntypedStorage._new_shared_cuda(
+                    device, ring.storage_handle, ring.storage_size_bytes, ring.storage_offset_bytes,
+                    ring.ref_counter_handle, ring.ref_counter_offset,
+                    ring.event_handle or None, ring.event_sync_required,
+                )
+                self._events = [torch.cuda.Event.from_ipc_handle(device, h) for h in ring.slot_event_handles]
+            self._ring = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}").set_(storage)
+            self._ring_key = ring.storage_handle
+        return self._ring
+

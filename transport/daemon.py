@@ -1,0 +1,185 @@
+"""The daemon's entry to the transports: one :class:`TransportHub` per daemon picks
+a sender for each stream, routes ``ReleaseSlots`` to it, and frees everything at
+shutdown. The stream code sees only :class:`~transport.base.BatchSender`.
+
+Usage in the daemon::
+
+    shm.sweep_stale(config.shm_dir)                    # at start
+    hub = TransportHub(config)
+    sender = hub.open_sender(TransportRequest.from_message(request), slot_bytes)
+    try: ... stream ... finally: hub.close_sender(sender)
+    hub.release(request.slots)                         # ReleaseSlots
+    hub.close_all()                                    # SIGTERM / shutdown
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from core.errors import InvalidArgument
+from protos import feeder_pb2
+from transport.base import (
+    BatchSender,
+    HostIdentity,
+    TransportConfig,
+    TransportKind,
+    TransportUnavailable,
+)
+from transport.grpc_payload import GrpcPayloadSender
+from transport.shm import ShmSender, instance_prefix
+
+__all__ = ["TransportHub", "TransportRequest"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TransportRequest:
+    """What a stream's client asked for.
+
+    Attributes:
+        preference: The transport asked for (AUTO: the best that works).
+        client: The client's host, None when it did not say (a remote client).
+        gpu_uuid: The client's CUDA device, empty for a CPU consumer.
+    """
+
+    preference: TransportKind = TransportKind.AUTO
+    client: HostIdentity | None = None
+    gpu_uuid: str = ""
+
+    @classmethod
+    def from_message(cls, request: feeder_pb2.StreamRequest) -> TransportRequest:
+        """The transport part of a ``StreamRequest``.
+
+        Raises:
+            InvalidArgument: an unknown ``transport`` value.
+        """
+        try:
+            preference = TransportKind(request.transport)
+        except ValueError as e:
+            raise InvalidArgument(f"transport: unknown value {request.transport}") from e
+        host = request.client_host if request.HasField("client_host") else None
+        return cls(
+            preference=preference,
+            client=HostIdentity.from_message(host) if host is not None else None,
+            gpu_uuid=host.gpu_uuid if host is not None else "",
+        )
+
+
+class TransportHub:
+    """Every stream's sender, by stream id, within one shared-memory budget.
+
+    Args:
+        config: Ring sizes, shm directory, budget.
+        host: This daemon's identity (read from the system by default).
+    """
+
+    def __init__(self, config: TransportConfig, host: HostIdentity | None = None) -> None:
+        self.config = config
+        self.host = host or HostIdentity.of_this_process(config.shm_dir)
+        self.prefix = instance_prefix()
+        self._senders: dict[str, BatchSender] = {}
+        self._lock = threading.Lock()
+        self._streams = 0
+        self._warned: set[str] = set()
+
+    def open_sender(self, request: TransportRequest, slot_bytes: int, batch_gpu_uuid: str = "") -> BatchSender:
+        """A sender for a new stream whose batches are at most ``slot_bytes``.
+
+        Shared memory (CUDA IPC when the batches are produced on the client's GPU,
+        ``batch_gpu_uuid``) when asked for or AUTO and possible; otherwise the gRPC
+        payload, with one warning per reason (never an error).
+        """
+        with self._lock:
+            self._streams += 1
+            stream_id = f"{self.prefix}{self._streams}"
+        sender = self._same_host_sender(request, stream_id, slot_bytes, batch_gpu_uuid)
+        if sender is None:
+            sender = GrpcPayloadSender(stream_id, self.config.head_reserve_bytes)
+        with self._lock:
+            self._senders[stream_id] = sender
+        return sender
+
+    def _same_host_sender(
+        self, request: TransportRequest, stream_id: str, slot_bytes: int, batch_gpu_uuid: str
+    ) -> BatchSender | None:
+        if request.preference == TransportKind.GRPC:
+            return None
+        if request.client is None or not self.host.shares_shm_with(request.client):
+            if request.preference != TransportKind.AUTO:
+                self._fall_back("client-host", f"client {request.client.hostname if request.client else '?'} "
+                                "does not share this daemon's /dev/shm")
+            return None
+        if batch_gpu_uuid and batch_gpu_uuid == request.gpu_uuid:
+            sender = self._try(lambda: _cuda_sender(stream_id, self.config, slot_bytes, batch_gpu_uuid))
+            if sender is not None:
+                return sender
+        if self.reserved_bytes() + self.config.ring_slots * slot_bytes > self.config.shm_budget_bytes:
+            self._fall_back("budget", f"shared-memory budget of {self.config.shm_budget_bytes} bytes in use")
+            return None
+        return self._try(lambda: ShmSender(stream_id, self.config, slot_bytes))
+
+    def _try(self, make) -> BatchSender | None:  # type: ignore[no-untyped-def]
+        try:
+            return make()
+        except TransportUnavailable as e:
+            self._fall_back(type(e).__name__, str(e))
+            return None
+
+    def _fall_back(self, reason: str, detail: str) -> None:
+        level = logging.DEBUG if reason in self._warned else logging.WARNING
+        self._warned.add(reason)
+        _log.log(level, "sending batches inline over gRPC: %s", detail)
+
+    def reserved_bytes(self) -> int:
+        """Shared memory the open streams hold."""
+        with self._lock:
+            return sum(s.reserved_bytes for s in self._senders.values())
+
+    def release(self, slots: Iterable[feeder_pb2.SlotRef]) -> int:
+        """Hands slots back to their streams (``ReleaseSlots``); slots of streams
+        that have ended are ignored.
+
+        Returns:
+            How many slots were released.
+
+        Raises:
+            InvalidArgument: some slots were not lent (after releasing the others).
+        """
+        released, errors = 0, []
+        for ref in slots:
+            with self._lock:
+                sender = self._senders.get(ref.stream_id)
+            if sender is None:
+                continue
+            try:
+                sender.release(ref.index, ref.generation)
+                released += 1
+            except InvalidArgument as e:
+                errors.append(str(e))
+        if errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            raise InvalidArgument(errors[0] + more)
+        return released
+
+    def close_sender(self, sender: BatchSender) -> None:
+        """Ends a stream's transport (its segment is unlinked). Idempotent."""
+        with self._lock:
+            self._senders.pop(sender.stream_id, None)
+        sender.close()
+
+    def close_all(self) -> None:
+        """Closes every stream's transport: call it at shutdown (SIGTERM)."""
+        with self._lock:
+            senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:
+            sender.close()
+
+
+def _cuda_sender(stream_id: str, config: TransportConfig, slot_bytes: int, gpu_uuid: str) -> BatchSender:
+    from transport.cuda_ipc import CudaIpcSender  # torch.cuda only where asked for
+
+    return CudaIpcSender(stream_id, config, slot_bytes, gpu_uuid)

@@ -1,0 +1,345 @@
+"""Shared memory: a ring of slots per stream in one segment under ``/dev/shm``, for
+clients on the daemon's host. The pixels are copied once, by the producer, into a
+slot; the ``Batch`` message carries only the slot's reference; the client's tensor
+is a view of the slot and the slot goes back with ``ReleaseSlots``.
+
+Segments never outlive their owner for long:
+
+- the daemon owns them: created owner-only (0600) with ``O_EXCL``, named
+  ``feeder-<pid>-<token>-<stream no>`` (a prefix unique to the daemon instance),
+  unlinked when the stream closes (end, cancellation, SIGTERM via the daemon's
+  ``close_all``). A client only maps them, so a client killed with SIGKILL leaves
+  nothing behind;
+- the daemon holds an ``flock`` on each of its segments; :func:`sweep_stale`, run
+  at daemon start, removes those whose owner is gone (pid dead, or pid alive but
+  the lock free: a reused pid, a daemon restarted as pid 1 in a container);
+- space is reserved with ``posix_fallocate`` when the ring is made, so a full or
+  small ``/dev/shm`` is an exception then (:class:`TransportUnavailable`, the
+  daemon falls back to the gRPC payload), never a SIGBUS at first touch.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import math
+import mmap
+import os
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from core.errors import DataError, InvalidArgument
+from protos import feeder_pb2
+from transport.base import (
+    BatchMeta,
+    BatchReceiver,
+    BatchSender,
+    OnceRelease,
+    ReceivedBatch,
+    ReleaseSink,
+    Slot,
+    TransportClosed,
+    TransportConfig,
+    TransportKind,
+    TransportUnavailable,
+    WireBatch,
+    check_shape,
+    wrap_memory,
+)
+from transport.grpc_payload import GrpcPayloadSender
+
+__all__ = ["ShmReceiver", "ShmRing", "ShmSender", "instance_prefix", "sweep_stale"]
+
+_log = logging.getLogger(__name__)
+_NAME = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)$")
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def instance_prefix() -> str:
+    """A segment-name prefix unique to this daemon instance: ``feeder-<pid>-<token>-``."""
+    return f"feeder-{os.getpid()}-{secrets.token_hex(4)}-"
+
+
+class ShmRing:
+    """``slots`` slots of ``slot_bytes`` in one segment at ``path``, with their loans.
+
+    Each loan of a slot has a generation; a release must name the slot's current
+    one, so a stale or repeated release is refused instead of freeing a slot that
+    holds another batch.
+
+    Raises:
+        TransportUnavailable: the segment cannot be made or its space reserved.
+    """
+
+    def __init__(self, path: Path, slots: int, slot_bytes: int) -> None:
+        if slots < 1 or slot_bytes < 1:
+            raise ValueError(f"ring of {slots} slots of {slot_bytes} bytes")
+        self.path = Path(path)
+        self.slots = slots
+        self.slot_bytes = slot_bytes
+        self.nbytes = slots * slot_bytes
+        self._fd, self._map = _create_segment(self.path, self.nbytes)
+        self._memory = np.frombuffer(self._map, dtype=np.uint8)
+        self._generation = [0] * slots
+        self._lent = [False] * slots
+        self._free = deque(range(slots))
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def acquire(self, timeout_s: float | None) -> tuple[int, int] | None:
+        """Lends a free slot: ``(index, generation)``, or None after ``timeout_s``.
+
+        Raises:
+            TransportClosed: the ring was closed meanwhile.
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free or self._closed, timeout_s):
+                return None
+            if self._closed:
+                raise TransportClosed(f"{self.path.name}: ring closed")
+            index = self._free.popleft()
+            self._generation[index] += 1
+            self._lent[index] = True
+            return index, self._generation[index]
+
+    def view(self, index: int, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of slot ``index`` (writable, no copy)."""
+        start = index * self.slot_bytes
+        return self._memory[start : start + nbytes]
+
+    def release(self, index: int, generation: int) -> None:
+        """Takes back the loan ``generation`` of slot ``index``.
+
+        Raises:
+            InvalidArgument: no such slot, not lent, or another loan's generation.
+        """
+        with self._cond:
+            if self._closed:
+                return  # the stream is over; nothing left to protect
+            where = f"stream {self.path.name} slot {index}"
+            if not 0 <= index < self.slots:
+                raise InvalidArgument(f"{where}: no such slot ({self.slots} slots)")
+            current = self._generation[index]
+            if not self._lent[index] or generation > current:
+                raise InvalidArgument(f"{where} generation {generation}: not lent (released twice?)")
+            if generation != current:
+                raise InvalidArgument(f"{where}: stale generation {generation} (current {current})")
+            self._lent[index] = False
+            self._free.append(index)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Unlinks the segment and wakes waiting producers. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        _unlink(self.path)
+        os.close(self._fd)  # drops the lock
+        self._memory = np.empty(0, dtype=np.uint8)
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # slot views still alive: unmapped when the last one goes
+
+
+def _create_segment(path: Path, nbytes: int) -> tuple[int, mmap.mmap]:
+    try:
+        fd = os.open(path, _CREATE_FLAGS, 0o600)
+    except OSError as e:
+        raise TransportUnavailable(f"cannot create {path}: {e.strerror}") from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "owner alive" for sweep_stale
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.posix_fallocate(fd, 0, nbytes)
+        # Populated now: the stream's first batches do not pay the page faults.
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        return fd, mmap.mmap(fd, nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as e:
+        os.close(fd)
+        _unlink(path)
+        hint = " (shared memory full or too small)" if e.errno in (errno.ENOSPC, errno.ENOMEM) else ""
+        raise TransportUnavailable(f"cannot reserve {nbytes} bytes in {path}: {e.strerror}{hint}") from e
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class ShmSender(BatchSender):
+    """Daemon half: batches go into the ring; a batch that does not fit a slot, or
+    finds no free slot within ``slot_wait_s`` (a consumer keeping every batch),
+    travels inline instead, so the stream never deadlocks.
+
+    Args:
+        stream_id: Segment name, ``instance_prefix() + str(stream_no)``.
+        config: Ring size, directory and waits.
+        slot_bytes: Size of one slot: the stream's largest batch.
+
+    Raises:
+        TransportUnavailable: the segment cannot be made (the caller falls back).
+    """
+
+    kind = TransportKind.SHM
+
+    def __init__(self, stream_id: str, config: TransportConfig, slot_bytes: int) -> None:
+        self.stream_id = stream_id
+        self._wait_s = config.slot_wait_s
+        self.ring = ShmRing(Path(config.shm_dir) / stream_id, config.ring_slots, slot_bytes)
+        self._inline = GrpcPayloadSender(stream_id, config.head_reserve_bytes)
+        self.inline_batches = 0  # batches that missed the ring
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.ring.nbytes
+
+    def slot_for(self, shape: tuple[int, ...]) -> Slot:
+        nbytes = math.prod(shape)
+        loan = self.ring.acquire(self._wait_s) if nbytes <= self.ring.slot_bytes else None
+        if loan is None:
+            self.inline_batches += 1
+            _log.debug("stream %s: batch of %d bytes sent inline", self.stream_id, nbytes)
+            return self._inline.slot_for(shape)
+        index, generation = loan
+        pixels = self.ring.view(index, nbytes).reshape(shape)
+        return Slot(tensor=torch.from_numpy(pixels), index=index, generation=generation)
+
+    def message(self, slot: Slot, meta: BatchMeta) -> bytes:
+        if slot.index < 0:
+            return self._inline.message(slot, meta)
+        message = meta.to_message(tuple(slot.tensor.shape))
+        message.slot.stream_id = self.stream_id
+        message.slot.index = slot.index
+        message.slot.generation = slot.generation
+        message.slot_offset = slot.index * self.ring.slot_bytes
+        message.shm_segment = self.stream_id
+        message.shm_segment_bytes = self.ring.nbytes
+        return message.SerializeToString()
+
+    def release(self, index: int, generation: int) -> None:
+        self.ring.release(index, generation)
+
+    def close(self) -> None:
+        self.ring.close()
+
+
+class ShmReceiver(BatchReceiver):
+    """Client half: maps each stream's segment once and wraps slots as tensors.
+
+    A slot goes back through ``release`` (the ``ReleaseSink``) when the consumer
+    calls ``ReceivedBatch.release`` or, failing that, when the batch's memory is no
+    longer referenced (any view of the tensor keeps it).
+
+    Args:
+        release: Hands slots back to the daemon (non-blocking).
+        shm_dir: The shm directory (the daemon's, as seen from here).
+    """
+
+    def __init__(self, release: ReleaseSink, shm_dir: Path = Path("/dev/shm")) -> None:
+        self._release = release
+        self._dir = Path(shm_dir)
+        self._maps: dict[str, np.ndarray] = {}
+
+    def receive(self, wire: WireBatch) -> ReceivedBatch:
+        message = wire.message
+        if not message.HasField("slot"):
+            raise DataError("shared-memory batch without a slot reference")
+        shape = tuple(message.shape)
+        nbytes = math.prod(shape) if shape else 0
+        check_shape(shape, nbytes)
+        segment = self._segment(message.shm_segment, message.shm_segment_bytes)
+        if message.slot_offset + nbytes > segment.nbytes:
+            raise DataError(f"{message.shm_segment}: slot at {message.slot_offset}+{nbytes} "
+                            f"outside {segment.nbytes} bytes")
+        ref = feeder_pb2.SlotRef()
+        ref.CopyFrom(message.slot)
+        once = OnceRelease(self._release, ref)
+        address = segment.ctypes.data + message.slot_offset
+        pixels = wrap_memory(address, nbytes, owner=segment, on_free=once).reshape(shape)
+        return ReceivedBatch(images=torch.from_numpy(pixels), message=message, _release=once)
+
+    def close(self) -> None:
+        # Batches still referenced keep their mapping (through wrap_memory's owner).
+        self._maps.clear()
+
+    def _segment(self, name: str, nbytes: int) -> np.ndarray:
+        if name not in self._maps:
+            if not _NAME.match(name):
+                raise DataError(f"shm segment name {name!r} is not one of the daemon's")
+            self._maps = {name: _map_segment(self._dir / name, nbytes)}  # one per stream
+        return self._maps[name]
+
+
+def _map_segment(path: Path, nbytes: int) -> np.ndarray:
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as e:
+        raise TransportUnavailable(f"cannot open shared memory {path}: {e.strerror}") from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < nbytes or nbytes <= 0:
+            raise DataError(f"{path}: {size} bytes, the daemon announced {nbytes}")
+        mapped = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping stays; the daemon alone holds the file
+    return np.frombuffer(mapped, dtype=np.uint8)
+
+
+def sweep_stale(shm_dir: Path | str = "/dev/shm", grace_s: float = 10.0) -> list[str]:
+    """Removes segments whose daemon is gone; call it at daemon start.
+
+    A segment is stale when its owner pid no longer exists, or when no process
+    holds its lock and it is older than ``grace_s`` (the pid was reused, or the
+    daemon restarted under the same pid, as pid 1 in a container does). Segments
+    of other users are left alone.
+
+    Returns:
+        The names removed.
+    """
+    removed = []
+    for entry in os.scandir(shm_dir):
+        match = _NAME.match(entry.name)
+        if match and _is_stale(Path(entry.path), int(match.group(1)), grace_s):
+            try:
+                os.unlink(entry.path)
+            except (FileNotFoundError, PermissionError):
+                continue
+            removed.append(entry.name)
+    if removed:
+        _log.info("removed %d stale shared-memory segment(s) from %s", len(removed), shm_dir)
+    return removed
+
+
+def _is_stale(path: Path, pid: int, grace_s: float) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's: the lock decides
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        if time.time() - os.fstat(fd).st_mtime < grace_s:
+            return False  # may be between creation and locking
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True  # nobody holds it
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
