@@ -12,7 +12,7 @@
 ``index.parquet`` rows are in write order (the globally shuffled order). ``shard`` is
 the tar's path relative to OUT (``train/shard-000000.tar``); ``offset`` / ``size`` locate
 the JPEG bytes of the sample inside that tar (the member's data, not its header), so a
-reader can ``mmap`` the tar and slice. ``source`` is the input path relative to SRC.
+reader can read them with one ``pread``. ``source`` is the input path relative to SRC.
 
 ``manifest.json`` says what a shard directory holds; it is written last.
 

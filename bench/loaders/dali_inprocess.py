@@ -1,6 +1,6 @@
 """``dali``: the daemon's own read path and DALI pipeline, in the consumer's process.
 
-Same index and memory-mapped tars (``shards.reader``), same epoch plan
+Same index and tar reader (``shards.reader``), same epoch plan
 (``feeder.plan``), same pipeline and runner (``feeder.pipeline``) with the same thread
 budget as ``feeder serve --threads``; only the gRPC hop is missing. This is the ceiling
 the daemon is measured against.
