@@ -22,7 +22,7 @@ Shape (``FORMAT_VERSION`` 1)::
      "classes": [sorted class names],                # label = index in this list
      "splits": {"train": {"num_samples", "accepted", "rejected", "reencoded", "ignored", "inputs",
                           "per_class": {class name: accepted count},
-                          "index": "train/index.parquet",
+                          "index": "train/index.parquet", "index_sha256": str (optional),
                           "shards": [{"path", "index", "samples", "bytes", "sha256"}],
                           "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
                           "rejects": [{"source", "reason"}]}, ...},

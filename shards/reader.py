@@ -39,6 +39,8 @@ __all__ = [
     "read_index",
     "read_lmdb_sample",
     "read_manifest",
+    "TarScan",
+    "scan_tar",
     "tar_members",
 ]
 
@@ -308,6 +310,58 @@ def tar_members(path: Path) -> dict[str, tuple[int, int]]:
             return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
     except (OSError, tarfile.TarError) as e:
         raise DataError(f"{path}: not a readable tar ({e})") from e
+
+
+@dataclass(frozen=True)
+class TarScan:
+    """What a tolerant walk over a tar found.
+
+    Attributes:
+        members: member name -> (data offset, size) of every readable file member.
+        damaged: ``(start, end)`` byte ranges where a member header should be but
+            none is readable (bad checksum); the walk resumed at the next valid header.
+    """
+
+    members: dict[str, tuple[int, int]]
+    damaged: list[tuple[int, int]]
+
+    def damage_within(self, start: int, end: int) -> bool:
+        """True when a damaged range overlaps bytes ``start..end``."""
+        return any(begin < end and start < stop for begin, stop in self.damaged)
+
+
+def scan_tar(path: Path) -> TarScan:
+    """Members of the tar at ``path``, walking past damaged member headers instead of
+    stopping at the first (as :func:`tar_members` and most tar readers do), so one bad
+    header costs one member, not every member after it.
+
+    Raises:
+        DataError: not a readable tar at all.
+    """
+    members, damaged, expected = {}, [], 0
+    try:
+        with tarfile.open(path, ignore_zeros=True) as tar:  # ignore_zeros: resync block by block
+            for member in tar:
+                if member.offset > expected:
+                    damaged.append((expected, member.offset))
+                if member.isfile():
+                    members[member.name] = (member.offset_data, member.size)
+                expected = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
+    except (OSError, tarfile.TarError) as e:
+        raise DataError(f"{path}: not a readable tar ({e})") from e
+    if _nonzero_after(path, expected):
+        damaged.append((expected, path.stat().st_size))
+    return TarScan(members, damaged)
+
+
+def _nonzero_after(path: Path, offset: int) -> bool:
+    """True when the tar holds anything but end-of-archive zeros after ``offset``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return True
+    return False
 
 
 def idx_members(path: Path) -> dict[str, tuple[int, int]]:
