@@ -13,9 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from feeder.cli import app
+from sharder import ShardConfig, shard
 from sharder.verify import verify
 from shards.writers import file_sha256
 from tests.common.shards import build_sample_shards
+from tests.sharder.odd_files import huge_jpeg, rgb_jpeg, write_tree
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +122,15 @@ def test_a_damaged_index_is_one_problem_and_exit_1(pristine: Path, tmp_path: Pat
     code, problems = _verify_cli(root)
     assert code == 1 and len(problems) == 1, problems
     assert str(root / "train" / "index.parquet") in problems[0]
+
+
+def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a": {"bomb.jpg": huge_jpeg(), "ok.jpg": rgb_jpeg(1)}})
+    out = tmp_path / "out"
+    shard(ShardConfig(src, out, check="header", max_pixels=500_000_000))  # let the bomb in
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["options"]["max_pixels"]  # as a shard directory from before the option
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    key = next(r["key"] for r in pq.read_table(out / "train" / "index.parquet").to_pylist() if r["source"] == "a/bomb.jpg")
+    code, problems = _verify_cli(out)
+    assert code == 1 and len(problems) == 1 and key in problems[0] and "20000x20000" in problems[0], problems
