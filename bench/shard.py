@@ -5,7 +5,10 @@ For each mode and ``--workers`` setting: one untimed warm-up run, then the media
 check and write every image, index, manifest), input files already in the page
 cache, output to a fresh folder on the same disk. Modes:
 
-- ``passthrough``: valid JPEGs are only checked (headers, end marker) and copied.
+- ``passthrough``: ``--check header``: valid JPEGs are only checked (headers, end
+  marker) and copied.
+- ``decode``: ``--check decode`` (the default): valid JPEGs are fully decoded on the
+  workers before being copied.
 - ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
@@ -38,7 +41,7 @@ from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # no
 __all__ = ["main", "measure"]
 
 REPO = Path(__file__).resolve().parent.parent
-MODES: dict[str, dict[str, Any]] = {"passthrough": {}, "reencode": {"max_side_px": 256}}  # ShardConfig options; "copy" is no shard run
+MODES: dict[str, dict[str, Any]] = {"passthrough": {"check": "header"}, "decode": {"check": "decode"}, "reencode": {"max_side_px": 256}}  # ShardConfig options; "copy" is no shard run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
-    p.add_argument("--modes", default="copy,passthrough,reencode", help=f"comma list of copy, {', '.join(MODES)}")
+    p.add_argument("--modes", default="copy,passthrough,decode,reencode", help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")

@@ -20,7 +20,11 @@ def name_bad_sample(split: SplitIndex, candidates: list[int], error: DataError) 
     """``error`` restated with the key of the first of ``candidates`` (sample indices)
     that does not decode, or with the first few keys when each decodes alone."""
     for index in candidates:
-        if not _decodes(split.read(index)):
+        try:
+            data = split.read(index)
+        except DataError as unreadable:  # the shard itself is damaged: that is the news
+            return unreadable
+        if not _decodes(data):
             return DataError(f"{split.split}/{split.keys[index]}: {error}")
     keys = ", ".join(split.keys[i] for i in candidates[:_NAMED_IF_UNKNOWN])
     return DataError(f"{split.split}: one of {keys}...: {error}")

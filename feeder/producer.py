@@ -92,6 +92,7 @@ class BatchStream:
         self._stop = threading.Event()
         self._healthy = True
         self._read_s = 0.0  # total seconds spent reading, to separate it from decoding
+        self._read_error: DataError | None = None  # a shard that could not be read: already names the sample
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
@@ -202,7 +203,10 @@ class BatchStream:
             return  # closed while waiting for a slot: nobody reads any more
         except DataError as e:
             self._healthy = False
-            self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
+            if e is self._read_error:
+                self._put(e)
+            else:
+                self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
         except FeederError as e:
             self._put(e)
         except Exception as e:  # noqa: BLE001 - a producer must report, never die silently
@@ -219,7 +223,11 @@ class BatchStream:
             started = time.perf_counter()
             if upcoming is not None:
                 split.will_need(upcoming.indices)  # one batch of read-ahead
-            jpegs = split.read_many(batch.indices)
+            try:
+                jpegs = split.read_many(batch.indices)
+            except DataError as e:
+                self._read_error = e
+                raise
             crops = sample_crops(
                 ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
                 split.widths[batch.indices], split.heights[batch.indices], ctx.crop,

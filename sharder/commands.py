@@ -10,6 +10,8 @@ import typer
 
 from core.cli import run_command
 
+DEFAULT_MAX_PIXELS = 89_478_485  # sharder.images.DEFAULT_MAX_PIXELS, not imported: the CLI starts without PIL
+
 __all__ = ["register"]
 
 _MB = 1024 * 1024
@@ -48,8 +50,10 @@ def shard_command(
     format_list: Annotated[str, typer.Option("--format", help="Comma list of wds, lmdb.")] = "wds",
     seed: Annotated[int, typer.Option(help="Seed of the global shuffle.")] = 0,
     shard_size_mb: Annotated[float, typer.Option(help="Largest tar size in MiB.")] = 256,
-    workers: Annotated[int, typer.Option(help="Processes for images that need a decode (odd formats, --max-side, --quality).")] = 1,
+    workers: Annotated[int, typer.Option(help="Processes that decode images (--check decode, odd formats, --max-side, --quality).")] = 1,
     max_side: Annotated[int | None, typer.Option(help="Downscale images whose longer side exceeds N px.")] = None,
+    check: Annotated[str, typer.Option(help="decode: fully decode every image before accepting it; header: check JPEG headers and end marker only (faster, lets corrupt image data through).")] = "decode",
+    max_pixels: Annotated[int, typer.Option(help="Reject images with more pixels, before decoding them (decompression bombs), or downscale them with --max-side. Default: Pillow's own bomb threshold, about 9459x9459, far above camera photos.")] = DEFAULT_MAX_PIXELS,
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
     on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
@@ -65,7 +69,8 @@ def shard_command(
         formats = tuple(f.strip() for f in format_list.split(",") if f.strip())
         config = ShardConfig(
             src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
-            max_side_px=max_side, quality=quality, on_error=on_error, overwrite=overwrite, progress=progress,
+            max_side_px=max_side, quality=quality, check=check, max_pixels=max_pixels, on_error=on_error,
+            overwrite=overwrite, progress=progress,
         )  # fmt: skip
         try:
             print(shard(config).summary())

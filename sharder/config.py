@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError
+from sharder.images import CHECKS, DEFAULT_MAX_PIXELS
 
 __all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
 
@@ -32,6 +33,10 @@ class ShardConfig:
         max_side_px: downscale images whose longer side exceeds this (None = never).
         quality: re-encode every image at this JPEG quality (None = pass valid JPEGs
             through and normalise odd files at ``DEFAULT_REENCODE_QUALITY``).
+        check: ``decode`` fully decodes every image (on the workers) before accepting
+            it; ``header`` checks a pass-through JPEG's headers and end marker only.
+        max_pixels: images with more pixels are rejected before any decode
+            (decompression bombs), or downscaled when ``max_side_px`` is given.
         on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr.
@@ -46,6 +51,8 @@ class ShardConfig:
     workers: int = 1
     max_side_px: int | None = None
     quality: int | None = None
+    check: str = "decode"
+    max_pixels: int = DEFAULT_MAX_PIXELS
     on_error: str = "skip"
     overwrite: bool = False
     progress: bool = False
@@ -67,6 +74,10 @@ class ShardConfig:
             raise ConfigError(f"--max-side must be >= 16 px, got {self.max_side_px}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
+        if self.check not in CHECKS:
+            raise ConfigError(f"--check must be one of {', '.join(CHECKS)}, got {self.check!r}")
+        if self.max_pixels < 256:
+            raise ConfigError(f"--max-pixels must be >= 256, got {self.max_pixels}")
         if self.on_error not in ON_ERROR_POLICIES:
             raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR_POLICIES)}, got {self.on_error!r}")
 
@@ -84,6 +95,8 @@ class ShardConfig:
             "max_side_px": self.max_side_px,
             "quality": self.quality,
             "reencode_quality": self.reencode_quality,
+            "check": self.check,
+            "max_pixels": self.max_pixels,
             "on_error": self.on_error,
         }
 

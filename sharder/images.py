@@ -1,29 +1,49 @@
 """Turn one input file into the JPEG bytes that go into a shard, or a reject reason.
 
 Valid baseline or progressive 8-bit JPEGs (RGB/YCbCr or grayscale) pass through byte
-for byte: only their headers are parsed and the end-of-image marker checked, no
-decode. Everything else that Pillow can fully decode (CMYK JPEG, PNG even when named
-``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is normalised to an RGB JPEG. The
-format is read from the content, never from the file name.
+for byte. With ``check="decode"`` (the default) each is fully decoded first and
+rejected if the decoder reports anything; ``check="header"`` parses the headers and
+checks the end-of-image marker only. Everything else that Pillow can fully decode
+(CMYK JPEG, PNG even when named ``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is
+normalised to an RGB JPEG. The format is read from the content, never from the file
+name. Images over ``max_pixels`` are rejected before any decode (decompression
+bombs), or downscaled in the DCT domain when ``max_side_px`` is given.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 __all__ = [
+    "CHECKS",
+    "DEFAULT_MAX_PIXELS",
     "JpegHeader",
     "ProcessedImage",
+    "check_by_decode",
     "check_without_decode",
     "decode_and_reencode",
+    "decoded_size",
     "parse_jpeg_header",
     "process_image",
     "read_input",
 ]
+
+CHECKS = ("decode", "header")
+# Pillow's own decompression-bomb threshold (Image.MAX_IMAGE_PIXELS, about 9459 x 9459):
+# far above camera photos, so only bombs and unusual scans reach it.
+DEFAULT_MAX_PIXELS = 89_478_485
+_DECODE_LOCK = threading.Lock()  # decoding redirects this process's stderr and Pillow's limit
 
 _SOI = b"\xff\xd8"
 _EOI = b"\xff\xd9"
@@ -132,26 +152,122 @@ def _shrunk(image: Image.Image, max_side_px: int | None) -> Image.Image:
     return image.resize(size, Image.Resampling.LANCZOS)
 
 
-def _decode_reencode(data: bytes, max_side_px: int | None, quality: int) -> ProcessedImage:
+class _TooManyPixels(ValueError):
+    pass
+
+
+@contextmanager
+def _strict_decoding() -> Iterator[list[str]]:
+    """Decode under this context to learn what the decoder complained about.
+
+    libjpeg reports corrupt entropy-coded data (bad Huffman code, extraneous bytes,
+    a premature end of a data segment) as a *warning*: it prints one line on stderr,
+    fills the rest of the image with grey and returns success, so Pillow (like DALI's
+    CPU decoder) raises nothing; nvJPEG fails on the same bytes. That line is the only
+    evidence, so stderr (fd 2) points to a temporary file while the decode runs and
+    the list yielded receives what was written there. Pillow's own pixel limit is
+    lifted meanwhile: callers check pixels themselves, against their own limit.
+    """
+    messages: list[str] = []
+    with _DECODE_LOCK, tempfile.TemporaryFile() as capture, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Python-level warnings (EXIF, bomb) are not data errors
+        limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        saved = os.dup(2)
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield messages
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            Image.MAX_IMAGE_PIXELS = limit
+            capture.seek(0)
+            messages += [line for line in capture.read().decode(errors="replace").splitlines() if line.strip()]
+
+
+def _too_many(width: int, height: int, max_pixels: int) -> str:
+    return f"image is {width}x{height} = {width * height:,} pixels, over --max-pixels {max_pixels:,}"
+
+
+def _load(data: bytes, max_pixels: int, max_side_px: int | None) -> Image.Image:
+    """``data`` fully decoded (a JPEG only to about ``max_side_px`` when given).
+
+    Raises:
+        UnidentifiedImageError: no known image format.
+        _TooManyPixels: over ``max_pixels`` (checked before decoding).
+        OSError, ValueError, SyntaxError: corrupt or truncated, or the decoder warned.
+    """
+    with _strict_decoding() as messages:
+        image = Image.open(io.BytesIO(data))
+        if max_side_px is not None and image.format == "JPEG":
+            image.draft(image.mode, (max_side_px, max_side_px))  # DCT-domain downscale, up to 1/8
+        if image.width * image.height > max_pixels:
+            raise _TooManyPixels(_too_many(image.width, image.height, max_pixels))
+        image.load()
+    if messages:
+        raise ValueError(f"decoder reports corrupt data: {messages[0]}")
+    return image
+
+
+def _decode_reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int) -> ProcessedImage:
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if max_side_px is not None and image.format == "JPEG":
-                image.draft(image.mode, (max_side_px, max_side_px))  # DCT-domain downscale
-            image.load()
+        with _load(data, max_pixels, max_side_px) as image:
             rgb = _shrunk(_to_rgb(image), max_side_px)
     except UnidentifiedImageError:
         return ProcessedImage(reject="not an image (content is no known image format)")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+    except _TooManyPixels as e:
+        return ProcessedImage(reject=str(e))
+    except (OSError, ValueError, SyntaxError) as e:
         reason = "truncated" if "truncated" in str(e) else "corrupt"
         return ProcessedImage(reject=f"{reason} image: {e}")
     return ProcessedImage(_encode_rgb(rgb, quality), rgb.width, rgb.height, reencoded=True)
 
 
-def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality: int | None = None) -> ProcessedImage | None:
+def decoded_size(data: bytes) -> tuple[int, int]:
+    """(width, height) of ``data`` after a full, strict decode (no pixel limit).
+
+    JPEGs are decoded by OpenCV: its libjpeg prints the decoder's warnings, which
+    :func:`_strict_decoding` collects (Pillow's decoder silences them).
+
+    Raises:
+        OSError, ValueError, SyntaxError: the image does not decode cleanly.
+    """
+    if not data.startswith(_SOI):
+        with _load(data, max_pixels=2**63, max_side_px=None) as image:
+            return image.size
+    import cv2  # heavy import, needed only by decode checks
+
+    with _strict_decoding() as messages:
+        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+    if messages:
+        raise ValueError(f"decoder reports corrupt data: {messages[0]}")
+    if pixels is None:
+        raise ValueError("no decoder reads it")
+    return int(pixels.shape[1]), int(pixels.shape[0])
+
+
+def check_by_decode(accepted: ProcessedImage, max_pixels: int = DEFAULT_MAX_PIXELS) -> ProcessedImage:
+    """``accepted`` (a pass-through from :func:`check_without_decode`) if its JPEG
+    decodes cleanly to the size its header says, else a reject saying why."""
+    try:
+        size = decoded_size(accepted.data) if accepted.width * accepted.height <= max_pixels else None
+    except (OSError, ValueError, SyntaxError) as e:
+        reason = "truncated" if "truncated" in str(e) else "corrupt"
+        return ProcessedImage(reject=f"{reason} JPEG: {e}")
+    if size is None:
+        return ProcessedImage(reject=_too_many(accepted.width, accepted.height, max_pixels))
+    if size != (accepted.width, accepted.height):
+        return ProcessedImage(reject=f"corrupt JPEG: decodes to {size[0]}x{size[1]}, header says {accepted.width}x{accepted.height}")
+    return accepted
+
+
+def check_without_decode(
+    data: bytes, *, max_side_px: int | None = None, quality: int | None = None, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ProcessedImage | None:
     """The outcome for ``data`` when headers suffice, or None when it must be decoded.
 
-    Headers suffice to pass a valid JPEG through and to reject empty or header-corrupt
-    JPEGs; everything else (including a JPEG that does not end with its end-of-image
+    Headers suffice to pass a valid JPEG through (``check="header"``; a decode check
+    is :func:`check_by_decode`) and to reject empty or header-corrupt JPEGs and JPEGs
+    over ``max_pixels`` when there is no ``max_side_px`` to shrink them to; everything else (including a JPEG that does not end with its end-of-image
     marker: truncated, or followed by other bytes) needs ``decode_and_reencode``.
     """
     if not data:
@@ -167,19 +283,31 @@ def check_without_decode(data: bytes, *, max_side_px: int | None = None, quality
         return None  # truncated, or trailing bytes after the image: only a decode tells
     if header.width == 0 or header.height == 0:
         return ProcessedImage(reject="corrupt JPEG (zero width or height in frame header)")
+    if header.width * header.height > max_pixels and max_side_px is None:
+        return ProcessedImage(reject=_too_many(header.width, header.height, max_pixels))
     too_big = max_side_px is not None and max(header.width, header.height) > max_side_px
     if header.passes_through and quality is None and not too_big:
         return ProcessedImage(data, header.width, header.height)
     return None
 
 
-def decode_and_reencode(data: bytes, *, max_side_px: int | None = None, quality: int = 95) -> ProcessedImage:
-    """Decode ``data`` fully, convert to RGB, downscale, encode as JPEG at ``quality``."""
-    return _decode_reencode(data, max_side_px, quality)
+def decode_and_reencode(
+    data: bytes, *, max_side_px: int | None = None, quality: int = 95, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> ProcessedImage:
+    """Decode ``data`` fully, convert to RGB, downscale, encode as JPEG at ``quality``;
+    a reject when it is over ``max_pixels`` (after a JPEG's DCT-domain downscale) or
+    the decoder reports anything."""
+    return _decode_reencode(data, max_side_px, quality, max_pixels)
 
 
 def process_image(
-    data: bytes, *, max_side_px: int | None = None, quality: int | None = None, reencode_quality: int = 95
+    data: bytes,
+    *,
+    max_side_px: int | None = None,
+    quality: int | None = None,
+    reencode_quality: int = 95,
+    check: str = "decode",
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> ProcessedImage:
     """Decide what to store for the input bytes ``data``.
 
@@ -188,14 +316,17 @@ def process_image(
         max_side_px: downscale when the longer side exceeds this (None = never).
         quality: re-encode every image at this quality (None = pass valid JPEGs through).
         reencode_quality: quality for normalised odd files when ``quality`` is None.
+        check: ``decode`` decodes a pass-through JPEG before accepting it; ``header``
+            checks its headers and end marker only.
+        max_pixels: larger images are rejected (or downscaled, with ``max_side_px``).
 
     Returns:
         A ProcessedImage: JPEG bytes with width/height, or a reject reason.
     """
-    quick = check_without_decode(data, max_side_px=max_side_px, quality=quality)
+    quick = check_without_decode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
     if quick is not None:
-        return quick
-    return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality)
+        return check_by_decode(quick, max_pixels) if check == "decode" and not quick.reject else quick
+    return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality, max_pixels)
 
 
 def read_input(path: Path) -> bytes | ProcessedImage:

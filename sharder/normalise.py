@@ -1,9 +1,11 @@
 """Check and normalise inputs, in order, with decode work spread over processes.
 
 The writing process reads every file (a few threads read ahead) and checks it
-without decoding (``check_without_decode``): valid JPEGs pass through and bad headers
-are rejected right there, so pass-through inputs never cross a process boundary. Only inputs that
-need a decode (odd formats, ``--max-side``, ``--quality``) go to the worker pool.
+without decoding (``check_without_decode``): bad headers and images over
+``--max-pixels`` are rejected right there. With ``--check header`` valid JPEGs pass
+through from there too and never cross a process boundary; with ``--check decode``
+(the default) they go to the worker pool to be decoded, as do inputs that need
+re-encoding (odd formats, ``--max-side``, ``--quality``).
 Results come back in input order, whatever order the workers finish in, so the
 output does not depend on the number of workers.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.pool import AsyncResult, Pool
@@ -22,6 +24,7 @@ from pathlib import Path
 from sharder.config import ShardConfig
 from sharder.images import (
     ProcessedImage,
+    check_by_decode,
     check_without_decode,
     decode_and_reencode,
     read_input,
@@ -57,8 +60,8 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _reencode(data: bytes, max_side_px: int | None, quality: int) -> ProcessedImage:
-    return decode_and_reencode(data, max_side_px=max_side_px, quality=quality)
+def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int) -> ProcessedImage:
+    return decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
 
 
 def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
@@ -76,12 +79,18 @@ def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
 def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None) -> ProcessedImage | AsyncResult:
     if isinstance(data, ProcessedImage):
         return data
-    quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality)
-    if quick is not None:
+    quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality, max_pixels=config.max_pixels)
+    if quick is not None and (quick.reject or config.check == "header"):
         return quick
+    work: Callable[..., ProcessedImage]
+    args: tuple
+    if quick is not None:
+        work, args = check_by_decode, (quick, config.max_pixels)
+    else:
+        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels)
     if pool is None:
-        return _reencode(data, config.max_side_px, config.reencode_quality)
-    return pool.apply_async(_reencode, (data, config.max_side_px, config.reencode_quality))
+        return work(*args)
+    return pool.apply_async(work, args)
 
 
 def _collect(item: ProcessedImage | AsyncResult) -> ProcessedImage:

@@ -24,7 +24,7 @@ from shards.layout import (
     MANIFEST_NAME,
     index_path,
 )
-from shards.writers import write_index, write_json_atomic
+from shards.writers import file_sha256, write_index, write_json_atomic
 
 __all__ = ["ShardReport", "shard"]
 
@@ -143,6 +143,7 @@ def _finish_split(config: ShardConfig, tree: SourceTree, split: SplitSource, rec
     (config.out / split.name).mkdir(parents=True, exist_ok=True)
     _write_index(config.out, split.name, records, lmdb_only=not wds)
     entry = _split_manifest(tree, split, records, wds)
+    entry["index_sha256"] = file_sha256(index_path(config.out, split.name))  # lets verify tell a damaged index
     if "lmdb" in config.formats:
         entry["lmdb"] = copy_to_lmdb(config.out, tar_root, split.name, records)
     return entry

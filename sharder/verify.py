@@ -1,13 +1,16 @@
 """``feeder verify OUT``: check a shard directory against its manifest.
 
-Checks sizes and sha256 of every tar (and LMDB), that the ``.idx`` files and the
-Parquet index agree with the tar members, the counts per split and per class, and
-decodes a seeded sample of the images (``full=True``: every image).
+Checks sizes and sha256 of every tar (and LMDB) and of each index, that the ``.idx``
+files and the Parquet index agree with the tar members, the counts per split and per
+class, and decodes a seeded sample of the images (``full=True``: every image).
+
+Each real problem is one line naming the file and, where there is one, the sample:
+a tar whose checksum differs has every sample decoded to find the damaged one, and
+a damaged member header costs that member only (the tar walk resumes after it).
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +21,14 @@ from PIL import Image
 from tqdm import tqdm
 
 from core.errors import DataError
-from shards.reader import idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, tar_members
+from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
+from shards.reader import TarScan, idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, scan_tar
 from shards.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]
 
 SAMPLE_PER_SPLIT = 64  # images decoded per split without --full
+_BLOCK = 512  # tar header size
 
 
 @dataclass
@@ -41,40 +46,56 @@ class VerifyResult:
         return f"verified {self.root}: {self.samples} samples, {self.files} files, {self.decoded} images decoded: {state}"
 
 
-def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> bool:
+@dataclass
+class _Shard:
+    """What the file checks learned about one tar of a split."""
+
+    path: Path
+    scan: TarScan | None = None  # None: missing, truncated or unreadable (already reported)
+    sha_differs: bool = False  # its damage is named per sample, or once at the end
+    named: int = 0  # problems already reported against samples of this shard
+
+    def problem(self, key: str, what: str) -> str:
+        self.named += 1
+        changed = "sha256 differs from the manifest; " if self.sha_differs else ""
+        return f"{self.path}: {changed}sample {key}: {what}"
+
+
+def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> str:
+    """``ok``, ``sha`` (same size, other bytes), or ``bad`` (missing or other size: reported)."""
     result.files += 1
     if not path.is_file():
         result.problems.append(f"{path}: missing")
-        return False
+        return "bad"
     if path.stat().st_size != size:
         result.problems.append(f"{path}: {path.stat().st_size} bytes, manifest says {size}")
-    elif file_sha256(path) != sha256:
-        result.problems.append(f"{path}: sha256 differs from the manifest")
-    else:
-        return True
-    return False
+        return "bad"
+    return "ok" if file_sha256(path) == sha256 else "sha"
 
 
-def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    tar_path = root / entry["path"]
-    if not _check_file(result, tar_path, entry["bytes"], entry["sha256"]):
-        return {}
+def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> _Shard:
+    shard = _Shard(root / entry["path"])
+    state = _check_file(result, shard.path, entry["bytes"], entry["sha256"])
+    if state == "bad":
+        return shard
+    shard.sha_differs = state == "sha"
     try:
-        members = tar_members(tar_path)
+        shard.scan = scan_tar(shard.path)
     except DataError as e:
         result.problems.append(str(e))
-        return {}
-    if len(members) != 2 * entry["samples"]:
-        result.problems.append(f"{tar_path}: {len(members) // 2} samples, manifest says {entry['samples']}")
+        return shard
+    members, damaged = shard.scan.members, shard.scan.damaged
+    if not damaged and len(members) != 2 * entry["samples"]:
+        result.problems.append(f"{shard.path}: {len(members) // 2} samples, manifest says {entry['samples']}")
     idx_path = root / entry["index"]
-    if not idx_path.is_file() or idx_members(idx_path) != members:
+    idx = idx_members(idx_path) if idx_path.is_file() else {}
+    if any(idx.get(name) != where for name, where in members.items()) or (not damaged and idx != members):
         result.problems.append(f"{idx_path}: missing or does not match the tar members")
-    return members
+    return shard
 
 
-def _check_rows(result: VerifyResult, split: str, table: Any, members: dict[str, dict], manifest: dict) -> None:
+def _check_counts(result: VerifyResult, split: str, rows: list[dict], manifest: dict) -> None:
     entry = manifest["splits"][split]
-    rows = table.to_pylist()
     if entry["accepted"] + entry["rejected"] != entry["inputs"] or len(entry["rejects"]) != entry["rejected"]:
         result.problems.append(f"{split}: accepted + rejected != inputs, or rejects not all listed")
     if len(rows) != entry["accepted"]:
@@ -82,80 +103,124 @@ def _check_rows(result: VerifyResult, split: str, table: Any, members: dict[str,
     counts = np.bincount([r["label"] for r in rows], minlength=len(manifest["classes"]))
     if counts.tolist() != [entry["per_class"].get(c, 0) for c in manifest["classes"]]:
         result.problems.append(f"{split}: per-class counts in the index differ from the manifest")
+
+
+def _located(result: VerifyResult, rows: list[dict], shards: dict[str, _Shard]) -> list[dict]:
+    """The rows whose JPEG bytes are where the index says; the others are reported
+    once each (a damaged member header is named as such, not as a wrong index)."""
+    found = []
     for row in rows:
-        member = members.get(row["shard"], {}).get(f"{row['key']}.jpg")
-        if members and member != (row["offset"], row["size"]):
-            result.problems.append(f"{split}: index row {row['key']} does not locate {row['shard']}:{row['key']}.jpg")
+        shard = shards.get(row["shard"])
+        if shard is None or shard.scan is None:
+            continue  # a missing or truncated tar is one problem, already reported
+        if shard.scan.members.get(f"{row['key']}.jpg") == (row["offset"], row["size"]):
+            found.append(row)
+        elif shard.scan.damage_within(row["offset"] - _BLOCK, row["offset"] + row["size"]):
+            result.problems.append(shard.problem(row["key"], "its tar member header is damaged (bad checksum)"))
+        else:
+            result.problems.append(shard.problem(row["key"], f"index row does not locate {row['key']}.jpg"))
+    return found
 
 
-def _decode(result: VerifyResult, where: str, data: bytes, label_text: bytes | None, row: dict) -> None:
+def _decode(data: bytes, label_text: bytes | None, row: dict, max_pixels: int) -> str | None:
+    """What is wrong with one stored sample, or None."""
+    header = parse_jpeg_header(data)
+    if header is not None and header.width * header.height > max_pixels:
+        return f"image is {header.width}x{header.height}, over the {max_pixels:,}-pixel limit (not decoded)"
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            size = image.size
-    except (OSError, ValueError, SyntaxError) as e:
-        result.problems.append(f"{where}: image does not decode: {e}")
-        return
-    result.decoded += 1
+        size = decoded_size(data)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        return f"image does not decode: {e}"
     if size != (row["width"], row["height"]):
-        result.problems.append(f"{where}: image is {size[0]}x{size[1]}, index says {row['width']}x{row['height']}")
+        return f"image is {size[0]}x{size[1]}, index says {row['width']}x{row['height']}"
     if label_text is not None and label_text != str(row["label"]).encode():
-        result.problems.append(f"{where}: label {label_text!r} differs from index label {row['label']}")
+        return f"label {label_text!r} differs from index label {row['label']}"
+    return None
 
 
-def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], lmdb_path: Path | None) -> None:
-    env = lmdb.open(str(lmdb_path), readonly=True, lock=False) if lmdb_path else None
-    try:
+def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
+    for row in rows:
+        with open(root / row["shard"], "rb") as f:
+            f.seek(row["offset"])
+            data = f.read(row["size"])
+            f.seek(label_offset(row["offset"], row["size"]))
+            label = f.read(len(str(row["label"])) + 1).rstrip(b"\0")
+        problem = _decode(data, label, row, max_pixels)
+        result.decoded += problem is None
+        if problem is not None:
+            result.problems.append(shards[row["shard"]].problem(row["key"], problem))
+
+
+def _decode_lmdb(result: VerifyResult, lmdb_path: Path, rows: list[dict], max_pixels: int) -> None:
+    with lmdb.open(str(lmdb_path), readonly=True, lock=False) as env:
         for row in rows:
-            if env is not None:
-                data, label_number = read_lmdb_sample(env, row["key"])
-                _decode(result, f"{lmdb_path}:{row['key']}", data, str(label_number).encode(), row)
-                continue
-            with open(root / row["shard"], "rb") as f:
-                f.seek(row["offset"])
-                data = f.read(row["size"])
-                f.seek(label_offset(row["offset"], row["size"]))
-                label = f.read(len(str(row["label"])) + 1).rstrip(b"\0")
-            _decode(result, f"{row['shard']}:{row['key']}", data, label, row)
-    finally:
-        if env is not None:
-            env.close()
+            data, label_number = read_lmdb_sample(env, row["key"])
+            problem = _decode(data, str(label_number).encode(), row, max_pixels)
+            result.decoded += problem is None
+            if problem is not None:
+                result.problems.append(f"{lmdb_path}: sample {row['key']}: {problem}")
 
 
 def _check_lmdb(result: VerifyResult, root: Path, entry: dict[str, Any]) -> None:
     path = root / entry["path"]
-    if _check_file(result, path / "data.mdb", entry["bytes"], entry["sha256"]):
+    state = _check_file(result, path / "data.mdb", entry["bytes"], entry["sha256"])
+    if state == "sha":
+        result.problems.append(f"{path / 'data.mdb'}: sha256 differs from the manifest")
+    elif state == "ok":
         with lmdb.open(str(path), readonly=True, lock=False) as env:
             if env.stat()["entries"] != entry["samples"]:
                 result.problems.append(f"{path}: {env.stat()['entries']} entries, manifest says {entry['samples']}")
 
 
-def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
-    entry = manifest["splits"][split]
-    members = {}
-    for shard_entry in entry["shards"]:
-        members[shard_entry["path"]] = _check_shard(result, root, shard_entry)
-        bar.update(1)
-    if "lmdb" in entry:
-        _check_lmdb(result, root, entry["lmdb"])
+def _index_rows(result: VerifyResult, root: Path, split: str, entry: dict[str, Any]) -> list[dict] | None:
+    """The split's index rows, or None (reported once) when the index is missing,
+    unreadable or not the one the manifest records: its rows cannot be trusted."""
     index_file = root / entry["index"]
     if not index_file.is_file():
         result.problems.append(f"{index_file}: missing")
-        return
+        return None
+    if "index_sha256" in entry and file_sha256(index_file) != entry["index_sha256"]:
+        result.problems.append(f"{index_file}: sha256 differs from the manifest (damaged; its rows were not checked)")
+        return None
     try:
-        table = read_index(root, split)
+        return read_index(root, split).to_pylist()
     except DataError as e:
         result.problems.append(str(e))
+        return None
+
+
+def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
+    entry = manifest["splits"][split]
+    shards = {}
+    for shard_entry in entry["shards"]:
+        shards[shard_entry["path"]] = _check_shard(result, root, shard_entry)
+        bar.update(1)
+    if "lmdb" in entry:
+        _check_lmdb(result, root, entry["lmdb"])
+    rows = _index_rows(result, root, split, entry)
+    if rows is None:
         return
-    _check_rows(result, split, table, members if entry["shards"] else {}, manifest)
-    result.samples += table.num_rows
-    rows = table.to_pylist()
-    if not full and len(rows) > SAMPLE_PER_SPLIT:
-        picks = np.random.default_rng(seed).choice(len(rows), SAMPLE_PER_SPLIT, replace=False)
-        rows = [rows[i] for i in sorted(picks.tolist())]
-    if result.problems:
-        return  # offsets are not trustworthy; decoding would only repeat the problem
-    _decode_sample(result, root, rows, None if entry["shards"] else root / entry["lmdb"]["path"])
+    _check_counts(result, split, rows, manifest)
+    result.samples += len(rows)
+    max_pixels = int(manifest.get("options", {}).get("max_pixels") or DEFAULT_MAX_PIXELS)
+    if not entry["shards"]:
+        _decode_lmdb(result, root / entry["lmdb"]["path"], _sampled(rows, full, seed), max_pixels)
+        return
+    located = _located(result, rows, shards)
+    # Every sample of a tar whose checksum differs is decoded: that names the damaged one.
+    suspect = [row for row in located if shards[row["shard"]].sha_differs]
+    chosen = {row["key"] for row in _sampled(located, full, seed)} | {row["key"] for row in suspect}
+    _decode_sample(result, root, [row for row in located if row["key"] in chosen], shards, max_pixels)
+    for shard in shards.values():
+        if shard.sha_differs and not shard.named:
+            result.problems.append(f"{shard.path}: sha256 differs from the manifest (every sample still decodes at its indexed size)")
+
+
+def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
+    if full or len(rows) <= SAMPLE_PER_SPLIT:
+        return rows
+    picks = np.random.default_rng(seed).choice(len(rows), SAMPLE_PER_SPLIT, replace=False)
+    return [rows[i] for i in sorted(picks.tolist())]
 
 
 def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool = False) -> VerifyResult:

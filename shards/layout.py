@@ -12,7 +12,7 @@
 ``index.parquet`` rows are in write order (the globally shuffled order). ``shard`` is
 the tar's path relative to OUT (``train/shard-000000.tar``); ``offset`` / ``size`` locate
 the JPEG bytes of the sample inside that tar (the member's data, not its header), so a
-reader can ``mmap`` the tar and slice. ``source`` is the input path relative to SRC.
+reader can read them with one ``pread``. ``source`` is the input path relative to SRC.
 
 ``manifest.json`` says what a shard directory holds; it is written last.
 
@@ -22,7 +22,7 @@ Shape (``FORMAT_VERSION`` 1)::
      "classes": [sorted class names],                # label = index in this list
      "splits": {"train": {"num_samples", "accepted", "rejected", "reencoded", "ignored", "inputs",
                           "per_class": {class name: accepted count},
-                          "index": "train/index.parquet",
+                          "index": "train/index.parquet", "index_sha256": str (optional),
                           "shards": [{"path", "index", "samples", "bytes", "sha256"}],
                           "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
                           "rejects": [{"source", "reason"}]}, ...},

@@ -1,6 +1,6 @@
 """The one reader of the shard format (:mod:`shards.layout`): the manifest, each
 split's ``index.parquet``, the tar members and their DALI ``.idx`` files, LMDB values,
-and sample bytes sliced from memory-mapped tars. The daemon, ``feeder verify`` and the
+and sample bytes read from the tars. The daemon, ``feeder verify`` and the
 benchmarks read shards only through this module; :mod:`shards.writers` is its
 counterpart.
 
@@ -13,9 +13,10 @@ the manifest, and every sample lies inside an existing shard.
 from __future__ import annotations
 
 import json
-import mmap
+import os
 import tarfile
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ __all__ = [
     "read_index",
     "read_lmdb_sample",
     "read_manifest",
+    "TarScan",
+    "scan_tar",
     "tar_members",
 ]
 
@@ -55,15 +58,40 @@ class _Columns:
     heights: np.ndarray
 
 
+class _OpenShard:
+    """An open tar: its descriptor and the identity of the file it was opened as."""
+
+    def __init__(self, path: Path) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        stat = os.fstat(self.fd)
+        self.identity = (stat.st_dev, stat.st_ino)
+
+    def read_into(self, buffer: np.ndarray, offset: int) -> int:
+        """Bytes read into ``buffer`` from ``offset``; fewer than its size at end of file."""
+        done = 0
+        while done < len(buffer):
+            count = os.preadv(self.fd, [buffer.data[done:]], offset + done)
+            if count == 0:
+                break
+            done += count
+        return done
+
+
 class SplitIndex:
     """One split: per-sample key, label, image size and location, and the bytes
     behind them. ``widths`` / ``heights`` (pixels, as stored) let crop windows be
     drawn before anything is decoded.
 
-    Thread-safe for reads: the tars are mapped read-only, once, on first use.
+    Sample bytes are read with ``pread`` into fresh buffers, never sliced from a
+    memory map: a tar that is truncated while it is served (``cp`` over it, ``rsync
+    --inplace``, a network file system losing it) then gives a short read, raised as
+    a :class:`DataError` naming the tar and the sample, instead of a SIGBUS that would
+    end the whole process. Thread-safe for reads; tars are opened once, on first use.
     """
 
-    def __init__(self, root: Path, split: str, columns: _Columns, shards: list[str]) -> None:
+    def __init__(
+        self, root: Path, split: str, columns: _Columns, shards: list[str], shard_bytes: dict[str, int] | None = None
+    ) -> None:
         self.root = root
         self.split = split
         self.keys = columns.keys
@@ -72,8 +100,11 @@ class SplitIndex:
         self.heights = columns.heights
         self._cols = columns
         self._shards = shards
-        self._maps: dict[int, mmap.mmap] = {}
+        self._shard_bytes = shard_bytes or {}
+        self._open: dict[int, _OpenShard] = {}
+        self._retired: list[_OpenShard] = []  # replaced files: other threads may still read them
         self._lock = threading.Lock()
+        weakref.finalize(self, _close_all, self._open, self._retired)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -83,15 +114,32 @@ class SplitIndex:
         """The split's tars, in the order the index first names them."""
         return [self.root / shard for shard in self._shards]
 
+    def shard_of(self, index: int) -> str:
+        """The tar holding sample ``index``, relative to the shard directory."""
+        return self._shards[int(self._cols.shard_ids[index])]
+
+    def location(self, index: int) -> tuple[int, int]:
+        """(offset, size) of sample ``index``'s JPEG bytes inside its tar."""
+        return int(self._cols.offsets[index]), int(self._cols.sizes[index])
+
     def read(self, index: int) -> np.ndarray:
-        """Encoded bytes of sample ``index`` as a uint8 view of the mapped tar."""
+        """Encoded bytes of sample ``index`` (a new uint8 array).
+
+        Raises:
+            DataError: the tar is missing or shorter than the index says (names the
+                tar and the sample key); a tar replaced under the same name by a
+                complete one (the size the manifest records) is reopened instead.
+        """
         shard = int(self._cols.shard_ids[index])
-        return np.frombuffer(
-            self._map(shard),
-            dtype=np.uint8,
-            count=int(self._cols.sizes[index]),
-            offset=int(self._cols.offsets[index]),
-        )
+        offset, size = self.location(index)
+        buffer = np.empty(size, dtype=np.uint8)
+        opened = self._file(shard)
+        if opened.read_into(buffer, offset) == size:
+            return buffer
+        if self._reopen_if_replaced(shard, opened) and self._file(shard).read_into(buffer, offset) == size:
+            return buffer
+        path = self.root / self._shards[shard]
+        raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
 
     def read_many(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """:meth:`read` for each index, in order."""
@@ -100,22 +148,54 @@ class SplitIndex:
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
         """Ask the kernel to start reading these samples from disk now, without
         waiting, so the reader stays ahead of the pipeline on a cold page cache."""
-        if not hasattr(mmap, "MADV_WILLNEED"):
+        if not hasattr(os, "posix_fadvise"):
             return
         for i in indices:
-            offset, size = int(self._cols.offsets[i]), int(self._cols.sizes[i])
-            start = offset - offset % mmap.PAGESIZE  # madvise needs a page-aligned start
-            self._map(int(self._cols.shard_ids[i])).madvise(mmap.MADV_WILLNEED, start, size + offset - start)
+            offset, size = self.location(int(i))
+            try:
+                os.posix_fadvise(self._file(int(self._cols.shard_ids[i])).fd, offset, size, os.POSIX_FADV_WILLNEED)
+            except (OSError, DataError):
+                continue  # only a hint; the read itself reports a missing file
 
-    def _map(self, shard: int) -> mmap.mmap:
-        found = self._maps.get(shard)
+    def _file(self, shard: int) -> _OpenShard:
+        found = self._open.get(shard)
         if found is not None:
             return found
         with self._lock:
-            if shard not in self._maps:
-                with open(self.root / self._shards[shard], "rb") as f:
-                    self._maps[shard] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            return self._maps[shard]
+            if shard not in self._open:
+                path = self.root / self._shards[shard]
+                try:
+                    self._open[shard] = _OpenShard(path)
+                except OSError as e:
+                    raise DataError(f"{path}: cannot open shard: {e.strerror or e}") from e
+            return self._open[shard]
+
+    def _reopen_if_replaced(self, shard: int, stale: _OpenShard) -> bool:
+        """Reopen ``shard`` when its path now names a complete file (the size the
+        manifest records) other than ``stale``, or the same file grown back to that
+        size (rewritten in place); True when a retry may succeed."""
+        path = self.root / self._shards[shard]
+        expected = self._shard_bytes.get(self._shards[shard])
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False
+        if expected is None or stat.st_size != expected:
+            return False
+        with self._lock:
+            current = self._open.get(shard)
+            if current is stale and (stat.st_dev, stat.st_ino) != stale.identity:
+                try:
+                    self._open[shard] = _OpenShard(path)
+                except OSError:
+                    return False
+                self._retired.append(stale)
+        return True
+
+
+def _close_all(open_files: dict[int, _OpenShard], retired: list[_OpenShard]) -> None:
+    for opened in [*open_files.values(), *retired]:
+        os.close(opened.fd)
 
 
 @dataclass(frozen=True)
@@ -149,7 +229,7 @@ class ShardDataset:
         for split, info in manifest["splits"].items():
             _check_has_tars(root, str(split), info)
             _check_shard_sizes(root, info)
-            splits[str(split)] = _open_split(root, str(split), info.get("num_samples"))
+            splits[str(split)] = _open_split(root, str(split), info)
         if not splits:
             raise DataError(f"{root}: manifest lists no splits")
         return cls(name=name, root=root, classes=classes, splits=splits)
@@ -238,6 +318,58 @@ def tar_members(path: Path) -> dict[str, tuple[int, int]]:
         raise DataError(f"{path}: not a readable tar ({e})") from e
 
 
+@dataclass(frozen=True)
+class TarScan:
+    """What a tolerant walk over a tar found.
+
+    Attributes:
+        members: member name -> (data offset, size) of every readable file member.
+        damaged: ``(start, end)`` byte ranges where a member header should be but
+            none is readable (bad checksum); the walk resumed at the next valid header.
+    """
+
+    members: dict[str, tuple[int, int]]
+    damaged: list[tuple[int, int]]
+
+    def damage_within(self, start: int, end: int) -> bool:
+        """True when a damaged range overlaps bytes ``start..end``."""
+        return any(begin < end and start < stop for begin, stop in self.damaged)
+
+
+def scan_tar(path: Path) -> TarScan:
+    """Members of the tar at ``path``, walking past damaged member headers instead of
+    stopping at the first (as :func:`tar_members` and most tar readers do), so one bad
+    header costs one member, not every member after it.
+
+    Raises:
+        DataError: not a readable tar at all.
+    """
+    members, damaged, expected = {}, [], 0
+    try:
+        with tarfile.open(path, ignore_zeros=True) as tar:  # ignore_zeros: resync block by block
+            for member in tar:
+                if member.offset > expected:
+                    damaged.append((expected, member.offset))
+                if member.isfile():
+                    members[member.name] = (member.offset_data, member.size)
+                expected = member.offset_data + -(-member.size // _BLOCK) * _BLOCK
+    except (OSError, tarfile.TarError) as e:
+        raise DataError(f"{path}: not a readable tar ({e})") from e
+    if _nonzero_after(path, expected):
+        damaged.append((expected, path.stat().st_size))
+    return TarScan(members, damaged)
+
+
+def _nonzero_after(path: Path, offset: int) -> bool:
+    """True when the tar holds anything but end-of-archive zeros after ``offset``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(1 << 20):
+            if chunk.strip(b"\0"):
+                return True
+    return False
+
+
 def idx_members(path: Path) -> dict[str, tuple[int, int]]:
     """Member name -> (data offset, size) as a DALI ``.idx`` file lists them
     (``v1.2 N`` header, then ``type offset size name`` groups per sample line). A
@@ -269,8 +401,8 @@ def read_lmdb_sample(env: lmdb.Environment, key: str) -> tuple[bytes, int]:
     return bytes(data) if isinstance(data, bytes) else b"", int(label) if isinstance(label, int) else -1
 
 
-def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
-    path = index_path(root, split)
+def _open_split(root: Path, split: str, info: dict[str, Any]) -> SplitIndex:
+    path, expected = index_path(root, split), info.get("num_samples")
     table = read_index(root, split, ["key", "label", "shard", "offset", "size", "width", "height"])
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
@@ -287,7 +419,8 @@ def _open_split(root: Path, split: str, expected: int | None) -> SplitIndex:
     )
     _check_extents(root, path, columns, shards)
     _check_image_sizes(path, columns)
-    return SplitIndex(root, split, columns, shards)
+    shard_bytes = {str(entry["path"]): int(entry["bytes"]) for entry in info.get("shards", []) if "bytes" in entry}
+    return SplitIndex(root, split, columns, shards, shard_bytes)
 
 
 def _check_extents(root: Path, path: Path, cols: _Columns, shards: list[str]) -> None:

@@ -1,7 +1,7 @@
 """``dali``: the daemon's own code, in the consumer's process, without the gRPC hop.
 
 A :class:`feeder.service.FeederService` is built here as ``feeder serve`` builds it
-(same index and memory-mapped tars, epoch plan, producer thread, crop windows drawn
+(same index and tar reader, epoch plan, producer thread, crop windows drawn
 from (seed, epoch, key), DALI ROI decode and CPU resize, thread budget as
 ``feeder serve --threads``) and one stream of many epochs is read straight from its
 queue. This is the ceiling the daemon is measured against.

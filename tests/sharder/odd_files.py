@@ -60,3 +60,20 @@ def write_tree(root: Path, classes: dict[str, dict[str, bytes]]) -> Path:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
     return root
+
+
+def corrupt_scan_jpeg(seed: int = 0) -> bytes:
+    """A JPEG with valid headers and end marker whose entropy-coded data is garbage
+    (decoders only warn, then fill the rest with grey)."""
+    good = encode(Image.fromarray(np.tile(_pixels(seed), (4, 4, 1))), "JPEG", quality=90)
+    sos = good.index(b"\xff\xda")
+    start = sos + 2 + int.from_bytes(good[sos + 2 : sos + 4], "big")
+    count = (len(good) - 2 - start) // 2
+    junk = np.random.default_rng(seed).integers(0, 255, count, dtype=np.uint8)
+    junk[junk == 0xFF] = 0x7F  # no byte that could start a marker
+    return good[: start + count // 2] + junk.tobytes() + good[start + count // 2 + count :]
+
+
+def huge_jpeg(side: int = 20000) -> bytes:
+    """A valid ``side`` x ``side`` grey JPEG: a decompression bomb of a few MB."""
+    return encode(Image.new("L", (side, side), 128), "JPEG", quality=10)

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from sharder.images import parse_jpeg_header, process_image
-from tests.sharder.odd_files import encode, odd_inputs, rgb_jpeg
+from tests.sharder.odd_files import corrupt_scan_jpeg, encode, huge_jpeg, odd_inputs, rgb_jpeg
 
 ODD = odd_inputs()
 
@@ -76,3 +76,24 @@ def test_max_side_downscales_and_quality_reencodes() -> None:
     assert process_image(data, max_side_px=100).data == data  # already small enough: untouched
     requality = process_image(data, quality=30)
     assert requality.reencoded and len(requality.data) < len(data)
+
+
+def test_corrupt_scan_data_is_rejected_only_by_a_decode() -> None:
+    data = corrupt_scan_jpeg()
+    assert process_image(data, check="header").data == data  # headers and end marker are fine
+    result = process_image(data, check="decode")
+    assert not result.data and "corrupt" in result.reject, result.reject
+    assert process_image(rgb_jpeg(3), check="decode").data == rgb_jpeg(3)
+
+
+@pytest.fixture(scope="module")
+def huge() -> bytes:
+    return huge_jpeg()
+
+
+def test_a_decompression_bomb_is_rejected_without_a_decode_or_downscaled(huge: bytes) -> None:
+    result = process_image(huge)
+    assert not result.data and "20000x20000" in result.reject and "--max-pixels" in result.reject
+    assert "--max-pixels" in process_image(huge, max_pixels=10_000_000, check="header").reject
+    small = process_image(huge, max_side_px=500)
+    assert not small.reject and (small.width, small.height) == (500, 500)

@@ -14,7 +14,7 @@ from core.errors import ConfigError, DataError, NotFound
 from sharder import ShardConfig, shard
 from sharder.verify import verify
 from tests.common.shards import build_sample_tree
-from tests.sharder.odd_files import odd_inputs, rgb_jpeg, write_tree
+from tests.sharder.odd_files import corrupt_scan_jpeg, huge_jpeg, odd_inputs, rgb_jpeg, write_tree
 
 
 def _manifest(out: Path) -> dict:
@@ -211,3 +211,19 @@ def test_worker_processes_give_the_same_bytes_for_odd_files(odd_tree: Path, tmp_
     assert files == sorted(p.relative_to(two) for p in two.rglob("*") if p.is_file())
     assert all((one / f).read_bytes() == (two / f).read_bytes() for f in files)
     assert all(max(r["width"], r["height"]) <= 32 for r in _rows(two, "train"))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_path: Path, workers: int) -> None:
+    good = {f"img{i}.jpg": rgb_jpeg(20 + i) for i in range(4)}
+    bad = {"corrupt_scan.jpg": corrupt_scan_jpeg(), "bomb.jpg": huge_jpeg()}
+    src = write_tree(tmp_path / "src", {"a": good, "b": bad | {"ok.jpg": rgb_jpeg(30)}})
+    shard(ShardConfig(src, tmp_path / "out", workers=workers))
+    reasons = {r["source"]: r["reason"] for r in _manifest(tmp_path / "out")["splits"]["train"]["rejects"]}
+    assert set(reasons) == {"b/corrupt_scan.jpg", "b/bomb.jpg"}, reasons
+    assert "corrupt" in reasons["b/corrupt_scan.jpg"] and "--max-pixels" in reasons["b/bomb.jpg"]
+    header_only = shard(ShardConfig(src, tmp_path / "header", check="header"))
+    assert header_only.total("rejected") == 1  # the corrupt scan passes a header check
+    downscaled = shard(ShardConfig(src, tmp_path / "small", max_side_px=256))
+    assert downscaled.total("rejected") == 1 and downscaled.total("accepted") == 6
+    assert not verify(tmp_path / "small", full=True).problems

@@ -10,9 +10,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from feeder.cli import app
+from sharder import ShardConfig, shard
 from sharder.verify import verify
+from shards.writers import file_sha256
 from tests.common.shards import build_sample_shards
+from tests.sharder.odd_files import huge_jpeg, rgb_jpeg, write_tree
 
 
 @pytest.fixture(scope="module")
@@ -27,10 +32,14 @@ def test_pristine_shards_pass_and_full_decodes_everything(pristine: Path) -> Non
 
 
 def _shift_offsets(root: Path) -> None:
+    """An index written wrong (as the manifest records it), not damaged later."""
     path = root / "train" / "index.parquet"
     table = pq.read_table(path)
     offsets = pa.array([o + 512 for o in table.column("offset").to_pylist()], pa.int64())
     pq.write_table(table.set_column(table.schema.get_field_index("offset"), "offset", offsets), path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["splits"]["train"]["index_sha256"] = file_sha256(path)
+    (root / "manifest.json").write_text(json.dumps(manifest))
 
 
 def _miscount(root: Path) -> None:
@@ -59,3 +68,69 @@ def test_damage_is_reported(pristine: Path, tmp_path: Path, damage: Callable[[Pa
     damage(root)
     problems = verify(root).problems
     assert problems and any(fragment in p for p in problems), problems
+
+
+def _member(root: Path, number: int = 5) -> tuple[Path, str, int]:
+    """A tar of the train split, the key of one of its samples and that JPEG's data offset."""
+    table = pq.read_table(root / "train" / "index.parquet").to_pylist()
+    row = [r for r in table if r["shard"] == table[0]["shard"]][number]
+    return root / row["shard"], row["key"], row["offset"]
+
+
+def _flip(path: Path, start: int, count: int = 40) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(start, start + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _verify_cli(root: Path) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(app, ["verify", str(root), "--full", "--no-progress"])
+    return result.exit_code, [line for line in result.output.splitlines() if line.startswith("problem:")]
+
+
+@pytest.mark.parametrize("where", ["jpeg header", "tar header"])
+def test_flipped_header_bytes_are_one_problem_naming_shard_and_key(pristine: Path, tmp_path: Path, where: str) -> None:
+    root = Path(shutil.copytree(pristine, tmp_path / "copy"))
+    tar, key, offset = _member(root)
+    _flip(tar, offset + 2 if where == "jpeg header" else offset - 512)
+    code, problems = _verify_cli(root)
+    assert code == 1 and len(problems) == 1, problems
+    assert str(tar) in problems[0] and key in problems[0], problems
+
+
+def _rewrite_one_label(root: Path) -> None:
+    """Damage that still parses: a value changed after the manifest was written."""
+    path = root / "train" / "index.parquet"
+    table = pq.read_table(path)
+    labels = table.column("label").to_pylist()
+    labels[0] = labels[0] + 1
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.int64())), path)
+
+
+def _garble(root: Path) -> None:
+    path = root / "train" / "index.parquet"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3 : len(data) // 3 + 200] = bytes(200)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [_rewrite_one_label, _garble])
+def test_a_damaged_index_is_one_problem_and_exit_1(pristine: Path, tmp_path: Path, damage: Callable[[Path], None]) -> None:
+    root = Path(shutil.copytree(pristine, tmp_path / "copy"))
+    damage(root)
+    code, problems = _verify_cli(root)
+    assert code == 1 and len(problems) == 1, problems
+    assert str(root / "train" / "index.parquet") in problems[0]
+
+
+def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path: Path) -> None:
+    src = write_tree(tmp_path / "src", {"a": {"bomb.jpg": huge_jpeg(), "ok.jpg": rgb_jpeg(1)}})
+    out = tmp_path / "out"
+    shard(ShardConfig(src, out, check="header", max_pixels=500_000_000))  # let the bomb in
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["options"]["max_pixels"]  # as a shard directory from before the option
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    key = next(r["key"] for r in pq.read_table(out / "train" / "index.parquet").to_pylist() if r["source"] == "a/bomb.jpg")
+    code, problems = _verify_cli(out)
+    assert code == 1 and len(problems) == 1 and key in problems[0] and "20000x20000" in problems[0], problems

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -59,3 +60,39 @@ def test_lmdb_only_shards_are_refused_with_the_way_out(tmp_path):
                                     formats=("lmdb",))
     with pytest.raises(ConfigError, match="no WebDataset tars.*--format wds"):
         ShardDataset.open("x", lmdb_only)
+
+
+def _first_in_second_half(split, shard: str) -> int:
+    """A sample of ``shard`` whose bytes lie past the middle of the tar."""
+    size = (split.root / shard).stat().st_size
+    rows = [i for i, key in enumerate(split.keys) if split.shard_of(i) == shard]
+    return next(i for i in rows if split.location(i)[0] > size // 2)
+
+
+def test_a_shard_truncated_while_open_is_a_data_error_naming_shard_and_key(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]
+    shard = split.shard_of(0)
+    split.read(0)  # open the shard before it is damaged, as a serving daemon has
+    late = _first_in_second_half(split, shard)
+    tar = copy / shard
+    os.truncate(tar, tar.stat().st_size // 2)
+    with pytest.raises(DataError, match=rf"{tar}.*{split.keys[late]}"):
+        split.read(late).tobytes()
+    with pytest.raises(DataError, match=rf"{split.keys[late]}"):
+        split.read_many([late])
+
+
+def test_a_shard_replaced_by_a_complete_copy_is_reopened(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]
+    shard = split.shard_of(0)
+    late = _first_in_second_half(split, shard)
+    expected = split.read(late).tobytes()
+    tar = copy / shard
+    shutil.copyfile(tar, tmp_path / "complete.tar")
+    os.truncate(tar, tar.stat().st_size // 2)  # the open file is damaged in place ...
+    os.replace(tmp_path / "complete.tar", tar)  # ... and a complete one takes its name
+    assert split.read(late).tobytes() == expected
+    split.will_need([late, 0])
+    assert split.read(0).tobytes() == (ShardDataset.open("y", copy).splits["train"].read(0).tobytes())
