@@ -52,6 +52,13 @@ def serve_command(
     antialias: Annotated[bool, typer.Option(
         help="Default resize filter of streams that choose none: antialiased bilinear (torchvision's PIL "
         "path) instead of plain bilinear (tf.data's; about 1.75x the images/s on the CPU).")] = False,
+    on_error: Annotated[str, typer.Option(
+        help="A sample that fails to decode or is over --max-pixels: skip (replace it by a repeat of a good "
+        "sample of its batch, marked as padding; counted, named in GetStats and logged) or fail (end the "
+        "stream with DATA_LOSS naming it).")] = "skip",
+    max_pixels: Annotated[int, typer.Option(
+        help="Largest width x height served, as the index says; larger samples are refused unread (see "
+        "--on-error). Default: PIL's decompression-bomb threshold.")] = 89_478_485,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -61,7 +68,7 @@ def serve_command(
     from feeder.server import serve
 
     def run() -> None:
-        extra = {} if threads is None else {"threads": threads}
+        extra: dict[str, int] = {} if threads is None else {"threads": threads}
         config = ServerConfig(
             datasets=parse_datasets(dataset),
             port=port,
@@ -75,6 +82,8 @@ def serve_command(
             grace_s=grace_s,
             log_level=log_level,
             antialias=antialias,
+            on_error=on_error,
+            max_pixels=max_pixels,
             **extra,
         )
         serve(config)

@@ -10,10 +10,13 @@ from pathlib import Path
 
 from core.errors import ConfigError
 
-__all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig"]
+__all__ = ["DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig"]
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ON_ERROR = ("skip", "fail")
+# PIL's own decompression-bomb threshold (``Image.MAX_IMAGE_PIXELS``, 1 GiB / 4 / 3).
+DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def _default_threads() -> int:
@@ -42,6 +45,12 @@ class ServerConfig:
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
+        on_error: what a stream does with a sample it cannot serve (one that fails to
+            decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
+            sample of its batch, marked as padding, counts and names it; ``fail`` ends
+            the stream with DATA_LOSS naming it.
+        max_pixels: largest width x height (as the index says) served; a larger sample
+            is refused before it is read or decoded, as ``on_error`` says.
     """
 
     datasets: Mapping[str, Path]
@@ -58,6 +67,8 @@ class ServerConfig:
     rpc_threads: int = 0
     log_level: str = "info"
     antialias: bool = False
+    on_error: str = "skip"
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -80,6 +91,10 @@ class ServerConfig:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
+        if self.max_pixels < 1:
+            raise ConfigError(f"max_pixels: must be >= 1, got {self.max_pixels}")
 
     @property
     def worker_threads(self) -> int:

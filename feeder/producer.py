@@ -13,15 +13,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from core.errors import DataError, FeederError
 from feeder.augment import AugmentKind, CropRange, sample_crops
+from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Job, PipelineRunner
+from feeder.pipeline import Job, PipelineRunner, SampleDecodeError
 from feeder.plan import BatchSlice
 from shards.reader import SplitIndex
 
@@ -42,13 +43,16 @@ class ReadyBatch:
     labels: np.ndarray
     images: np.ndarray
     padding: np.ndarray
+    failed_keys: list[str] = field(default_factory=list)  # replaced samples (marked in padding)
 
 
 @dataclass(frozen=True)
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from, what to run,
     and what draws each sample's crop window and flip (``kind``, ``seed``, ``crop``,
-    with the batch's epoch and the samples' keys)."""
+    with the batch's epoch and the samples' keys). ``samples`` applies the error
+    policy to samples that cannot be served (None: none known, the stream fails on
+    the first)."""
 
     split: SplitIndex
     runner: PipelineRunner
@@ -58,6 +62,7 @@ class StreamContext:
     kind: AugmentKind = AugmentKind.TRAIN
     seed: int = 0
     crop: CropRange = CropRange()
+    samples: SampleFilter | None = None
 
 
 class BatchStream:
@@ -79,6 +84,7 @@ class BatchStream:
         on_close: Callable[[BatchStream, PipelineRunner, bool], None],
     ) -> None:
         self._ctx = context
+        self._filter = context.samples or SampleFilter(BadSamples("", context.split, 1 << 62), OnError.FAIL)
         self._slices = slices
         self._metrics = metrics
         self._on_close = on_close
@@ -166,9 +172,17 @@ class BatchStream:
                 self._metrics.queued.dec()
 
     def _produce(self) -> None:
-        pending: deque[BatchSlice] = deque()
+        pending: deque[Screened] = deque()
+
+        def repair(job: Job, error: SampleDecodeError) -> Job:
+            # The runner repairs the oldest run it has not returned: pending[0]'s.
+            self._metrics.decode_retried()
+            pending[0] = self._filter.replace(pending[0], error.positions or (), decode_reason(str(error)))
+            return self._job(pending[0])
+
         try:
-            outputs = self._ctx.runner.run_many(self._read_batches(pending))
+            skip = self._filter.on_error is OnError.SKIP
+            outputs = self._ctx.runner.run_many(self._read_batches(pending), repair if skip else None)
             while True:
                 started, read_before = time.perf_counter(), self._read_s
                 images = next(outputs, None)
@@ -180,9 +194,11 @@ class BatchStream:
                 if not self._put(self._ready(pending.popleft(), images)):
                     return
             self._put(_END)
+        except UnservableSample as e:  # names the sample already; the runner is fine
+            self._put(e)
         except DataError as e:
             self._healthy = False
-            self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
+            self._put(name_bad_sample(self._ctx.split, [int(i) for s in pending for i in s.batch.indices], e))
         except FeederError as e:
             self._put(e)
         except Exception as e:  # noqa: BLE001 - a producer must report, never die silently
@@ -191,27 +207,36 @@ class BatchStream:
             error.__cause__ = e
             self._put(error)
 
-    def _read_batches(self, pending: deque[BatchSlice]) -> Iterator[Job]:
-        split, ctx = self._ctx.split, self._ctx
+    def _read_batches(self, pending: deque[Screened]) -> Iterator[Job]:
+        split = self._ctx.split
         upcoming = next(self._slices, None)
         while upcoming is not None and not self._stop.is_set():
             batch, upcoming = upcoming, next(self._slices, None)
             started = time.perf_counter()
             if upcoming is not None:
                 split.will_need(upcoming.indices)  # one batch of read-ahead
-            jpegs = split.read_many(batch.indices)
-            crops = sample_crops(
-                ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
-                split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
-            )
+            screened = self._filter.screen(batch)  # known bad samples are not even read
+            job = self._job(screened)
             seconds = time.perf_counter() - started
             self._read_s += seconds
             self._metrics.stage("read", seconds)
-            pending.append(batch)
-            yield Job(jpegs, ctx.image_size, crops)
+            pending.append(screened)
+            yield job
 
-    def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
-        split = self._ctx.split
+    def _job(self, screened: Screened) -> Job:
+        """The bytes and crop windows of a batch's samples."""
+        split, ctx, batch = self._ctx.split, self._ctx, screened.batch
+        crops = sample_crops(
+            ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
+            split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
+        )
+        return Job(split.read_many(batch.indices), ctx.image_size, crops)
+
+    def _ready(self, screened: Screened, images: np.ndarray) -> ReadyBatch:
+        split, batch = self._ctx.split, screened.batch
+        self._filter.delivered(screened)
+        if screened.failed:
+            self._metrics.samples_failed(self._filter.bad.dataset, split.split, len(screened.failed))
         return ReadyBatch(
             epoch=batch.epoch,
             cursor=batch.cursor,
@@ -220,4 +245,5 @@ class BatchStream:
             labels=split.labels[batch.indices],
             images=images,
             padding=batch.padding,
+            failed_keys=[split.keys[i] for i in screened.failed],
         )

@@ -18,6 +18,7 @@ from core.errors import (
     NotFound,
     ServiceUnavailable,
 )
+from feeder.bad_samples import BadSamples, OnError, SampleFilter
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
@@ -126,6 +127,11 @@ class FeederService:
         self.metrics = metrics
         self.device = resolve_device(config.device)
         self.pool = PipelinePool()
+        self._bad = {
+            (name, split): BadSamples(name, index, config.max_pixels, metrics.bad_sample_found)
+            for name, dataset in datasets.items()
+            for split, index in dataset.splits.items()
+        }
         self._streams: set[BatchStream] = set()
         self._lock = threading.Lock()
         self._accepting = True
@@ -152,6 +158,7 @@ class FeederService:
         context = StreamContext(
             split, runner, spec.image_size, len(part), self.config.queue_batches,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
+            samples=SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         self._admit(stream, runner)

@@ -91,6 +91,7 @@ def batch_message(batch: ReadyBatch, with_images: bool = True) -> feeder_pb2.Bat
         shape=list(batch.images.shape),
         padding=batch.padding.tolist(),
         samples_per_rank=batch.samples_per_rank,
+        failed_keys=batch.failed_keys,
     )
 
 

@@ -25,6 +25,8 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"queue_batches": 0}, "queue_batches"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"grace_s": -1.0}, "grace_s"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"max_pixels": 0}, "max_pixels"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):
