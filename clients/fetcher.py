@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
@@ -60,11 +60,14 @@ class HostBatch:
     Attributes:
         images: uint8 ``[N, H, W, 3]`` (pinned when the consumer is on CUDA).
         labels: int64 ``[N]``.
-        padding: bool ``[N]``, True for samples repeated to fill the last batch.
+        padding: bool ``[N]``, True for samples repeated to fill the last batch or
+            standing in for a sample the daemon could not serve.
         keys: Sample keys, in batch order.
         epoch: Epoch the batch belongs to.
         cursor: Sample cursor after this batch.
         samples_per_rank: Length of this rank's part of the epoch, in samples.
+        failed_keys: Keys of samples the daemon could not serve (undecodable, or over
+            its pixel cap), replaced in this batch by repeats marked in ``padding``.
     """
 
     images: torch.Tensor
@@ -74,6 +77,7 @@ class HostBatch:
     epoch: int
     cursor: int
     samples_per_rank: int
+    failed_keys: list[str] = field(default_factory=list)
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -112,6 +116,7 @@ def _to_host(message: feeder_pb2.Batch, pin: bool) -> HostBatch:
         epoch=message.epoch,
         cursor=message.cursor,
         samples_per_rank=message.samples_per_rank,
+        failed_keys=list(message.failed_keys),
     )
 
 

@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
+from clients import FeederLoader
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.bad_samples import break_scan, claim_size, copy_shards
 from tests.feeder.conftest import connect, request, start
@@ -143,3 +144,18 @@ def test_on_error_fail_refuses_a_sample_over_the_pixel_cap_naming_its_size(bomb)
         channel.close()
         server.stop(0).wait(10)
 
+
+def test_the_loader_counts_replaced_samples_and_marks_them_as_padding(broken):
+    root, key = broken
+    server, port = start({"bad": root})
+    try:
+        with FeederLoader(f"127.0.0.1:{port}", "bad", split="val", batch_size=BATCH, image_size=16,
+                          rank=0, world_size=1, last_batch="pad", return_padding=True,
+                          return_keys=True) as loader:
+            batches = list(loader)
+            assert len(batches) == VAL_SAMPLES // BATCH
+            assert loader.skipped == 1
+            assert sum(int(padding.sum()) for *_, padding in batches) == 1
+            assert key not in [k for _, _, keys, _ in batches for k in keys]
+    finally:
+        server.stop(0).wait(10)
