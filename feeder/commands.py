@@ -59,6 +59,11 @@ def serve_command(
     max_pixels: Annotated[int, typer.Option(
         help="Largest width x height served, as the index says; larger samples are refused unread (see "
         "--on-error). Default: PIL's decompression-bomb threshold.")] = 89_478_485,
+    max_pipelines: Annotated[int, typer.Option(
+        help="Built pipelines held at once, lent to streams or idle; each open stream holds one, so keep it "
+        ">= --max-streams (a stream that finds all lent is refused as unavailable).")] = 64,
+    pipeline_idle_s: Annotated[float, typer.Option(
+        help="Seconds an idle pipeline is kept for reuse before its threads and buffers are freed.")] = 30.0,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -84,6 +89,8 @@ def serve_command(
             antialias=antialias,
             on_error=on_error,
             max_pixels=max_pixels,
+            max_pipelines=max_pipelines,
+            pipeline_idle_s=pipeline_idle_s,
             **extra,
         )
         serve(config)

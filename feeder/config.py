@@ -51,6 +51,11 @@ class ServerConfig:
             the stream with DATA_LOSS naming it.
         max_pixels: largest width x height (as the index says) served; a larger sample
             is refused before it is read or decoded, as ``on_error`` says.
+        max_pipelines: built pipelines held at once, lent to streams or idle. Each
+            open stream holds one, so a stream that finds all of them lent is refused
+            as unavailable; an idle one is dropped, oldest first, to build another.
+        pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
+            threads and buffers (DALI keeps its peak buffers while a pipeline lives).
     """
 
     datasets: Mapping[str, Path]
@@ -69,6 +74,8 @@ class ServerConfig:
     antialias: bool = False
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pipelines: int = 64
+    pipeline_idle_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -93,8 +100,11 @@ class ServerConfig:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
-        if self.max_pixels < 1:
-            raise ConfigError(f"max_pixels: must be >= 1, got {self.max_pixels}")
+        for name in ("max_pixels", "max_pipelines"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.pipeline_idle_s > 0:  # NaN too
+            raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
 
     @property
     def worker_threads(self) -> int:

@@ -36,6 +36,7 @@ class Stats:
     samples_skipped: int
     samples_failed: int = 0
     failed_keys: tuple[str, ...] = ()
+    pipelines: int = 0
 
 
 class ServerMetrics:
@@ -45,7 +46,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
-        self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0)
+        self._totals = dict(
+            images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0
+        )
         self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
@@ -62,6 +65,7 @@ class ServerMetrics:
         self.retries = Counter(
             "feeder_decode_retries", "Pipeline runs repeated after samples failed to decode.", registry=r
         )
+        self.pipelines = Gauge("feeder_pipelines", "Built pipelines, lent to streams or idle.", registry=r)
         self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
         self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
         self.stage_s = Histogram(
@@ -106,6 +110,12 @@ class ServerMetrics:
         with self._lock:
             self._failed_names.append(name)
 
+    def pipelines_held(self, count: int) -> None:
+        """Pipelines built and not yet dropped, now."""
+        with self._lock:
+            self._totals["pipelines"] = count
+        self.pipelines.set(count)
+
     def decode_retried(self) -> None:
         self.retries.inc()
 
@@ -127,6 +137,7 @@ class ServerMetrics:
             samples_skipped=t["skipped"],
             samples_failed=t["failed"],
             failed_keys=failed_names,
+            pipelines=t["pipelines"],
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

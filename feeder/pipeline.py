@@ -377,6 +377,10 @@ class PipelineRunner:
                 continue
 
     def close(self) -> None:
-        """Release the resize threads (the DALI pipeline goes with the runner)."""
+        """Release the resize threads and the DALI pipeline's threads and buffers now,
+        not whenever the runner is collected. The runner cannot run after this."""
         if self._resizer is not None:
             self._resizer.close()
+        shutdown = getattr(self._pipe, "_shutdown", None)  # what Pipeline.__del__ calls
+        if shutdown is not None:
+            shutdown()

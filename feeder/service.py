@@ -126,7 +126,7 @@ class FeederService:
         self.datasets = datasets
         self.metrics = metrics
         self.device = resolve_device(config.device)
-        self.pool = PipelinePool()
+        self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held)
         self._bad = {
             (name, split): BadSamples(name, index, config.max_pixels, metrics.bad_sample_found)
             for name, dataset in datasets.items()
@@ -144,7 +144,8 @@ class FeederService:
         Raises:
             NotFound: unknown dataset or split.
             InvalidArgument: a field out of range (the message names it).
-            ServiceUnavailable: shutting down, or ``max_streams`` already open.
+            ServiceUnavailable: shutting down, or ``max_streams`` already open, or
+                ``max_pipelines`` all lent to open streams.
         """
         split = self._split(spec)
         self._check_sizes(spec)

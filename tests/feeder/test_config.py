@@ -27,6 +27,8 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"grace_s": -1.0}, "grace_s"),
         ({"on_error": "ignore"}, "on_error"),
         ({"max_pixels": 0}, "max_pixels"),
+        ({"max_pipelines": 0}, "max_pipelines"),
+        ({"pipeline_idle_s": float("nan")}, "pipeline_idle_s"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):
