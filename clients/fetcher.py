@@ -74,7 +74,8 @@ class HostBatch:
     Attributes:
         images: uint8 ``[N, H, W, 3]`` (pinned when the consumer is on CUDA).
         labels: int64 ``[N]``.
-        padding: bool ``[N]``, True for samples repeated to fill the last batch.
+        padding: bool ``[N]``, True for samples repeated to fill the last batch or
+            standing in for a sample the daemon could not serve.
         keys: Sample keys, in batch order.
         epoch: Epoch the batch belongs to.
         cursor: Sample cursor after this batch.
@@ -82,6 +83,8 @@ class HostBatch:
         release: Hands the transport's memory back once ``images`` has been copied
             elsewhere (optionally after a CUDA event); without a call it goes back
             when ``images`` is no longer referenced.
+        failed_keys: Keys of samples the daemon could not serve (undecodable, or over
+            its pixel cap), replaced in this batch by repeats marked in ``padding``.
     """
 
     images: torch.Tensor
@@ -92,6 +95,7 @@ class HostBatch:
     cursor: int
     samples_per_rank: int
     release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
+    failed_keys: list[str] = field(default_factory=list)
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -134,6 +138,7 @@ def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
         cursor=message.cursor,
         samples_per_rank=message.samples_per_rank,
         release=release,
+        failed_keys=list(message.failed_keys),
     )
 
 

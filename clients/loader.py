@@ -104,7 +104,9 @@ class LoaderConfig:
         last_batch: ``"drop"`` (equal full batches on every rank) or ``"pad"`` (every
             sample once; the last batch is filled with repeats, see ``return_padding``).
         return_keys: Also yield the list of sample keys.
-        return_padding: Also yield a bool tensor, True where a sample is a repeat.
+        return_padding: Also yield a bool tensor, True where a sample is a repeat: to
+            fill the last batch, or in place of a sample the daemon could not serve
+            (see :attr:`FeederLoader.skipped`).
         dtype: Floating dtype of normalised images.
         augment: ``"auto"`` (train augmentation on ``train``), ``"train"`` or ``"val"``.
         min_scale: RandomResizedCrop minimum area fraction (0: daemon default).
@@ -284,6 +286,7 @@ class FeederLoader(Positioned):
         self._planned: dict[int, _Sizes] = {}  # epoch -> sizes from then on
         self.wait_seconds = 0.0
         self._reconnects = 0
+        self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
 
     # -- what the daemon has -------------------------------------------------
@@ -344,6 +347,13 @@ class FeederLoader(Positioned):
         """Times a stream was reopened after a transient failure."""
         fetcher = self._connection.fetcher
         return self._reconnects + (fetcher.reconnects if fetcher else 0)
+
+    @property
+    def skipped(self) -> int:
+        """Samples the daemon could not serve (undecodable, or over its pixel cap) that
+        arrived replaced by a repeat of another sample of their batch, marked as
+        padding (``feeder serve --on-error skip``); the daemon logs and names them."""
+        return self._skipped
 
     @property
     def stall_fraction(self) -> float:
@@ -483,6 +493,7 @@ class FeederLoader(Positioned):
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
         self.position.cursor = host.cursor
+        self._skipped += len(host.failed_keys)
         if host.samples_per_rank:
             self._samples_per_rank = host.samples_per_rank
         images, labels, padding = self._transfer(host.images, host.labels, host.padding)

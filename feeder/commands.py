@@ -101,6 +101,18 @@ def serve_command(
                                                  "--queue-batches plus the client's prefetch).")] = 10,
     shm_bytes: Annotated[str, typer.Option(help="Shared memory all rings may take; past it (or with /dev/shm "
                                                 "full) streams use the gRPC payload. Example: 16G.")] = "4G",
+    on_error: Annotated[str, typer.Option(
+        help="A sample that fails to decode or is over --max-pixels: skip (replace it by a repeat of a good "
+        "sample of its batch, marked as padding; counted, named in GetStats and logged) or fail (end the "
+        "stream with DATA_LOSS naming it).")] = "skip",
+    max_pixels: Annotated[int, typer.Option(
+        help="Largest width x height served, as the index says; larger samples are refused unread (see "
+        "--on-error). Default: PIL's decompression-bomb threshold.")] = 89_478_485,
+    max_pipelines: Annotated[int, typer.Option(
+        help="Built pipelines held at once, lent to streams or idle; each open stream holds one, so keep it "
+        ">= --max-streams (a stream that finds all lent is refused as unavailable).")] = 64,
+    pipeline_idle_s: Annotated[float, typer.Option(
+        help="Seconds an idle pipeline is kept for reuse before its threads and buffers are freed.")] = 30.0,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -141,6 +153,10 @@ def serve_command(
             shm_dir=shm_dir,
             ring_slots=ring_slots,
             shm_budget_bytes=parse_bytes(shm_bytes, "--shm-bytes"),
+            on_error=on_error,
+            max_pixels=max_pixels,
+            max_pipelines=max_pipelines,
+            pipeline_idle_s=pipeline_idle_s,
             **extra,
         )
         serve(config)

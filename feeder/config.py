@@ -12,10 +12,13 @@ from pathlib import Path
 from core.errors import ConfigError
 from transport.base import TransportConfig
 
-__all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig", "is_loopback"]
+__all__ = ["DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "is_loopback"]
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+ON_ERROR = ("skip", "fail")
+# PIL's own decompression-bomb threshold (``Image.MAX_IMAGE_PIXELS``, 1 GiB / 4 / 3).
+DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def _default_threads() -> int:
@@ -88,6 +91,17 @@ class ServerConfig:
             ``queue_batches`` plus the client's prefetch, or batches wait for slots.
         shm_budget_bytes: shared memory all rings together may take; a stream past it
             (or a ``/dev/shm`` too small or full) is sent over the gRPC payload.
+        on_error: what a stream does with a sample it cannot serve (one that fails to
+            decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
+            sample of its batch, marked as padding, counts and names it; ``fail`` ends
+            the stream with DATA_LOSS naming it.
+        max_pixels: largest width x height (as the index says) served; a larger sample
+            is refused before it is read or decoded, as ``on_error`` says.
+        max_pipelines: built pipelines held at once, lent to streams or idle. Each
+            open stream holds one, so a stream that finds all of them lent is refused
+            as unavailable; an idle one is dropped, oldest first, to build another.
+        pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
+            threads and buffers (DALI keeps its peak buffers while a pipeline lives).
     """
 
     datasets: Mapping[str, Path]
@@ -117,6 +131,10 @@ class ServerConfig:
     shm_dir: Path = Path("/dev/shm")
     ring_slots: int = 10
     shm_budget_bytes: int = 4 << 30
+    on_error: str = "skip"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    max_pipelines: int = 64
+    pipeline_idle_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -142,6 +160,13 @@ class ServerConfig:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
+        if self.on_error not in ON_ERROR:
+            raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
+        for name in ("max_pixels", "max_pipelines"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not self.pipeline_idle_s > 0:  # NaN too
+            raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
 
     def _check_security(self) -> None:

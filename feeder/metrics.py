@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from prometheus_client import (
@@ -17,6 +18,7 @@ from prometheus_client import (
 
 __all__ = ["ServerMetrics", "Stats"]
 
+_FAILED_NAMED = 16  # bad samples GetStats names (the latest found)
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
@@ -32,6 +34,9 @@ class Stats:
     errors: int
     uptime_s: float
     samples_skipped: int
+    samples_failed: int = 0
+    failed_keys: tuple[str, ...] = ()
+    pipelines: int = 0
 
 
 class ServerMetrics:
@@ -41,7 +46,10 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
-        self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0)
+        self._totals = dict(
+            images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0
+        )
+        self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
         self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
@@ -50,6 +58,14 @@ class ServerMetrics:
         self.skipped = Counter(
             "feeder_samples_skipped", "Samples skipped by the drop policy.", registry=r
         )
+        self.failed = Counter(
+            "feeder_samples_failed", "Samples that could not be served (undecodable or over --max-pixels) "
+            "and were replaced by a repeat of another sample.", ["dataset", "split"], registry=r,
+        )
+        self.retries = Counter(
+            "feeder_decode_retries", "Pipeline runs repeated after samples failed to decode.", registry=r
+        )
+        self.pipelines = Gauge("feeder_pipelines", "Built pipelines, lent to streams or idle.", registry=r)
         self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
         self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
         self.queued_bytes = Gauge("feeder_queued_bytes", "Bytes of ready batches in stream queues.", registry=r)
@@ -107,12 +123,32 @@ class ServerMetrics:
         self._add(skipped=count)
         self.skipped.inc(count)
 
+    def samples_failed(self, dataset: str, split: str, count: int) -> None:
+        """``count`` samples of a batch were replaced (``--on-error skip``)."""
+        self._add(failed=count)
+        self.failed.labels(dataset=dataset, split=split).inc(count)
+
+    def bad_sample_found(self, name: str) -> None:
+        """A sample found bad for the first time (``dataset/split/key: reason``)."""
+        with self._lock:
+            self._failed_names.append(name)
+
+    def pipelines_held(self, count: int) -> None:
+        """Pipelines built and not yet dropped, now."""
+        with self._lock:
+            self._totals["pipelines"] = count
+        self.pipelines.set(count)
+
+    def decode_retried(self) -> None:
+        self.retries.inc()
+
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
 
     def stats(self) -> Stats:
         with self._lock:
             t = dict(self._totals)
+            failed_names = tuple(self._failed_names)
         return Stats(
             images_served=t["images"],
             batches_served=t["batches"],
@@ -122,6 +158,9 @@ class ServerMetrics:
             errors=t["errors"],
             uptime_s=time.monotonic() - self._started_s,
             samples_skipped=t["skipped"],
+            samples_failed=t["failed"],
+            failed_keys=failed_names,
+            pipelines=t["pipelines"],
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Union
 
 import numpy as np
@@ -42,6 +43,8 @@ __all__ = [
     "Job",
     "PipelineRunner",
     "PipelineSpec",
+    "Repair",
+    "SampleDecodeError",
     "VAL_CROP_FRACTION",
     "crop_decode_pipeline",
     "gpu_pipeline",
@@ -147,6 +150,30 @@ class Job:
 JobLike = Union[Job, tuple[Sequence[np.ndarray], int]]
 
 
+class SampleDecodeError(DataError):
+    """A run failed because of some of its samples.
+
+    Attributes:
+        positions: the failing samples' positions in the run (as DALI names them),
+            or None where DALI's message names none.
+    """
+
+    def __init__(self, message: str, positions: tuple[int, ...] | None = None) -> None:
+        super().__init__(message)
+        self.positions = positions
+
+
+Repair = Callable[[Job, SampleDecodeError], Job]
+"""Given a job that failed and its error (``positions`` always set), the job to run
+instead (the failing samples replaced), or raises to end the run."""
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    job: Job  # with ``crops`` set to the windows drawn, so a retry decodes the same
+    crops: Crops
+
+
 def _build(spec: PipelineSpec, seed: int):
     common = dict(
         batch_size=spec.max_batch_size,
@@ -185,6 +212,14 @@ def _jpeg_size(data: np.ndarray) -> tuple[int, int]:
         return (1, 1)
 
 
+_SAMPLE_NUMBER = re.compile(r"sample #(\d+)")
+
+
+def _failing_positions(error: Exception, batch_size: int) -> tuple[int, ...] | None:
+    found = {int(n) for n in _SAMPLE_NUMBER.findall(str(error))}
+    return tuple(sorted(found)) if found and max(found) < batch_size else None
+
+
 def _dali_reason(error: Exception) -> str:
     # DALI wraps the operator's message in a traceback; keep the line that says why.
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
@@ -212,7 +247,7 @@ class PipelineRunner:
         self._seed = seed
         self._pipe = _build(spec, seed)
         self._resizer = BatchResizer(spec.threads) if spec.device == "cpu" else None
-        self._pending: deque[tuple[int, np.ndarray]] = deque()  # (size, flips) per run in flight
+        self._pending: deque[_InFlight] = deque()  # runs scheduled in DALI, oldest first
 
     def run(self, jpegs: Sequence[np.ndarray], image_size: int, crops: Crops | None = None) -> np.ndarray:
         """Decode and augment one batch.
@@ -227,15 +262,29 @@ class PipelineRunner:
             uint8 array ``[len(jpegs), image_size, image_size, 3]``.
 
         Raises:
-            DataError: a sample could not be decoded (the runner must be discarded).
+            SampleDecodeError: a sample could not be decoded (a :class:`DataError`).
         """
         return next(self.run_many([Job(jpegs, image_size, crops)]))
 
-    def run_many(self, batches: Iterable[JobLike], allocate: Allocate | None = None) -> Iterator[np.ndarray]:
+    def run_many(
+        self, batches: Iterable[JobLike], repair: Repair | None = None, allocate: Allocate | None = None
+    ) -> Iterator[np.ndarray]:
         """Run a sequence of jobs (or ``(jpegs, image_size)`` pairs) keeping up to
         ``prefetch`` of them in flight, yielding outputs in order (same contract as
-        :meth:`run` per batch). ``allocate(shape)``, when given, supplies each output
-        array (e.g. a transport's slot, so the pixels are written where they leave)."""
+        :meth:`run` per batch).
+
+        Args:
+            batches: the jobs.
+            repair: what to do when a job fails to decode: None raises the
+                :class:`SampleDecodeError`; else the runs behind it finish, the
+                failing samples are found (DALI names the first; each sample of the
+                job runs alone where it does not), ``repair`` replaces them and the
+                repaired job runs alone, again until it succeeds or ``repair`` raises.
+                The runner stays usable either way.
+            allocate: supplies the array each yielded output is written into
+                (e.g. a transport's slot, so the pixels are written where they
+                leave); called only for outputs that are yielded.
+        """
         pending = iter(batches)
         exhausted = False
         while True:
@@ -247,9 +296,57 @@ class PipelineRunner:
                 self._submit(item if isinstance(item, Job) else Job(*item))
             if not self._pending:
                 return
-            yield self._collect(allocate=allocate)
+            head = self._pending[0]
+            outcome = self._outcome(allocate)
+            if isinstance(outcome, np.ndarray):
+                yield outcome
+                continue
+            if repair is None:
+                raise outcome
+            # Finish the runs behind the failed one first: the retry then runs alone
+            # and its output still comes out before theirs.
+            behind = [(self._pending[0], self._outcome(allocate)) for _ in range(len(self._pending))]
+            yield self._retry(head, outcome, repair, allocate)
+            for flight, result in behind:
+                yield result if isinstance(result, np.ndarray) else self._retry(flight, result, repair, allocate)
 
-    def _submit(self, job: Job) -> None:
+    def _outcome(self, allocate: Allocate | None = None) -> np.ndarray | SampleDecodeError:
+        try:
+            return self._collect(allocate=allocate)
+        except SampleDecodeError as e:
+            return e
+
+    def _retry(
+        self, flight: _InFlight, error: SampleDecodeError, repair: Repair, allocate: Allocate | None = None
+    ) -> np.ndarray:
+        """Repair a failed run and run it alone until it decodes (nothing else is in
+        flight meanwhile)."""
+        for _ in range(len(flight.job.jpegs) + 1):  # each round replaces at least one sample
+            if error.positions is None:
+                error = SampleDecodeError(str(error), self._locate(flight, error))
+            flight = self._submit(repair(flight.job, error))
+            outcome = self._outcome(allocate)
+            if isinstance(outcome, np.ndarray):
+                return outcome
+            error = outcome
+        raise error
+
+    def _locate(self, flight: _InFlight, error: SampleDecodeError) -> tuple[int, ...]:
+        """Positions of the samples of a failed run that fail when run alone (DALI did
+        not say which). Raises ``error`` when each decodes alone: the run failed for
+        another reason than its samples, and none of them is to be blamed."""
+        job, crops = flight.job, flight.crops
+        failing = []
+        for i in range(len(job.jpegs)):
+            one = Crops(boxes=crops.boxes[i : i + 1], flips=crops.flips[i : i + 1])
+            self._submit(Job([job.jpegs[i]], job.image_size, one))
+            if not isinstance(self._outcome(), np.ndarray):
+                failing.append(i)
+        if not failing:
+            raise error
+        return tuple(failing)
+
+    def _submit(self, job: Job) -> _InFlight:
         n = len(job.jpegs)
         if not 1 <= n <= self.spec.max_batch_size:
             raise ConfigError(f"batch of {n} outside 1..{self.spec.max_batch_size}")
@@ -264,14 +361,17 @@ class PipelineRunner:
             self._pipe.feed_input(_SIZES, [np.array([job.image_size], dtype=np.float32)] * n)
             self._pipe.feed_input(_FLIPS, list(crops.flips.astype(np.int32)))
         self._pipe.schedule_run()
-        self._pending.append((job.image_size, crops.flips))
+        self._pending.append(_InFlight(replace(job, crops=crops), crops))
+        return self._pending[-1]
 
     def _collect(self, resize: bool = True, allocate: Allocate | None = None) -> np.ndarray:
-        size, flips = self._pending.popleft()
+        flight = self._pending.popleft()
+        job, size, flips = flight.job, flight.job.image_size, flight.crops.flips
         try:
             (out,) = self._pipe.outputs()
         except RuntimeError as e:
-            raise DataError(f"decode failed: {_dali_reason(e)}") from e
+            positions = _failing_positions(e, len(job.jpegs))
+            raise SampleDecodeError(f"decode failed: {_dali_reason(e)}", positions) from e
         if not resize:  # drained: nobody wants the pixels
             return np.empty((0, size, size, 3), dtype=np.uint8)
         shape = (len(out), size, size, 3)
@@ -291,6 +391,10 @@ class PipelineRunner:
                 continue
 
     def close(self) -> None:
-        """Release the resize threads (the DALI pipeline goes with the runner)."""
+        """Release the resize threads and the DALI pipeline's threads and buffers now,
+        not whenever the runner is collected. The runner cannot run after this."""
         if self._resizer is not None:
             self._resizer.close()
+        shutdown = getattr(self._pipe, "_shutdown", None)  # what Pipeline.__del__ calls
+        if shutdown is not None:
+            shutdown()

@@ -13,15 +13,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from core.errors import DataError, FeederError
 from feeder.augment import AugmentKind, CropRange, sample_crops
+from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Job, PipelineRunner
+from feeder.pipeline import Job, PipelineRunner, SampleDecodeError
 from feeder.plan import BatchSlice
 from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
@@ -45,6 +46,7 @@ class ReadyBatch:
     images: np.ndarray
     padding: np.ndarray
     slot: Slot | None = None  # the transport's memory ``images`` lives in
+    failed_keys: list[str] = field(default_factory=list)  # replaced samples (marked in padding)
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,9 @@ class StreamContext:
     """What a producer needs besides the plan: where bytes come from, what to run,
     where the pixels go (``sender``: the stream's transport, whose slots the pipeline
     writes into) and what draws each sample's crop window and flip (``kind``,
-    ``seed``, ``crop``, with the batch's epoch and the samples' keys)."""
+    ``seed``, ``crop``, with the batch's epoch and the samples' keys). ``samples``
+    applies the error policy to samples that cannot be served (None: none known, the
+    stream fails on the first)."""
 
     split: SplitIndex
     runner: PipelineRunner
@@ -64,6 +68,7 @@ class StreamContext:
     kind: AugmentKind = AugmentKind.TRAIN
     seed: int = 0
     crop: CropRange = CropRange()
+    samples: SampleFilter | None = None
 
 
 class BatchStream:
@@ -85,6 +90,7 @@ class BatchStream:
         on_close: Callable[[BatchStream, PipelineRunner, bool], None],
     ) -> None:
         self._ctx = context
+        self._filter = context.samples or SampleFilter(BadSamples("", context.split, 1 << 62), OnError.FAIL)
         self._slices = slices
         self._metrics = metrics
         self._on_close = on_close
@@ -184,10 +190,19 @@ class BatchStream:
                 self._metrics.queued.dec()
 
     def _produce(self) -> None:
-        pending: deque[BatchSlice] = deque()
+        pending: deque[Screened] = deque()
+
+        def repair(job: Job, error: SampleDecodeError) -> Job:
+            # The runner repairs the oldest run it has not returned: pending[0]'s.
+            self._metrics.decode_retried()
+            pending[0] = self._filter.replace(pending[0], error.positions or (), decode_reason(str(error)))
+            return self._job(pending[0])
+
         try:
-            slots: deque[Slot] = deque()
-            outputs = self._ctx.runner.run_many(self._read_batches(pending), self._slot_array(slots))
+            skip = self._filter.on_error is OnError.SKIP
+            slots: dict[int, tuple[Slot, np.ndarray]] = {}  # by id() of the array written into
+            outputs = self._ctx.runner.run_many(self._read_batches(pending), repair if skip else None,
+                                                self._slot_array(slots))
             while True:
                 started, read_before = time.perf_counter(), self._read_s
                 images = next(outputs, None)
@@ -196,17 +211,19 @@ class BatchStream:
                 # Time blocked on DALI, less the reads of next batches done meanwhile.
                 waited = time.perf_counter() - started - (self._read_s - read_before)
                 self._metrics.stage("decode_augment", waited)
-                if not self._put(self._ready(pending.popleft(), images, slots.popleft())):
+                if not self._put(self._ready(pending.popleft(), images, slots.pop(id(images))[0])):
                     return
             self._put(_END)
         except TransportClosed:
             return  # closed while waiting for a slot: nobody reads any more
+        except UnservableSample as e:  # names the sample already; the runner is fine
+            self._put(e)
         except DataError as e:
             self._healthy = False
             if e is self._read_error:
                 self._put(e)
             else:
-                self._put(name_bad_sample(self._ctx.split, [int(i) for b in pending for i in b.indices], e))
+                self._put(name_bad_sample(self._ctx.split, [int(i) for s in pending for i in s.batch.indices], e))
         except FeederError as e:
             self._put(e)
         except Exception as e:  # noqa: BLE001 - a producer must report, never die silently
@@ -215,37 +232,47 @@ class BatchStream:
             error.__cause__ = e
             self._put(error)
 
-    def _read_batches(self, pending: deque[BatchSlice]) -> Iterator[Job]:
-        split, ctx = self._ctx.split, self._ctx
+    def _read_batches(self, pending: deque[Screened]) -> Iterator[Job]:
+        split = self._ctx.split
         upcoming = next(self._slices, None)
         while upcoming is not None and not self._stop.is_set():
             batch, upcoming = upcoming, next(self._slices, None)
             started = time.perf_counter()
             if upcoming is not None:
                 split.will_need(upcoming.indices)  # one batch of read-ahead
-            try:
-                jpegs = split.read_many(batch.indices)
-            except DataError as e:
-                self._read_error = e
-                raise
-            crops = sample_crops(
-                ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
-                split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
-            )
+            screened = self._filter.screen(batch)  # known bad samples are not even read
+            job = self._job(screened)
             seconds = time.perf_counter() - started
             self._read_s += seconds
             self._metrics.stage("read", seconds)
-            pending.append(batch)
-            yield Job(jpegs, ctx.image_size, crops)
+            pending.append(screened)
+            yield job
 
-    def _slot_array(self, slots: deque[Slot]) -> Callable[[tuple[int, ...]], np.ndarray]:
+    def _job(self, screened: Screened) -> Job:
+        """The bytes and crop windows of a batch's samples."""
+        split, ctx, batch = self._ctx.split, self._ctx, screened.batch
+        crops = sample_crops(
+            ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
+            split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
+        )
+        try:
+            jpegs = split.read_many(batch.indices)
+        except DataError as e:
+            self._read_error = e  # names the shard already
+            raise
+        return Job(jpegs, ctx.image_size, crops)
+
+    def _slot_array(self, slots: dict[int, tuple[Slot, np.ndarray]]) -> Callable[[tuple[int, ...]], np.ndarray]:
         """Where each batch is written: a slot of the stream's transport (waits
-        while the transport's ring is full: the client's backpressure)."""
+        while the transport's ring is full: the client's backpressure). The slot is
+        found again by the array the pipeline returns (a repaired batch can come out
+        after batches allocated later)."""
 
         def allocate(shape: tuple[int, ...]) -> np.ndarray:
             slot = self._ctx.sender.slot_for(shape)
-            slots.append(slot)
-            return slot.array
+            array = slot.array
+            slots[id(array)] = (slot, array)  # the array kept alive: its id stays taken
+            return array
 
         return allocate
 
@@ -255,7 +282,7 @@ class BatchStream:
         if batch.slot is None:
             raise ValueError("batch has no transport slot")
         meta = BatchMeta(batch.epoch, batch.cursor, batch.samples_per_rank, batch.keys, batch.labels,
-                         batch.padding)
+                         batch.padding, batch.failed_keys)
         return self._ctx.sender.message(batch.slot, meta)
 
     @property
@@ -268,8 +295,11 @@ class BatchStream:
         """Which transport carries this stream's pixels (``shm``, ``grpc``, ...)."""
         return self._ctx.sender.kind.name.lower()
 
-    def _ready(self, batch: BatchSlice, images: np.ndarray, slot: Slot) -> ReadyBatch:
-        split = self._ctx.split
+    def _ready(self, screened: Screened, images: np.ndarray, slot: Slot) -> ReadyBatch:
+        split, batch = self._ctx.split, screened.batch
+        self._filter.delivered(screened)
+        if screened.failed:
+            self._metrics.samples_failed(self._filter.bad.dataset, split.split, len(screened.failed))
         return ReadyBatch(
             epoch=batch.epoch,
             cursor=batch.cursor,
@@ -279,4 +309,5 @@ class BatchStream:
             images=images,
             padding=batch.padding,
             slot=slot,
+            failed_keys=[split.keys[i] for i in screened.failed],
         )

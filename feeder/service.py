@@ -18,6 +18,7 @@ from core.errors import (
     NotFound,
 )
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
+from feeder.bad_samples import BadSamples, OnError, SampleFilter
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
@@ -132,8 +133,13 @@ class FeederService:
         self.datasets = datasets
         self.metrics = metrics
         self.device = resolve_device(config.device)
-        self.pool = PipelinePool()
+        self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held)
         self.transports = TransportHub(config.transport)
+        self._bad = {
+            (name, split): BadSamples(name, index, config.max_pixels, metrics.bad_sample_found)
+            for name, dataset in datasets.items()
+            for split, index in dataset.splits.items()
+        }
         self._admission: Admission[BatchStream] = Admission(config, metrics)
         self._numbers = itertools.count(1)
         self._closed = threading.Event()
@@ -156,7 +162,8 @@ class FeederService:
         Raises:
             NotFound: unknown dataset or split.
             InvalidArgument: a field out of range (the message names it).
-            ServiceUnavailable: shutting down, or ``max_streams`` already open.
+            ServiceUnavailable: shutting down, or ``max_streams`` already open, or
+                ``max_pipelines`` all lent to open streams.
             ResourceExhausted: its peer's stream limit or the memory budget is reached.
         """
         split = self._split(spec)
@@ -174,6 +181,7 @@ class FeederService:
         context = StreamContext(
             split, runner, sender, spec.image_size, len(part), self.config.queue_batches, self.config.queue_bytes,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
+            samples=SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"

@@ -114,6 +114,7 @@ class BatchMeta:
     keys: list[str]
     labels: np.ndarray
     padding: np.ndarray
+    failed_keys: list[str] = field(default_factory=list)
 
     def to_message(self, shape: tuple[int, ...]) -> feeder_pb2.Batch:
         """A ``Batch`` with these fields and ``shape``, without pixels."""
@@ -125,6 +126,7 @@ class BatchMeta:
             shape=list(shape),
             padding=self.padding.tolist(),
             samples_per_rank=self.samples_per_rank,
+            failed_keys=self.failed_keys,
         )
 
 

@@ -30,6 +30,10 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"max_memory_bytes": 0}, "max_memory_bytes"),
         ({"idle_timeout_s": 0.0}, "idle_timeout_s"),
         ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"max_pixels": 0}, "max_pixels"),
+        ({"max_pipelines": 0}, "max_pipelines"),
+        ({"pipeline_idle_s": float("nan")}, "pipeline_idle_s"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):

@@ -10,7 +10,7 @@ from PIL import Image
 
 from core.errors import ConfigError, DataError
 from feeder.augment import key_hashes, random_resized_crops
-from feeder.pipeline import AugmentKind, CropRange, Crops, Job, PipelineRunner, PipelineSpec
+from feeder.pipeline import AugmentKind, CropRange, Crops, Job, PipelineRunner, PipelineSpec, SampleDecodeError
 
 
 def _jpeg(width: int, height: int, seed: int) -> np.ndarray:
@@ -100,6 +100,38 @@ def test_undecodable_bytes_raise_data_error(jpegs):
     runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=4, threads=1))
     with pytest.raises(DataError, match="decode failed"):
         runner.run([jpegs[0], np.frombuffer(b"not a jpeg" * 10, np.uint8)], 32)
+
+
+def _unreadable_scan(jpeg: np.ndarray) -> np.ndarray:
+    data = bytearray(jpeg.tobytes())
+    data[data.index(b"\xff\xda") + 6] = 0x33  # the scan asks for Huffman tables the file lacks
+    return np.frombuffer(bytes(data), np.uint8)
+
+
+def test_a_failed_run_names_its_sample_and_the_runner_goes_on(jpegs):
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=4, threads=1))
+    with pytest.raises(SampleDecodeError) as caught:
+        runner.run([jpegs[0], _unreadable_scan(jpegs[1]), jpegs[2]], 32)
+    assert caught.value.positions == (1,)
+    assert runner.run(jpegs[:3], 32).shape == (3, 32, 32, 3)
+
+
+def test_repaired_runs_come_out_in_order_with_runs_in_flight(jpegs):
+    spec = PipelineSpec(AugmentKind.VAL, max_batch_size=4, threads=1, prefetch=2)
+    bad = _unreadable_scan(jpegs[5])
+    jobs = [Job(jpegs[0:3], 24), Job([jpegs[3], bad, bad], 24), Job(jpegs[6:9], 24), Job([bad], 24)]
+    repairs = []
+
+    def repair(job, error):  # replace every failing sample by the first image
+        repairs.append(error.positions)
+        return Job([jpegs[0] if i in error.positions else j for i, j in enumerate(job.jpegs)], 24)
+
+    got = list(PipelineRunner(spec).run_many(jobs, repair))
+    clean = [Job(jpegs[0:3], 24), Job([jpegs[3], jpegs[0], jpegs[0]], 24), Job(jpegs[6:9], 24), Job([jpegs[0]], 24)]
+    expected = list(PipelineRunner(spec).run_many(clean))
+    assert [g.shape for g in got] == [e.shape for e in expected]
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected))
+    assert repairs == [(1,), (2,), (0,)]  # DALI names one failing sample per run
 
 
 def test_bad_specs_are_config_errors(jpegs):

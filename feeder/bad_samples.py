@@ -1,0 +1,190 @@
+"""Samples that cannot be served, and the daemon's error policy for them
+(``feeder serve --on-error``).
+
+A sample cannot be served when DALI fails to decode it, or when the index says it has
+more pixels than the daemon's cap (a decompression bomb: refused before its bytes are
+read). Under ``skip`` (the default) such a sample is replaced by a repeat of a good
+sample of the same batch, marked as padding, so every rank still gets the same
+number of batches; it is counted, named in ``GetStats`` and logged once. Under
+``fail`` the stream ends with DATA_LOSS naming it (the daemon goes on serving).
+
+A split's bad samples are remembered for the daemon's life (:class:`BadSamples`), so a
+later batch, epoch or stream replaces them before decoding, without a failed run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from core.errors import DataError
+from feeder.plan import BatchSlice
+from shards.reader import SplitIndex
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "BadSamples",
+    "OnError",
+    "SampleFilter",
+    "Screened",
+    "UnservableSample",
+    "decode_reason",
+]
+
+class OnError(str, enum.Enum):
+    """What a stream does with a sample it cannot serve."""
+
+    SKIP = "skip"
+    FAIL = "fail"
+
+
+_DALI_POSITION = re.compile(r"\s*Failed to decode sample #\d+\s*:?\s*")
+
+
+def decode_reason(message: str) -> str:
+    """Why a sample failed to decode, from the runner's message, without the
+    position in its batch that DALI's message carries (it means nothing later)."""
+    detail = _DALI_POSITION.sub(" ", message.removeprefix("decode failed:")).strip(" :")
+    return f"does not decode ({detail})" if detail else "does not decode"
+
+
+class UnservableSample(DataError):
+    """A sample refused under ``fail``; the message names it and says why."""
+
+
+class BadSamples:
+    """The samples of one split that cannot be served, by index, with the reason.
+    Thread-safe; shared by every stream of the split.
+
+    Args:
+        dataset: the dataset's name (for messages).
+        split: the split's index (keys and image sizes).
+        max_pixels: largest width x height served.
+        on_found: called once per bad sample with its name (``dataset/split/key:
+            reason``), e.g. to list it in ``GetStats``.
+    """
+
+    def __init__(
+        self, dataset: str, split: SplitIndex, max_pixels: int, on_found: Callable[[str], None] = lambda _: None
+    ) -> None:
+        self.dataset = dataset
+        self.split = split
+        self.max_pixels = max_pixels
+        self._on_found = on_found
+        self._reasons: dict[int, str] = {}
+        self._lock = threading.Lock()
+        pixels = split.widths.astype(np.int64) * split.heights.astype(np.int64)
+        self._oversized = frozenset(int(i) for i in np.flatnonzero(pixels > max_pixels))
+
+    def name(self, index: int) -> str:
+        """``dataset/split/key`` of sample ``index``."""
+        return f"{self.dataset}/{self.split.split}/{self.split.keys[index]}"
+
+    def reason(self, index: int) -> str | None:
+        """Why sample ``index`` cannot be served, or None as far as is known."""
+        with self._lock:
+            found = self._reasons.get(index)
+        if found is None and index in self._oversized:
+            width, height = int(self.split.widths[index]), int(self.split.heights[index])
+            found = f"{width}x{height} pixels, over max_pixels {self.max_pixels}"
+        return found
+
+    def known(self, indices: np.ndarray) -> dict[int, str]:
+        """Position -> reason of each sample of ``indices`` known to be bad."""
+        with self._lock:
+            if not self._reasons and not self._oversized:  # the usual case: nothing to look up
+                return {}
+        return {pos: reason for pos, i in enumerate(indices) if (reason := self.reason(int(i))) is not None}
+
+    def add(self, index: int, reason: str) -> None:
+        """Remember sample ``index`` as bad; the first time, log it and report it."""
+        with self._lock:
+            if index in self._reasons:
+                return
+            self._reasons[index] = reason
+        name = self.name(index)
+        log.warning("%s: %s; replaced by a repeat of another sample from now on (--on-error skip)", name, reason)
+        self._on_found(f"{name}: {reason}")
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._reasons)
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A batch as it will be decoded: replaced samples' indices point at their donors
+    and are marked in ``padding``; ``failed`` lists the replaced samples' indices."""
+
+    batch: BatchSlice
+    failed: tuple[int, ...] = ()
+
+
+class SampleFilter:
+    """One stream's view of its split's bad samples, under its error policy.
+
+    Args:
+        bad: the split's bad samples.
+        on_error: ``skip`` or ``fail``.
+    """
+
+    def __init__(self, bad: BadSamples, on_error: OnError) -> None:
+        self.bad = bad
+        self.on_error = on_error
+        self._good: int | None = None  # a sample this stream has decoded: the donor of last resort
+
+    def screen(self, batch: BatchSlice) -> Screened:
+        """``batch`` with its known bad samples replaced, before anything is read.
+
+        Raises:
+            UnservableSample: under ``fail``, a sample over the pixel cap.
+        """
+        known = self.bad.known(batch.indices)
+        if known and self.on_error is OnError.FAIL:
+            pos, reason = next(iter(known.items()))
+            raise UnservableSample(f"{self.bad.split.split}/{self.bad.split.keys[int(batch.indices[pos])]}: {reason}")
+        return self._replaced(Screened(batch), list(known), known)
+
+    def replace(self, screened: Screened, positions: Sequence[int], reason: str) -> Screened:
+        """``screened`` after the samples at ``positions`` failed to decode: they are
+        remembered as bad and replaced."""
+        return self._replaced(screened, list(positions), {pos: reason for pos in positions})
+
+    def delivered(self, screened: Screened) -> None:
+        """``screened`` decoded: its samples can stand in for bad ones later."""
+        self._good = int(screened.batch.indices[0])
+
+    def _replaced(self, screened: Screened, positions: list[int], reasons: dict[int, str]) -> Screened:
+        if not positions:
+            return screened
+        batch = screened.batch
+        bad = {int(batch.indices[pos]) for pos in positions}
+        for pos, reason in reasons.items():
+            self.bad.add(int(batch.indices[pos]), reason)
+        # Every slot holding a bad sample goes, also where it stood in for another.
+        hit = np.isin(batch.indices, list(bad))
+        # A slot that was padding already repeats a sample counted where it stands.
+        failed = screened.failed + tuple(int(i) for i in batch.indices[hit & ~batch.padding])
+        indices, padding = batch.indices.copy(), batch.padding | hit
+        indices[hit] = self._donor(batch.indices, hit)
+        return Screened(replace(batch, indices=indices, padding=padding), failed)
+
+    def _donor(self, indices: np.ndarray, hit: np.ndarray) -> int:
+        """A sample to repeat: a good one of the batch, else one this stream decoded,
+        else the first of the split not known to be bad (decoding will tell)."""
+        for index in indices[~hit]:
+            if self.bad.reason(int(index)) is None:
+                return int(index)
+        if self._good is not None and self.bad.reason(self._good) is None:
+            return self._good
+        for index in range(len(self.bad.split)):
+            if self.bad.reason(index) is None:
+                return index
+        raise DataError(f"{self.bad.dataset}/{self.bad.split.split}: no sample of the split can be served")

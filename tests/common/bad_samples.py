@@ -1,0 +1,52 @@
+"""Shard directories with one bad sample in them, made from real shards: a JPEG whose
+scan cannot be decoded, or an index row that claims a huge image."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from shards.layout import index_path
+from shards.writers import write_index
+
+__all__ = ["break_scan", "claim_size", "copy_shards"]
+
+_SOS = b"\xff\xda"  # start-of-scan marker
+_UNDEFINED_TABLES = 0x33  # DC and AC Huffman table 3: the sample JPEGs define 0 and 1 only
+
+
+def copy_shards(shards: Path, dest: Path) -> Path:
+    """A private copy of a shard directory (tests change it)."""
+    return Path(shutil.copytree(shards, dest))
+
+
+def break_scan(root: Path, split: str, row: int) -> str:
+    """Make sample ``row`` of ``split`` undecodable in place and return its key.
+
+    The JPEG keeps its size, its markers and its end marker (so the daemon's start-up
+    checks pass and a header parse succeeds); its scan asks for Huffman tables the
+    file does not define, which every decoder (libjpeg-turbo in DALI and PIL, nvJPEG)
+    refuses. DALI's CPU decoder does not fail on corrupt entropy-coded bytes alone:
+    it decodes them to wrong pixels with a warning.
+    """
+    sample = pq.read_table(index_path(root, split)).to_pylist()[row]
+    with open(root / sample["shard"], "r+b") as f:
+        f.seek(sample["offset"])
+        data = f.read(sample["size"])
+        sos = data.index(_SOS)
+        # FFDA, length (2 bytes), component count, then (id, tables) per component.
+        f.seek(sample["offset"] + sos + 6)
+        f.write(bytes([_UNDEFINED_TABLES]))
+    return str(sample["key"])
+
+
+def claim_size(root: Path, split: str, row: int, width: int, height: int) -> str:
+    """Rewrite the index so that sample ``row`` of ``split`` claims ``width`` x
+    ``height`` pixels (a decompression bomb, as far as the index says); return its key."""
+    path = index_path(root, split)
+    columns = pq.read_table(path).to_pydict()
+    columns["width"][row], columns["height"][row] = width, height
+    write_index(path, columns)
+    return str(columns["key"][row])

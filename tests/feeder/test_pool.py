@@ -1,0 +1,78 @@
+"""The pipeline pool is bounded: distinct crop ranges and batch sizes reuse a few
+pipelines, idle ones are dropped oldest first or after ``pipeline_idle_s``, and a
+stream that finds every pipeline lent is refused."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from core.errors import ServiceUnavailable
+from feeder.augment import CropRange
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.service import FeederService, StreamSpec, open_datasets
+
+STREAMS = 250
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture()
+def service_with(shards):
+    services = []
+
+    def make(**options):
+        config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
+        services.append(FeederService(config, open_datasets(config.datasets), ServerMetrics()))
+        return services[-1]
+
+    yield make
+    for service in services:
+        service.close()
+
+
+def test_distinct_crops_and_batch_sizes_build_a_bounded_number_of_pipelines(service_with):
+    before = threading.active_count()
+    service = service_with(max_pipelines=2, pipeline_idle_s=1.0)
+    alive, threads = [], []
+    for i in range(STREAMS):
+        # Every stream another min_scale; batch sizes 1..64 need pipelines of 16, 32 and 64.
+        spec = StreamSpec("sample", "train", batch_size=1 + i % 64, image_size=16,
+                          crop=CropRange(min_scale=0.05 + i * 0.003))
+        stream = service.open_stream(spec)
+        next(iter(stream))
+        stream.close()
+        alive.append(service.pool.alive_count())
+        threads.append(threading.active_count())
+    assert max(alive) == 2  # three batch-size buckets, two pipelines: the oldest idle one made way
+    assert service.metrics.stats().pipelines <= 2
+    assert max(threads) <= before + 8  # two pipelines' threads and the pool's reaper
+    # Idle for pipeline_idle_s: dropped with their threads.
+    assert _wait_for(lambda: service.pool.alive_count() == 0, timeout_s=5.0)
+    assert service.metrics.stats().pipelines == 0
+    # The pool's reaper and the idle-stream watcher stay.
+    assert _wait_for(lambda: threading.active_count() <= before + 2, timeout_s=5.0)
+
+
+def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(service_with):
+    service = service_with(max_pipelines=1)
+    held = service.open_stream(StreamSpec("sample", "train", batch_size=4, image_size=16))
+    try:
+        with pytest.raises(ServiceUnavailable, match="max_pipelines"):
+            service.open_stream(StreamSpec("sample", "val", batch_size=4, image_size=16))
+    finally:
+        held.close()
+    other = service.open_stream(StreamSpec("sample", "val", batch_size=4, image_size=16))
+    assert len(next(iter(other)).keys) == 4  # the idle train pipeline made way
+    other.close()
+    assert service.pool.alive_count() == 1
