@@ -132,9 +132,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def format_targets(targets: list[dict]) -> str:
-    """One line per feeder-grpc target: the ratio reached, and whether it is met."""
+    """One line per feeder-shm target: the ratio reached, and whether it is met."""
     return "\n".join(
-        f"feeder-grpc vs {t['peer']}: {t['achieved_ratio']:.2f}x (target >= {t['ratio']:.2f}x) "
+        f"feeder-shm vs {t['peer']}: {t['achieved_ratio']:.2f}x (target >= {t['ratio']:.2f}x) "
         f"{'met' if t['met'] else 'not met'}"
         for t in targets
     )
@@ -143,8 +143,8 @@ def format_targets(targets: list[dict]) -> str:
 def format_table(rows: list[dict]) -> str:
     """The results as a fixed-width text table (failed loaders show their error)."""
     header = (
-        f"{'loader':<13} {'images/s':>9} {'x torchvision':>13} {'x decode-only':>13} {'x dali':>7} "
-        f"{'x tfdata':>8} {'CPU ms/image':>12} {'peak MB':>8}"
+        f"{'loader':<13} {'images/s':>9} {'x inprocess':>11} {'x tfdata':>8} {'x torchvision':>13} "
+        f"{'x decode-only':>13} {'CPU ms/image':>12} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -156,9 +156,9 @@ def format_table(rows: list[dict]) -> str:
             continue
         cpu_ms = r["cpu_s_per_image"] * 1000
         lines.append(
-            f"{r['loader']:<13} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r['x_torchvision'], '13.2f')} "
-            f"{_fmt(r['x_decode_only'], '13.2f')} {_fmt(r['x_dali'], '7.2f')} "
-            f"{_fmt(r.get('x_tfdata'), '8.2f')} {_fmt(cpu_ms, '12.2f')} "
+            f"{r['loader']:<13} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r.get('x_inprocess'), '11.2f')} "
+            f"{_fmt(r.get('x_tfdata'), '8.2f')} {_fmt(r.get('x_torchvision'), '13.2f')} "
+            f"{_fmt(r.get('x_decode_only'), '13.2f')} {_fmt(cpu_ms, '12.2f')} "
             f"{r['peak_pss_bytes'] / 2**20:8.0f}"
         )
         if r.get("clients", 1) > 1:
@@ -197,7 +197,7 @@ def plot(path: Path, rows: list[dict], title: str, targets: list[dict] | None = 
     if goal is not None:
         ax.axvline(goal, color="tab:orange", linestyle="--", linewidth=1)
         wanted = ", ".join(f">= {t['ratio']}x {t['peer']}" for t in targets or [])
-        xlabel += f"\ndashed: feeder-grpc target ({wanted})"
+        xlabel += f"\ndashed: feeder-shm target ({wanted})"
     ax.set_xlabel(xlabel)
     ax.set_xlim(0, (max([*rates, goal or 0.0]) or 1.0) * 1.5)  # 1.0: nothing measured
     ax.set_title(title, fontsize=10)

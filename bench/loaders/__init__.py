@@ -15,8 +15,9 @@ __all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "LoaderUnavailable"
 
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {
+    "feeder-shm": "feeder_shm",
     "feeder-grpc": "feeder_grpc",
-    "dali": "dali_inprocess",
+    "inprocess": "inprocess",
     "tfdata": "tfdata",
     "torchvision": "imagefolder",
     "webdataset": "webdataset_tars",
@@ -24,7 +25,7 @@ LOADERS = {
     "synthetic": "synthetic",
 }
 # Loaders that serve several concurrent consumers (--clients).
-MULTI_CLIENT = ("feeder-grpc",)
+MULTI_CLIENT = ("feeder-shm", "feeder-grpc")
 
 
 def loader_module(name: str) -> ModuleType:

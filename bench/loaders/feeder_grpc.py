@@ -1,4 +1,6 @@
-"""``feeder-grpc``: ``feeder serve`` in a process of its own, consumed over gRPC.
+"""``feeder-grpc``: ``feeder serve`` in a process of its own, the pixels inside the
+gRPC messages (what a client on another host gets). ``feeder-shm`` is the same with
+the pixels in shared memory (what a client on the daemon's host gets).
 
 The daemon is started once (``open_shared``) with the thread budget as its DALI
 threads; each consumer is a ``clients.FeederLoader`` for its rank, as a training
@@ -33,14 +35,16 @@ def open_shared(spec: LoaderSpec) -> Iterator[str]:
         yield daemon.address
 
 
-def _batches(loader: FeederLoader) -> Iterator[Batch]:
+def _batches(loader: FeederLoader, transport: str) -> Iterator[Batch]:
     while True:  # each pass over the loader is the rest of one epoch
         for images, _ in loader:
+            if loader.transport != transport:  # never measure one transport as another
+                raise RuntimeError(f"asked for {transport}, the batches came over {loader.transport}")
             yield Batch(len(images), images, "NCHW", dtype_name(images))
 
 
 @contextmanager
-def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Batch]]:
+def open_loader(spec: LoaderSpec, shared: object = None, transport: str = "grpc") -> Iterator[Iterator[Batch]]:
     """Yields endless uint8 NCHW batches streamed by the daemon at ``shared``.
 
     Raises:
@@ -51,7 +55,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     loader = FeederLoader(
         shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
         seed=spec.seed, rank=spec.client_rank, world_size=spec.clients, device="cpu", normalize=False,
-        augment="train", job_id="bench",
+        augment="train", job_id="bench", transport=transport,
     )
     with loader:
-        yield _batches(loader)
+        yield _batches(loader, transport)

@@ -17,7 +17,7 @@ def _client(rank: int, windows: list[tuple[int, float, float]]) -> dict:
 
 
 def test_one_client_reports_the_median_window_and_cpu_per_image() -> None:
-    result = {"loader": "dali", "cpus": [0], "clients": [_client(0, [(100, 1.0, 2.0), (300, 1.0, 2.0), (200, 1.0, 2.0)])]}
+    result = {"loader": "inprocess", "cpus": [0], "clients": [_client(0, [(100, 1.0, 2.0), (300, 1.0, 2.0), (200, 1.0, 2.0)])]}
 
     row = summarise(result, MEMORY)
 
@@ -32,7 +32,7 @@ def test_clients_add_up_per_repeat_and_their_spread_is_reported() -> None:
     # Both clients read the CPU of the same process tree: 3 CPU s per s in all.
     clients = [_client(0, [(300, 1.0, 3.0), (300, 1.0, 3.0)]), _client(1, [(100, 1.0, 3.0), (100, 1.0, 3.0)])]
 
-    row = summarise({"loader": "feeder-grpc", "cpus": [0, 1], "clients": clients}, MEMORY)
+    row = summarise({"loader": "feeder-shm", "cpus": [0, 1], "clients": clients}, MEMORY)
 
     assert row["images_per_s"] == 400
     assert row["per_client_images_per_s"] == [300, 100]
@@ -44,7 +44,7 @@ def test_clients_add_up_per_repeat_and_their_spread_is_reported() -> None:
 def test_a_failed_client_fails_the_row() -> None:
     clients = [_client(0, [(300, 1.0, 3.0)]), {"rank": 1, "error": "ServiceUnavailable: gone"}]
 
-    row = summarise({"loader": "feeder-grpc", "cpus": [0], "clients": clients}, MEMORY)
+    row = summarise({"loader": "feeder-shm", "cpus": [0], "clients": clients}, MEMORY)
 
     assert row["error"] == "ServiceUnavailable: gone"
     assert "images_per_s" not in row
@@ -53,35 +53,35 @@ def test_a_failed_client_fails_the_row() -> None:
 def test_ratios_divide_by_the_peer_in_the_same_run_and_skip_missing_peers() -> None:
     rows = [
         {"loader": "torchvision", "images_per_s": 100.0},
-        {"loader": "dali", "images_per_s": 250.0},
+        {"loader": "inprocess", "images_per_s": 250.0},
         {"loader": "decode-only", "error": "broken"},
     ]
 
     add_ratios(rows)
 
-    assert rows[1]["x_torchvision"] == 2.5 and rows[0]["x_dali"] == 0.4
+    assert rows[1]["x_torchvision"] == 2.5 and rows[0]["x_inprocess"] == 0.4
     assert rows[1]["x_decode_only"] is None and rows[2]["x_torchvision"] is None
 
 
 def test_feeder_targets_are_checked_against_the_peers_that_ran() -> None:
     rows = [
-        {"loader": "feeder-grpc", "images_per_s": 90.0},
-        {"loader": "dali", "images_per_s": 100.0},
+        {"loader": "feeder-shm", "images_per_s": 98.0},
+        {"loader": "inprocess", "images_per_s": 100.0},
         {"loader": "torchvision", "images_per_s": 50.0},
     ]
 
     checks = {c["peer"]: c for c in check_targets(rows)}
 
-    assert set(checks) == {"dali", "torchvision"}
-    assert checks["dali"]["met"] and checks["dali"]["achieved_ratio"] == 0.9
-    assert checks["torchvision"]["met"] and checks["torchvision"]["target_images_per_s"] == 75.0
-    assert not check_targets([{"loader": "feeder-grpc", "images_per_s": 60.0}, {"loader": "dali", "images_per_s": 100.0}])[0]["met"]
-    assert check_targets([{"loader": "feeder-grpc", "error": "down"}, {"loader": "dali", "images_per_s": 1.0}]) == []
+    assert set(checks) == {"inprocess", "torchvision"}
+    assert checks["inprocess"]["met"] and checks["inprocess"]["achieved_ratio"] == 0.98
+    assert not checks["torchvision"]["met"] and checks["torchvision"]["target_images_per_s"] == 100.0
+    assert not check_targets([{"loader": "feeder-shm", "images_per_s": 60.0}, {"loader": "inprocess", "images_per_s": 100.0}])[0]["met"]
+    assert check_targets([{"loader": "feeder-shm", "error": "down"}, {"loader": "inprocess", "images_per_s": 1.0}]) == []
 
 
 def test_rounds_pool_their_windows_and_keep_the_worst_memory_and_load() -> None:
     def run(windows: list[tuple[int, float, float]], pss: int, load: float) -> dict:
-        result = {"loader": "dali", "cpus": [0], "clients": [_client(0, windows)]}
+        result = {"loader": "inprocess", "cpus": [0], "clients": [_client(0, windows)]}
         return {"result": result, "memory": {"peak_pss_bytes": pss, "peak_rss_bytes": pss}, "load_average_1m": load}
 
     row = summarise_runs([run([(100, 1.0, 1.0)], 5, 0.5), run([(300, 1.0, 1.0), (200, 1.0, 1.0)], 7, 2.0)])
@@ -92,10 +92,10 @@ def test_rounds_pool_their_windows_and_keep_the_worst_memory_and_load() -> None:
 
 
 def test_a_round_that_failed_fails_the_loader() -> None:
-    good = {"loader": "dali", "cpus": [0], "clients": [_client(0, [(100, 1.0, 1.0)])]}
+    good = {"loader": "inprocess", "cpus": [0], "clients": [_client(0, [(100, 1.0, 1.0)])]}
     runs = [
         {"result": good, "memory": MEMORY, "load_average_1m": 0.0},
-        {"result": {"loader": "dali", "error": "exit -9: killed"}, "memory": MEMORY, "load_average_1m": 0.0},
+        {"result": {"loader": "inprocess", "error": "exit -9: killed"}, "memory": MEMORY, "load_average_1m": 0.0},
     ]
 
     assert summarise_runs(runs)["error"] == "exit -9: killed"

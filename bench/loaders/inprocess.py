@@ -1,4 +1,4 @@
-"""``dali``: the daemon's own code, in the consumer's process, without the gRPC hop.
+"""``inprocess``: the daemon's own code, in the consumer's process, without the gRPC hop.
 
 A :class:`feeder.service.FeederService` is built here as ``feeder serve`` builds it
 (same index and tar reader, epoch plan, producer thread, crop windows drawn
