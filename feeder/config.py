@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError
+from feeder.decoded_cache import check_budget
 
 __all__ = ["DEVICES", "LOG_LEVELS", "ServerConfig"]
 
@@ -42,6 +43,12 @@ class ServerConfig:
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
+        decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
+            shared by every stream and job; see feeder.decoded_cache); 0, the default,
+            turns it off, because cached pixels are downscaled ones. Refused when larger
+            than the machine's memory.
+        decoded_cache_side: cached images keep their shorter side at most this many
+            pixels; streams asking for a larger image_size decode from JPEG (counted).
     """
 
     datasets: Mapping[str, Path]
@@ -58,6 +65,8 @@ class ServerConfig:
     rpc_threads: int = 0
     log_level: str = "info"
     antialias: bool = False
+    decoded_cache_bytes: int = 0
+    decoded_cache_side: int = 256
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -80,6 +89,15 @@ class ServerConfig:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
+        self._check_decoded_cache()
+
+    def _check_decoded_cache(self) -> None:
+        if self.decoded_cache_bytes < 0:
+            raise ConfigError(f"decoded_cache_bytes: must be >= 0 (0: off), got {self.decoded_cache_bytes}")
+        if self.decoded_cache_side < 1:
+            raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {self.decoded_cache_side}")
+        if self.decoded_cache_bytes:
+            check_budget(self.decoded_cache_bytes)
 
     @property
     def worker_threads(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -14,6 +15,9 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+
+if TYPE_CHECKING:
+    from feeder.decoded_cache import CacheUsage
 
 __all__ = ["ServerMetrics", "Stats"]
 
@@ -32,6 +36,12 @@ class Stats:
     errors: int
     uptime_s: float
     samples_skipped: int
+    decoded_cache_hits: int = 0
+    decoded_cache_misses: int = 0
+    decoded_cache_bypassed: int = 0
+    decoded_cache_entries: int = 0
+    decoded_cache_bytes: int = 0
+    decoded_cache_budget_bytes: int = 0
 
 
 class ServerMetrics:
@@ -42,6 +52,7 @@ class ServerMetrics:
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
         self._totals = dict(images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0)
+        self._cache = dict(hits=0, misses=0, bypassed=0, entries=0, bytes=0, budget_bytes=0)
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
         self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
@@ -52,6 +63,13 @@ class ServerMetrics:
         )
         self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
         self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
+        self.cache_lookups = Counter(
+            "feeder_decoded_cache_samples", "Samples by what the decoded cache did: hit, miss "
+            "(decoded from JPEG), bypassed (image size above the cached side).", ["outcome"], registry=r,
+        )
+        self.cache_entries = Gauge("feeder_decoded_cache_entries", "Images in the decoded cache.", registry=r)
+        self.cache_bytes = Gauge("feeder_decoded_cache_bytes", "Bytes the decoded cache holds.", registry=r)
+        self.cache_budget = Gauge("feeder_decoded_cache_budget_bytes", "Decoded cache budget.", registry=r)
         self.stage_s = Histogram(
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
             buckets=_STAGE_BUCKETS_S, registry=r,
@@ -84,12 +102,27 @@ class ServerMetrics:
         self._add(skipped=count)
         self.skipped.inc(count)
 
+    def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None:
+        """Samples a batch found, missed or bypassed in the decoded cache, and what it
+        holds now."""
+        with self._lock:
+            c = self._cache
+            c["hits"], c["misses"], c["bypassed"] = c["hits"] + hits, c["misses"] + misses, c["bypassed"] + bypassed
+            c["entries"], c["bytes"], c["budget_bytes"] = usage.entries, usage.used_bytes, usage.budget_bytes
+        for outcome, count in (("hit", hits), ("miss", misses), ("bypassed", bypassed)):
+            if count:
+                self.cache_lookups.labels(outcome=outcome).inc(count)
+        self.cache_entries.set(usage.entries)
+        self.cache_bytes.set(usage.used_bytes)
+        self.cache_budget.set(usage.budget_bytes)
+
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
 
     def stats(self) -> Stats:
         with self._lock:
             t = dict(self._totals)
+            cache = {f"decoded_cache_{name}": value for name, value in self._cache.items()}
         return Stats(
             images_served=t["images"],
             batches_served=t["batches"],
@@ -99,6 +132,7 @@ class ServerMetrics:
             errors=t["errors"],
             uptime_s=time.monotonic() - self._started_s,
             samples_skipped=t["skipped"],
+            **cache,
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

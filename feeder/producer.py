@@ -12,8 +12,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from core.errors import DataError, FeederError
 from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Job, PipelineRunner
+from feeder.pipeline import Job
 from feeder.plan import BatchSlice
 from shards.reader import SplitIndex
 
@@ -44,6 +45,14 @@ class ReadyBatch:
     padding: np.ndarray
 
 
+class BatchRunner(Protocol):
+    """What turns a stream's jobs into image batches: a DALI
+    :class:`feeder.pipeline.PipelineRunner`, or one in front of the decoded cache
+    (:class:`feeder.cached_runner.CachedRunner`)."""
+
+    def run_many(self, batches: Iterable[Job]) -> Iterator[np.ndarray]: ...
+
+
 @dataclass(frozen=True)
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from, what to run,
@@ -51,7 +60,7 @@ class StreamContext:
     with the batch's epoch and the samples' keys)."""
 
     split: SplitIndex
-    runner: PipelineRunner
+    runner: BatchRunner
     image_size: int
     samples_per_rank: int
     queue_batches: int
@@ -76,7 +85,7 @@ class BatchStream:
         context: StreamContext,
         slices: Iterator[BatchSlice],
         metrics: ServerMetrics,
-        on_close: Callable[[BatchStream, PipelineRunner, bool], None],
+        on_close: Callable[[BatchStream, BatchRunner, bool], None],
     ) -> None:
         self._ctx = context
         self._slices = slices
@@ -208,7 +217,7 @@ class BatchStream:
             self._read_s += seconds
             self._metrics.stage("read", seconds)
             pending.append(batch)
-            yield Job(jpegs, ctx.image_size, crops)
+            yield Job(jpegs, ctx.image_size, crops, indices=batch.indices)
 
     def _ready(self, batch: BatchSlice, images: np.ndarray) -> ReadyBatch:
         split = self._ctx.split

@@ -18,7 +18,9 @@ from core.errors import (
     NotFound,
     ServiceUnavailable,
 )
+from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig
+from feeder.decoded_cache import DecodedCache
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
 from feeder.plan import (
@@ -32,7 +34,7 @@ from feeder.plan import (
     validate_window,
 )
 from feeder.pool import PipelinePool, batch_bucket
-from feeder.producer import BatchStream, StreamContext
+from feeder.producer import BatchRunner, BatchStream, StreamContext
 from shards.reader import ShardDataset, SplitIndex
 
 log = logging.getLogger(__name__)
@@ -126,6 +128,10 @@ class FeederService:
         self.metrics = metrics
         self.device = resolve_device(config.device)
         self.pool = PipelinePool()
+        self.decoded_cache: DecodedCache | None = None
+        if config.decoded_cache_bytes:  # one cache for every stream and job of this daemon
+            self.decoded_cache = DecodedCache(config.decoded_cache_bytes, config.decoded_cache_side)
+            metrics.decoded_cache(usage=self.decoded_cache.usage())
         self._streams: set[BatchStream] = set()
         self._lock = threading.Lock()
         self._accepting = True
@@ -150,7 +156,7 @@ class FeederService:
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         context = StreamContext(
-            split, runner, spec.image_size, len(part), self.config.queue_batches,
+            split, self._cached(runner, spec.dataset, split), spec.image_size, len(part), self.config.queue_batches,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
@@ -215,6 +221,12 @@ class FeederService:
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
         )
 
+    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:
+        """``runner`` behind the decoded cache, when the daemon has one."""
+        if self.decoded_cache is None:
+            return runner
+        return CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
+
     def _admit(self, stream: BatchStream, runner: PipelineRunner) -> None:
         with self._lock:
             refused = None
@@ -229,14 +241,18 @@ class FeederService:
             raise ServiceUnavailable(refused)
         self.metrics.stream_opened()
 
-    def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
+    def _released(self, stream: BatchStream, runner: BatchRunner, healthy: bool) -> None:
         with self._lock:
             self._streams.discard(stream)
             described = self._described.pop(stream, "stream")
         level = logging.WARNING if stream.outcome.startswith("failed") else logging.INFO
         log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", described, stream.outcome,
                 stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
-        self.pool.release(runner, healthy)
+        if isinstance(runner, CachedRunner):
+            runner.close()
+            runner = runner.inner
+        if isinstance(runner, PipelineRunner):
+            self.pool.release(runner, healthy)
         self.metrics.stream_closed()
 
     def open_streams(self) -> int:
