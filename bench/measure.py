@@ -31,15 +31,20 @@ class Schedule:
         warmup_s: seconds consumed and discarded after the first batch.
         seconds: minimum length of each measured window.
         repeats: number of measured windows (the median is reported).
+        epoch_batches: 0: windows of ``seconds``; else each window is one epoch of
+            this many batches (the first epoch less its first batch, which ends
+            setup), with no warm-up, so that a first pass (a cache filling) and later
+            passes are measured apart.
     """
 
     warmup_s: float = 2.0
     seconds: float = 10.0
     repeats: int = 3
+    epoch_batches: int = 0
 
     def __post_init__(self) -> None:
-        if self.warmup_s < 0 or self.seconds <= 0 or self.repeats < 1:
-            raise ValueError("warmup_s >= 0, seconds > 0 and repeats >= 1 are required")
+        if self.warmup_s < 0 or self.seconds <= 0 or self.repeats < 1 or self.epoch_batches < 0:
+            raise ValueError("warmup_s >= 0, seconds > 0, repeats >= 1 and epoch_batches >= 0 are required")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Window:
     images: int
     duration_s: float
     cpu_s: float
+    first_epoch: bool = False  # with epoch windows: the first pass over the data
 
 
 def _timed_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]) -> tuple[list[Window], int]:
@@ -68,6 +74,26 @@ def _timed_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedul
             if len(marks) == len(boundaries):
                 break
     windows = [Window(b[1] - a[1], b[0] - a[0], b[2] - a[2]) for a, b in zip(marks, marks[1:])]
+    return windows, checked
+
+
+def _epoch_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]) -> tuple[list[Window], int]:
+    """One window per epoch of ``schedule.epoch_batches`` batches (the first batch,
+    already taken, ends setup and belongs to the first epoch)."""
+    marks = [(time.monotonic(), 0, cpu_seconds(cpu_root))]
+    images = checked = 0
+    for batch in batches:
+        images += batch.count
+        checked += 1
+        for problem in check_batch(batch, spec):
+            if problem not in problems and len(problems) < _MAX_PROBLEMS:
+                problems.append(problem)
+        if (checked + 1) % schedule.epoch_batches == 0:
+            marks.append((time.monotonic(), images, cpu_seconds(cpu_root)))
+            if len(marks) == schedule.repeats + 1:
+                break
+    windows = [Window(b[1] - a[1], b[0] - a[0], b[2] - a[2], first_epoch=k == 0)
+               for k, (a, b) in enumerate(zip(marks, marks[1:]))]
     return windows, checked
 
 
@@ -92,7 +118,8 @@ def consume(name: str, spec: LoaderSpec, schedule: Schedule, cpu_root: int, shar
         problems = check_batch(first, spec)[:_MAX_PROBLEMS]
         if barrier is not None:
             barrier.wait()
-        windows, checked = _timed_windows(batches, spec, schedule, cpu_root, problems)
+        measure = _epoch_windows if schedule.epoch_batches else _timed_windows
+        windows, checked = measure(batches, spec, schedule, cpu_root, problems)
     return {
         "rank": spec.client_rank,
         "setup_s": setup_s,

@@ -161,6 +161,9 @@ def format_table(rows: list[dict]) -> str:
             f"{_fmt(r.get('x_decode_only'), '13.2f')} {_fmt(cpu_ms, '12.2f')} "
             f"{r['peak_pss_bytes'] / 2**20:8.0f}"
         )
+        if "epoch1_images_per_s" in r:
+            lines.append(f"{'':<13} epoch 1: {r['epoch1_images_per_s']:.0f} images/s, "
+                         f"{r['epoch1_cpu_s_per_image'] * 1000:.2f} CPU ms/image; the row: later epochs")
         if r.get("clients", 1) > 1:
             rates = ", ".join(f"{x:.0f}" for x in r["per_client_images_per_s"])
             lines.append(f"{'':<13} {r['clients']} clients: {rates} images/s each, spread {r['client_spread']:.1%}")

@@ -3,6 +3,8 @@
 Every figure is a median over the ``repeats`` windows. With several consumers the
 windows of repeat ``k`` are added up (they run at the same time, lined up by a
 barrier); CPU seconds per image divide the tree's CPU rate by that aggregate rate.
+With epoch windows (``throughput.py --epochs``) the first epoch is reported apart
+(``epoch1_*``) and ``images_per_s`` / ``cpu_s_per_image`` are the later epochs'.
 """
 
 from __future__ import annotations
@@ -38,6 +40,20 @@ def _per_repeat(clients: list[dict]) -> tuple[list[float], list[float], list[flo
         cpu.append(cpu_per_s / total if total > 0 else float("nan"))
         busy.append(cpu_per_s)
     return rates, cpu, busy
+
+
+def _epoch_figures(clients: list[dict], rates: list[float], cpu: list[float]) -> dict[str, Any]:
+    """First-epoch and later-epoch medians, when the windows are epochs."""
+    flags = [w.get("first_epoch", False) for w in clients[0]["windows"]][: len(rates)]
+    if not any(flags):
+        return {}
+    first = [k for k, flag in enumerate(flags) if flag]
+    later = [k for k, flag in enumerate(flags) if not flag]
+    figures = {"epoch1_images_per_s": median(rates[k] for k in first),
+               "epoch1_cpu_s_per_image": median(cpu[k] for k in first)}
+    if later:
+        figures.update(images_per_s=median(rates[k] for k in later), cpu_s_per_image=median(cpu[k] for k in later))
+    return figures
 
 
 def _client_figures(clients: list[dict]) -> dict[str, Any]:
@@ -77,6 +93,7 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
         clients=len(clients),
         **_client_figures(clients),
     )
+    row.update(_epoch_figures(clients, rates, cpu))
     return row
 
 

@@ -35,7 +35,9 @@ from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
 from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
 from bench.worker import request_for  # noqa: E402
+from core.cli import parse_bytes  # noqa: E402
 from core.errors import FeederError  # noqa: E402
+from shards.reader import ShardDataset  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
 
@@ -64,6 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "machine over all loaders); the median is over all windows of all rounds")
     p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {', '.join(LOADERS)}")
     p.add_argument("--clients", type=int, default=1, help="concurrent consumers of one daemon (feeder loaders)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="concurrent jobs on one daemon (feeder loaders): each its own job id and seed, the "
+                   "whole split each epoch; the row is their total images/s")
+    p.add_argument("--epochs", type=int, default=0,
+                   help="measure this many epochs, each a window, instead of --seconds windows: epoch 1 "
+                   "(a cache filling) is reported apart from the later ones; no warm-up")
+    p.add_argument("--decoded-cache-bytes", default="0", help="feeder serve --decoded-cache-bytes (e.g. 2G)")
+    p.add_argument("--decoded-cache-side", type=int, default=256, help="feeder serve --decoded-cache-side, px")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu: DALI and feeder decode on CUDA")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the results and the configuration here")
@@ -74,8 +84,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     if args.device == "gpu" and not _cuda_available():
         p.error("--device gpu needs a CUDA device, and none is visible")
-    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.rounds, args.clients) < 1 or args.seconds <= 0:
-        p.error("--batch-size, --image-size, --threads, --repeats, --rounds, --clients and --seconds must be positive")
+    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.rounds, args.clients, args.jobs) < 1 or args.seconds <= 0:
+        p.error("--batch-size, --image-size, --threads, --repeats, --rounds, --clients, --jobs and --seconds must be positive")
+    if args.jobs > 1 and args.clients > 1:
+        p.error("--jobs and --clients: choose one (several ranks of one job, or several jobs of one rank)")
+    if args.epochs == 1 or args.epochs < 0:
+        p.error("--epochs: at least 2 (the first is reported apart), or 0 for --seconds windows")
     return args
 
 
@@ -155,6 +169,12 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
     return {"result": outcome, "memory": memory, "load_average_1m": load}
 
 
+def _epoch_batches(data: BenchData, split: str, ranks: int, batch_size: int) -> int:
+    """Batches of one rank's epoch (feeder's ``drop`` policy)."""
+    samples = len(ShardDataset.open("bench", data.shards).splits[split])
+    return max(2, samples // ranks // batch_size)
+
+
 def _data(args: argparse.Namespace) -> BenchData:
     if args.data is None:
         return prepare_sample(args.cache, seed=args.seed)
@@ -166,7 +186,8 @@ def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict
         "data": str(data.shards), "source": str(data.source) if data.source else None, "split": args.split,
         "batch_size": args.batch_size, "image_size_px": args.image_size, "threads": args.threads,
         "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "loaders": names,
-        "clients": args.clients, "device": args.device, "seed": args.seed,
+        "clients": args.clients, "device": args.device, "seed": args.seed, "jobs": args.jobs, "epochs": args.epochs,
+        "decoded_cache_bytes": args.decoded_cache_bytes, "decoded_cache_side_px": args.decoded_cache_side,
     }
 
 
@@ -197,8 +218,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = LoaderSpec(shards=data.shards, source=data.source, split=args.split, batch_size=args.batch_size,
                       image_size_px=args.image_size, threads=args.threads, device=args.device, seed=args.seed,
-                      clients=args.clients)
+                      clients=max(args.clients, args.jobs), separate_jobs=args.jobs > 1,
+                      decoded_cache_bytes=parse_bytes(args.decoded_cache_bytes, "--decoded-cache-bytes"),
+                      decoded_cache_side=args.decoded_cache_side)
     schedule = Schedule(warmup_s=args.warmup, seconds=args.seconds, repeats=args.repeats)
+    if args.epochs:
+        schedule = Schedule(warmup_s=0, seconds=args.seconds, repeats=args.epochs,
+                            epoch_batches=_epoch_batches(data, args.split, args.clients, args.batch_size))
     rows = _measure_all(names, spec, schedule, args.rounds)
     add_ratios(rows)
     targets = check_targets(rows)

@@ -121,6 +121,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-accuracy", action="store_true", help="throughput only")
     parser.add_argument("--skip-throughput", action="store_true", help="time to accuracy only")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decoded-cache-bytes", default="0",
+                        help="the daemon's decoded cache budget (feeder serve --decoded-cache-bytes, e.g. 2G; 0: off)")
+    parser.add_argument("--decoded-cache-side", type=int, default=256, help="feeder serve --decoded-cache-side, px")
     parser.add_argument("--json", type=Path, help="write results here")
     return parser.parse_args(argv)
 
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
     """Runs the benchmark; prints the figures and returns them."""
     args = parse_args(argv)
     data = resolve(args.shards, None) if args.shards else prepare_sample(args.cache, args.seed)
-    options = ("--device", "cpu", "--threads", str(args.threads))
+    options = ("--device", "cpu", "--threads", str(args.threads),
+               "--decoded-cache-bytes", args.decoded_cache_bytes, "--decoded-cache-side", str(args.decoded_cache_side))
     with DaemonProcess({"bench": data.shards}, options, cwd=_REPO) as daemon:
         address = daemon.address
         with tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:

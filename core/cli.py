@@ -7,15 +7,16 @@ group), set by :func:`remember_traceback` from whichever level took the option.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
 
-from core.errors import FeederError, cli_message
+from core.errors import ConfigError, FeederError, cli_message
 
-__all__ = ["TRACEBACK_HELP", "remember_traceback", "run_command"]
+__all__ = ["TRACEBACK_HELP", "parse_bytes", "remember_traceback", "run_command"]
 
 TRACEBACK_HELP = "Show the full traceback behind an error instead of one line."
 _META_KEY = "feeder.traceback"
@@ -38,3 +39,25 @@ def run_command(ctx: typer.Context, fn: Callable[..., Any], *args: Any, **kwargs
             raise
         print(cli_message(e), file=sys.stderr)
         raise typer.Exit(1) from e
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """``"8G"`` -> 8 GiB in bytes. Units K, M, G, T are powers of 1024 (``B``, ``iB``
+    after them are accepted); a bare number is bytes; 0 is allowed (options where it
+    means "off" say so; the others are checked by their configuration).
+
+    Raises:
+        ConfigError: not a size (the message names ``option``).
+    """
+    number = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = number[-1:] if number[-1:] in _UNITS else ""
+    try:
+        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError(f"{option} {text!r}: expected a size such as 8G, 512M or 1073741824")
+    return int(value)

@@ -7,11 +7,10 @@ from typing import Annotated
 
 import typer
 
-from core.cli import run_command
+from core.cli import parse_bytes, run_command
 
-__all__ = ["parse_bytes", "parse_datasets", "register"]
+__all__ = ["parse_datasets", "register"]
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_datasets(values: list[str]) -> dict[str, Path]:
@@ -31,28 +30,6 @@ def parse_datasets(values: list[str]) -> dict[str, Path]:
             raise ConfigError(f"--dataset {name!r}: given twice")
         datasets[name] = Path(path).expanduser()
     return datasets
-
-
-def parse_bytes(text: str, option: str) -> int:
-    """``"8G"`` -> 8 GiB in bytes. Units K, M, G, T are powers of 1024 (``B``, ``iB``
-    after them are accepted); a bare number is bytes.
-
-    Raises:
-        ConfigError: not a positive size (the message names ``option``).
-    """
-    import math
-
-    from core.errors import ConfigError
-
-    number = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = number[-1:] if number[-1:] in _UNITS else ""
-    try:
-        value = float(number[: len(number) - len(unit)]) * _UNITS[unit]
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 1):
-        raise ConfigError(f"{option} {text!r}: expected a size such as 8G, 512M or 1073741824")
-    return int(value)
 
 
 def serve_command(
@@ -113,6 +90,13 @@ def serve_command(
         ">= --max-streams (a stream that finds all lent is refused as unavailable).")] = 64,
     pipeline_idle_s: Annotated[float, typer.Option(
         help="Seconds an idle pipeline is kept for reuse before its threads and buffers are freed.")] = 30.0,
+    decoded_cache_bytes: Annotated[str, typer.Option(
+        help="Budget of the decoded cache, shared by every stream and job (examples: 8G, 512M); 0 turns it "
+        "off. Cached images are downscaled (see --decoded-cache-side), so it changes pixels: off by "
+        "default.")] = "0",
+    decoded_cache_side: Annotated[int, typer.Option(
+        help="Shorter side, px, of the images the decoded cache keeps; streams asking for a larger image "
+        "size decode from JPEG.")] = 256,
 ) -> None:
     """Serve decoded, augmented batches of named shard directories over gRPC.
 
@@ -120,6 +104,8 @@ def serve_command(
 
     Open to the network: feeder serve --dataset imagenet=/data/shards --bind 0.0.0.0
     --tls-cert server.pem --tls-key server.key --token-file token
+    With a decoded cache: feeder serve --dataset imagenet=/data/shards --decoded-cache-bytes 8G
+    --decoded-cache-side 256
     """
     from feeder.config import ServerConfig
     from feeder.server import serve
@@ -157,6 +143,8 @@ def serve_command(
             max_pixels=max_pixels,
             max_pipelines=max_pipelines,
             pipeline_idle_s=pipeline_idle_s,
+            decoded_cache_bytes=parse_bytes(decoded_cache_bytes, "--decoded-cache-bytes"),
+            decoded_cache_side=decoded_cache_side,
             **extra,
         )
         serve(config)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError
+from feeder.decoded_cache import check_budget
 from transport.base import TransportConfig
 
 __all__ = ["DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "is_loopback"]
@@ -102,6 +103,12 @@ class ServerConfig:
             as unavailable; an idle one is dropped, oldest first, to build another.
         pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
             threads and buffers (DALI keeps its peak buffers while a pipeline lives).
+        decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
+            shared by every stream and job; see feeder.decoded_cache); 0, the default,
+            turns it off, because cached pixels are downscaled ones. Refused when larger
+            than the machine's memory.
+        decoded_cache_side: cached images keep their shorter side at most this many
+            pixels; streams asking for a larger image_size decode from JPEG (counted).
     """
 
     datasets: Mapping[str, Path]
@@ -135,6 +142,8 @@ class ServerConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_pipelines: int = 64
     pipeline_idle_s: float = 30.0
+    decoded_cache_bytes: int = 0
+    decoded_cache_side: int = 256
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -168,6 +177,7 @@ class ServerConfig:
         if not self.pipeline_idle_s > 0:  # NaN too
             raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
+        self._check_decoded_cache()
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -187,6 +197,14 @@ class ServerConfig:
         """The transports' settings."""
         return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots,
                                shm_budget_bytes=self.shm_budget_bytes)
+
+    def _check_decoded_cache(self) -> None:
+        if self.decoded_cache_bytes < 0:
+            raise ConfigError(f"decoded_cache_bytes: must be >= 0 (0: off), got {self.decoded_cache_bytes}")
+        if self.decoded_cache_side < 1:
+            raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {self.decoded_cache_side}")
+        if self.decoded_cache_bytes:
+            check_budget(self.decoded_cache_bytes)
 
     @property
     def worker_threads(self) -> int:

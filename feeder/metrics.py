@@ -7,6 +7,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -15,6 +16,9 @@ from prometheus_client import (
     Histogram,
     start_http_server,
 )
+
+if TYPE_CHECKING:
+    from feeder.decoded_cache import CacheUsage
 
 __all__ = ["ServerMetrics", "Stats"]
 
@@ -37,6 +41,12 @@ class Stats:
     samples_failed: int = 0
     failed_keys: tuple[str, ...] = ()
     pipelines: int = 0
+    decoded_cache_hits: int = 0
+    decoded_cache_misses: int = 0
+    decoded_cache_bypassed: int = 0
+    decoded_cache_entries: int = 0
+    decoded_cache_bytes: int = 0
+    decoded_cache_budget_bytes: int = 0
 
 
 class ServerMetrics:
@@ -50,6 +60,7 @@ class ServerMetrics:
             images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0
         )
         self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
+        self._cache = dict(hits=0, misses=0, bypassed=0, entries=0, bytes=0, budget_bytes=0)
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
         self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
@@ -82,6 +93,13 @@ class ServerMetrics:
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
+        self.cache_lookups = Counter(
+            "feeder_decoded_cache_samples", "Samples by what the decoded cache did: hit, miss "
+            "(decoded from JPEG), bypassed (image size above the cached side).", ["outcome"], registry=r,
+        )
+        self.cache_entries = Gauge("feeder_decoded_cache_entries", "Images in the decoded cache.", registry=r)
+        self.cache_bytes = Gauge("feeder_decoded_cache_bytes", "Bytes the decoded cache holds.", registry=r)
+        self.cache_budget = Gauge("feeder_decoded_cache_budget_bytes", "Decoded cache budget.", registry=r)
         self.stage_s = Histogram(
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
             buckets=_STAGE_BUCKETS_S, registry=r,
@@ -141,6 +159,19 @@ class ServerMetrics:
 
     def decode_retried(self) -> None:
         self.retries.inc()
+    def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None:
+        """Samples a batch found, missed or bypassed in the decoded cache, and what it
+        holds now."""
+        with self._lock:
+            c = self._cache
+            c["hits"], c["misses"], c["bypassed"] = c["hits"] + hits, c["misses"] + misses, c["bypassed"] + bypassed
+            c["entries"], c["bytes"], c["budget_bytes"] = usage.entries, usage.used_bytes, usage.budget_bytes
+        for outcome, count in (("hit", hits), ("miss", misses), ("bypassed", bypassed)):
+            if count:
+                self.cache_lookups.labels(outcome=outcome).inc(count)
+        self.cache_entries.set(usage.entries)
+        self.cache_bytes.set(usage.used_bytes)
+        self.cache_budget.set(usage.budget_bytes)
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
@@ -149,6 +180,7 @@ class ServerMetrics:
         with self._lock:
             t = dict(self._totals)
             failed_names = tuple(self._failed_names)
+            cache = {f"decoded_cache_{name}": value for name, value in self._cache.items()}
         return Stats(
             images_served=t["images"],
             batches_served=t["batches"],
@@ -161,6 +193,7 @@ class ServerMetrics:
             samples_failed=t["failed"],
             failed_keys=failed_names,
             pipelines=t["pipelines"],
+            **cache,
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

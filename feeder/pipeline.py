@@ -140,11 +140,14 @@ class Job:
 
     ``crops`` None: windows are drawn here from the JPEG headers, keyed by the bytes
     (train) or central (val) -- for callers without an index; the daemon passes them.
+    ``indices``: the samples' positions in their split, for runners that look samples
+    up by them (the decoded cache); the DALI runner ignores them.
     """
 
     jpegs: Sequence[np.ndarray]
     image_size: int
     crops: Crops | None = None
+    indices: np.ndarray | None = None
 
 
 JobLike = Union[Job, tuple[Sequence[np.ndarray], int]]

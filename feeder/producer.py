@@ -12,8 +12,9 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Job, PipelineRunner, SampleDecodeError
+from feeder.pipeline import Allocate, Job, PipelineSpec, Repair, SampleDecodeError
 from feeder.plan import BatchSlice
 from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
@@ -49,6 +50,20 @@ class ReadyBatch:
     failed_keys: list[str] = field(default_factory=list)  # replaced samples (marked in padding)
 
 
+class BatchRunner(Protocol):
+    """What turns a stream's jobs into image batches: a DALI
+    :class:`feeder.pipeline.PipelineRunner`, or one in front of the decoded cache
+    (:class:`feeder.cached_runner.CachedRunner`)."""
+
+    spec: PipelineSpec
+
+    def run_many(
+        self, batches: Iterable[Job], repair: Repair | None = None, allocate: Allocate | None = None
+    ) -> Iterator[np.ndarray]: ...
+
+    def drain(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from, what to run,
@@ -59,7 +74,7 @@ class StreamContext:
     stream fails on the first)."""
 
     split: SplitIndex
-    runner: PipelineRunner
+    runner: BatchRunner
     sender: BatchSender
     image_size: int
     samples_per_rank: int
@@ -87,7 +102,7 @@ class BatchStream:
         context: StreamContext,
         slices: Iterator[BatchSlice],
         metrics: ServerMetrics,
-        on_close: Callable[[BatchStream, PipelineRunner, bool], None],
+        on_close: Callable[[BatchStream, BatchRunner, bool], None],
     ) -> None:
         self._ctx = context
         self._filter = context.samples or SampleFilter(BadSamples("", context.split, 1 << 62), OnError.FAIL)
@@ -260,7 +275,7 @@ class BatchStream:
         except DataError as e:
             self._read_error = e  # names the shard already
             raise
-        return Job(jpegs, ctx.image_size, crops)
+        return Job(jpegs, ctx.image_size, crops, indices=batch.indices)
 
     def _slot_array(self, slots: dict[int, tuple[Slot, np.ndarray]]) -> Callable[[tuple[int, ...]], np.ndarray]:
         """Where each batch is written: a slot of the stream's transport (waits

@@ -19,7 +19,9 @@ from core.errors import (
 )
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
 from feeder.bad_samples import BadSamples, OnError, SampleFilter
+from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig
+from feeder.decoded_cache import DecodedCache
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
 from feeder.plan import (
@@ -33,7 +35,7 @@ from feeder.plan import (
     validate_window,
 )
 from feeder.pool import PipelinePool, batch_bucket
-from feeder.producer import BatchStream, StreamContext
+from feeder.producer import BatchRunner, BatchStream, StreamContext
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
 from transport.daemon import TransportHub, TransportRequest
@@ -141,6 +143,10 @@ class FeederService:
             for split, index in dataset.splits.items()
         }
         self._admission: Admission[BatchStream] = Admission(config, metrics)
+        self.decoded_cache: DecodedCache | None = None
+        if config.decoded_cache_bytes:  # one cache for every stream and job of this daemon
+            self.decoded_cache = DecodedCache(config.decoded_cache_bytes, config.decoded_cache_side)
+            metrics.decoded_cache(usage=self.decoded_cache.usage())
         self._numbers = itertools.count(1)
         self._closed = threading.Event()
         threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
@@ -179,7 +185,8 @@ class FeederService:
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3)
         context = StreamContext(
-            split, runner, sender, spec.image_size, len(part), self.config.queue_batches, self.config.queue_bytes,
+            split, self._cached(runner, spec.dataset, split), sender, spec.image_size, len(part),
+            self.config.queue_batches, self.config.queue_bytes,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
             samples=SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
         )
@@ -245,6 +252,12 @@ class FeederService:
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
         )
 
+    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:
+        """``runner`` behind the decoded cache, when the daemon has one."""
+        if self.decoded_cache is None:
+            return runner
+        return CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
+
     def _admit(self, stream: BatchStream, runner: PipelineRunner, ticket: Ticket) -> None:
         try:
             self._admission.admit(stream, ticket)
@@ -254,13 +267,17 @@ class FeederService:
             raise
         self.metrics.stream_opened()
 
-    def _released(self, stream: BatchStream, runner: PipelineRunner, healthy: bool) -> None:
+    def _released(self, stream: BatchStream, runner: BatchRunner, healthy: bool) -> None:
         ticket = self._admission.release(stream)
         self.transports.close_sender(stream.sender)
         level = logging.WARNING if stream.outcome.startswith(("failed", "idle")) else logging.INFO
         log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", ticket.name if ticket else "stream",
                 stream.outcome, stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
-        self.pool.release(runner, healthy)
+        if isinstance(runner, CachedRunner):
+            runner.close()
+            runner = runner.inner
+        if isinstance(runner, PipelineRunner):
+            self.pool.release(runner, healthy)
         self.metrics.stream_closed()
 
     def _cancel_idle_streams(self) -> None:

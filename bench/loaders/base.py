@@ -43,6 +43,10 @@ class LoaderSpec:
         seed: seed of shuffles and augmentation.
         clients: concurrent consumers of one daemon (feeder loaders only).
         client_rank: which consumer this is (0-based, < clients).
+        separate_jobs: the consumers are separate jobs (each its own job id and seed,
+            every sample once per epoch each) instead of the ranks of one job.
+        decoded_cache_bytes: ``feeder serve --decoded-cache-bytes`` (0: no cache).
+        decoded_cache_side: ``feeder serve --decoded-cache-side``, px.
     """
 
     shards: Path
@@ -55,6 +59,9 @@ class LoaderSpec:
     seed: int = 0
     clients: int = 1
     client_rank: int = 0
+    separate_jobs: bool = False
+    decoded_cache_bytes: int = 0
+    decoded_cache_side: int = 256
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", Path(self.shards))

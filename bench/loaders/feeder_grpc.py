@@ -25,7 +25,8 @@ DATASET = "bench"
 
 
 def _daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
-    return ("--device", spec.device, "--threads", str(spec.threads), "--max-batch-size", str(spec.batch_size))
+    cache = ("--decoded-cache-bytes", str(spec.decoded_cache_bytes), "--decoded-cache-side", str(spec.decoded_cache_side))
+    return ("--device", spec.device, "--threads", str(spec.threads), "--max-batch-size", str(spec.batch_size), *cache)
 
 
 @contextmanager
@@ -52,10 +53,14 @@ def open_loader(spec: LoaderSpec, shared: object = None, transport: str = "grpc"
     """
     if not isinstance(shared, str):
         raise ValueError("feeder-grpc needs the address of a running daemon (open_shared)")
+    if spec.separate_jobs:  # one job per consumer: own seed and id, the whole split each
+        seed, rank, world, job = spec.seed + spec.client_rank, 0, 1, f"bench-{spec.client_rank}"
+    else:
+        seed, rank, world, job = spec.seed, spec.client_rank, spec.clients, "bench"
     loader = FeederLoader(
         shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
-        seed=spec.seed, rank=spec.client_rank, world_size=spec.clients, device="cpu", normalize=False,
-        augment="train", job_id="bench", transport=transport,
+        seed=seed, rank=rank, world_size=world, device="cpu", normalize=False, augment="train", job_id=job,
+        transport=transport,
     )
     with loader:
         yield _batches(loader, transport)

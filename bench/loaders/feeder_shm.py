@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
 from bench.loaders.base import Batch, LoaderSpec
-from bench.loaders.feeder_grpc import open_shared
 from bench.loaders.feeder_grpc import open_loader as _open_loader
+from bench.loaders.feeder_grpc import open_shared
 
 __all__ = ["open_loader", "open_shared"]
 

@@ -27,13 +27,15 @@ _EPOCHS = 1_000_000  # one stream, epochs back to back: endless for a benchmark
 
 @contextmanager
 def daemon_batches(
-    shards: Path, split: str, request: StreamSpec, *, device: str = "cpu", threads: int = 2, prefetch: int = 2
+    shards: Path, split: str, request: StreamSpec, *, device: str = "cpu", threads: int = 2, prefetch: int = 2,
+    decoded_cache_bytes: int = 0, decoded_cache_side: int = 256,
 ) -> Iterator[Iterator[np.ndarray]]:
     """Yields an endless iterator of the uint8 NHWC image batches the daemon would send
     for ``request`` (its ``dataset`` is ignored), produced in this process."""
     config = ServerConfig(
         datasets={"bench": Path(shards)}, device=device, threads=threads, prefetch=prefetch,
         max_batch_size=max(request.batch_size, 1), metrics_port=None,
+        decoded_cache_bytes=decoded_cache_bytes, decoded_cache_side=decoded_cache_side,
     )
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     spec = StreamSpec(**{**request.__dict__, "dataset": "bench", "split": split, "epochs": _EPOCHS})
@@ -57,5 +59,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
         dataset="bench", split=spec.split, rank=spec.client_rank, world_size=spec.clients,
         batch_size=spec.batch_size, image_size=spec.image_size_px, seed=spec.seed,
     )
-    with daemon_batches(spec.shards, spec.split, request, device=spec.device, threads=spec.threads) as images:
+    with daemon_batches(spec.shards, spec.split, request, device=spec.device, threads=spec.threads,
+                        decoded_cache_bytes=spec.decoded_cache_bytes,
+                        decoded_cache_side=spec.decoded_cache_side) as images:
         yield (Batch(len(b), b, "NHWC", dtype_name(b)) for b in images)

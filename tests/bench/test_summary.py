@@ -105,3 +105,16 @@ def test_a_skipped_loader_is_a_row_with_its_reason_and_no_figures() -> None:
     row = summarise({"loader": "tfdata", "skipped": "tensorflow is not installed"}, {"peak_pss_bytes": 1})
     assert row["skipped"] == "tensorflow is not installed" and "images_per_s" not in row
     assert merge_results([{"loader": "tfdata", "skipped": "no tf"}])["skipped"] == "no tf"
+
+
+def test_epoch_windows_report_the_first_epoch_apart_from_the_later_ones() -> None:
+    windows = [(100, 1.0, 2.0), (400, 1.0, 2.0), (300, 1.0, 2.0), (500, 1.0, 2.0)]
+    client = _client(0, windows)
+    client["windows"][0]["first_epoch"] = True
+
+    row = summarise({"loader": "feeder-grpc", "cpus": [0], "clients": [client]}, MEMORY)
+
+    assert row["epoch1_images_per_s"] == 100
+    assert row["epoch1_cpu_s_per_image"] == pytest.approx(2.0 / 100)
+    assert row["images_per_s"] == 400, "the row's figure is the later epochs' median"
+    assert row["cpu_s_per_image"] == pytest.approx(2.0 / 400)

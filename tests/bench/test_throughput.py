@@ -93,6 +93,31 @@ def test_a_folder_without_shards_is_one_line_and_exit_2(tmp_path: Path, capsys: 
     assert capsys.readouterr().err.strip().count("\n") == 0
 
 
+def test_jobs_and_clients_together_and_a_single_epoch_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--jobs", "2", "--clients", "2"])
+    assert "--jobs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--epochs", "1"])
+
+
+@pytest.mark.slow
+def test_two_jobs_with_the_decoded_cache_report_epochs_apart(
+    tmp_path: Path, bench_shards: Path, bench_source: Path
+) -> None:
+    out = tmp_path / "result.json"
+    argv = [
+        "--data", str(bench_shards), "--source", str(bench_source), "--loaders", "feeder-grpc",
+        "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH), "--threads", str(THREADS),
+        "--jobs", "2", "--epochs", "3", "--decoded-cache-bytes", "64M", "--decoded-cache-side", "48",
+        "--json", str(out),
+    ]
+    assert throughput.main(argv) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["problems"] == [] and row["clients"] == 2
+    assert row["epoch1_images_per_s"] > 0 and row["images_per_s"] > 0
+
+
 @pytest.mark.slow
 def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards: Path, bench_source: Path) -> None:
     code, doc = _run(tmp_path, bench_shards, bench_source, ["tfdata"])

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from core.cli import parse_bytes
 from core.errors import ConfigError
-from feeder.commands import parse_bytes, parse_datasets
+from feeder.commands import parse_datasets
 from feeder.config import ServerConfig
 
 OK = {"datasets": {"d": Path("/x")}}
