@@ -44,15 +44,21 @@ class ShardReport:
         return sum(counts[key] for counts in self.splits.values())
 
     def summary(self) -> str:
-        """One line: counts per split, shards, bytes, rejects, ignored, speed."""
+        """One line: counts per split, shards, bytes, rejects, ignored, skipped links
+        and empty classes (when any), speed."""
         per_split = ", ".join(f"{name} {c['accepted']}" for name, c in self.splits.items())
         rate = self.total("inputs") / self.seconds if self.seconds > 0 else 0.0
         return (
             f"sharded {self.total('accepted')} images ({per_split}) into {self.total('shards')} shards, "
             f"{self.total('bytes') / 1e6:.1f} MB; rejected {self.total('rejected')}, "
-            f"re-encoded {self.total('reencoded')}, ignored {self.total('ignored')}; "
+            f"re-encoded {self.total('reencoded')}, ignored {self.total('ignored')}{self._oddities()}; "
             f"{self.seconds:.1f} s, {rate:.0f} images/s -> {self.out}"
         )
+
+    def _oddities(self) -> str:
+        links, empty = self.total("skipped_links"), self.total("empty_classes")
+        text = f", skipped {links} link{'s' if links != 1 else ''}" if links else ""
+        return text + (f", {empty} empty class{'es' if empty != 1 else ''}" if empty else "")
 
 
 def _run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
@@ -135,6 +141,8 @@ def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRec
         "index": f"{split.name}/{index_path(Path(), split.name).name}",
         "shards": shards if wds else [],
         "rejects": rejects,
+        "skipped_links": [{"source": s, "reason": r} for s, r in split.skipped_links],
+        "empty_classes": split.empty_classes,
     }
 
 
@@ -161,10 +169,11 @@ def shard(config: ShardConfig) -> ShardReport:
     Raises:
         NotFound: SRC does not exist.
         ConfigError: no images, unusable ground truth, OUT not empty or not writable.
-        DataError: a bad input with ``on_error="raise"`` (names the file).
+        DataError: a bad input or a directory that cannot be listed, with
+            ``on_error="raise"`` (names the file or directory).
     """
     started = time.monotonic()
-    tree = find_sources(config.src)
+    tree = find_sources(config.src, config.on_error)
     _prepare_out(config, tree)
     work = config.out / WORK_DIR
     # Tars are always the first stage; without "wds" they are staged under .work.
@@ -189,6 +198,7 @@ def shard(config: ShardConfig) -> ShardReport:
     for name, entry in splits.items():
         counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
         counts["shards"] = len(entry["shards"])
+        counts["skipped_links"], counts["empty_classes"] = len(entry["skipped_links"]), len(entry["empty_classes"])
         counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
         report.splits[name] = counts
     return report

@@ -15,17 +15,25 @@ Layouts:
 - Anything else: a plain class-folder tree ``SRC/<class>/**``, one split ``train``.
 
 Labels are indices in sorted class-name order. Files with an image extension are
-samples; every other file under a split is ignored and counted.
+samples; every other file under a split is ignored and counted. A class folder with
+no images stays a class (labels do not shift) and is named in ``empty_classes``.
+
+Each real file is listed once whatever the symbolic links (``sharder.walk``): a link
+to a folder already walked, or above one (``ln -s . x``), is skipped and named in
+``skipped_links``; a link to a folder elsewhere, such as a class kept on another
+disk, is followed. A directory that cannot be listed is a reject with its reason.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError, NotFound
+from sharder.walk import Listing, TreeWalker, list_dir
 
 __all__ = ["IMAGE_EXTENSIONS", "SourceFile", "SourceTree", "SplitSource", "find_sources"]
 
@@ -36,6 +44,7 @@ DEVKIT_SYNSETS = "ILSVRC2012_devkit_synsets.txt"
 DEVKIT_META = "meta.mat"
 DEVKIT_DATA = Path("ILSVRC2012_devkit_t12") / "data"
 KAGGLE_DATA = Path("ILSVRC") / "Data" / "CLS-LOC"  # where a Kaggle download keeps train/ and val/
+log = logging.getLogger(__name__)
 _METADATA_NAMES = {KAGGLE_GROUND_TRUTH, DEVKIT_GROUND_TRUTH, DEVKIT_SYNSETS, DEVKIT_META, "LOC_synset_mapping.txt"}
 
 
@@ -49,12 +58,18 @@ class SourceFile:
 
 @dataclass
 class SplitSource:
-    """The inputs of one split, sorted by source path."""
+    """The inputs of one split, in walk order (class folders sorted, each top-down).
+
+    ``rejects`` and ``skipped_links`` are ``(source, reason)`` pairs; ``empty_classes``
+    names the class folders of this split that hold no image file.
+    """
 
     name: str
     files: list[SourceFile] = field(default_factory=list)
     ignored: int = 0
     rejects: list[tuple[str, str]] = field(default_factory=list)
+    skipped_links: list[tuple[str, str]] = field(default_factory=list)
+    empty_classes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -71,37 +86,53 @@ def _is_image(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    """The entries of a split folder; without them there is nothing to shard."""
+    try:
+        return list_dir(folder)
+    except OSError as e:
+        raise ConfigError(f"cannot list {folder}: {e.strerror or e}") from e
+
+
 def _subdirs(path: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
+    return [e.name for e in _entries(path) if e.is_dir() and not e.name.startswith(".")]
 
 
-def _walk(root: Path, folder: Path) -> tuple[list[str], int]:
-    """Image paths under ``folder`` relative to ``root`` (sorted) and the ignored count."""
-    images, ignored = [], 0
-    skip = len(str(root)) + 1  # string slicing: Path.relative_to is slow for a million files
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames.sort()
-        relative = Path(dirpath[skip:]).as_posix() if dirpath != str(root) else "."
-        for name in sorted(filenames):
-            if _is_image(name):
-                images.append(name if relative == "." else f"{relative}/{name}")
-            elif name not in _METADATA_NAMES:
-                ignored += 1
-    return images, ignored
+@dataclass
+class _Pending:
+    """A split whose folders are handed to the walker; made a SplitSource once every
+    link is resolved."""
+
+    name: str
+    listing: Listing = field(default_factory=Listing)
+    class_folders: list[str] = field(default_factory=list)  # relative to SRC, by label
+    ignored: int = 0  # files beside the class folders
 
 
-def _class_folders(root: Path, folder: Path, name: str, classes: list[str]) -> SplitSource:
-    split = SplitSource(name)
+def _class_folders(walker: TreeWalker, folder: Path, name: str, classes: list[str]) -> _Pending:
+    pending = _Pending(name, class_folders=[""] * len(classes))
     lookup = {c: i for i, c in enumerate(classes)}
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+    walker.claim(folder)
+    for entry in _entries(folder):
         if entry.is_dir() and not entry.name.startswith("."):
             if entry.name not in lookup:
                 raise ConfigError(f"{folder / entry.name}: class {entry.name!r} is not among the train classes")
-            images, ignored = _walk(root, Path(entry.path))
-            split.files += [SourceFile(s, lookup[entry.name]) for s in images]
-            split.ignored += ignored
+            walker.add(pending.listing, Path(entry.path), lookup[entry.name])
+            pending.class_folders[lookup[entry.name]] = Path(entry.path).relative_to(walker.root).as_posix()
         elif not entry.is_dir() and entry.name not in _METADATA_NAMES:
-            split.ignored += 1  # files beside the class folders are not samples
+            pending.ignored += 1  # files beside the class folders are not samples
+    return pending
+
+
+def _labelled(pending: _Pending, classes: list[str]) -> SplitSource:
+    """The split's inputs, labelled by the class folder that holds them."""
+    listing = pending.listing
+    split = SplitSource(pending.name, ignored=pending.ignored + listing.ignored)
+    split.files = [SourceFile(source, label) for source, label in listing.images]
+    split.rejects = list(listing.unlisted)
+    split.skipped_links = list(listing.skipped_links)
+    found = {label for _, label in listing.images}
+    split.empty_classes = [c for i, (c, f) in enumerate(zip(classes, pending.class_folders)) if f and i not in found]
     return split
 
 
@@ -163,15 +194,15 @@ def _ground_truth(folders: list[Path]) -> tuple[Path, dict[str, str]]:
     raise ConfigError(f"{folders[1]} is flat but neither {KAGGLE_GROUND_TRUTH} nor {DEVKIT_GROUND_TRUTH} is in SRC or SRC/val")
 
 
-def _flat_val(root: Path, data: Path, classes: list[str]) -> SplitSource:
+def _flat_val(root: Path, data: Path, classes: list[str], pending: _Pending) -> SplitSource:
     path, truth = _ground_truth(_metadata_folders(root, data))
     lookup = {c: i for i, c in enumerate(classes)}
     unknown = sorted({wnid for wnid in truth.values() if wnid not in lookup})
     if unknown:
         raise ConfigError(f"{path} names {len(unknown)} class(es) not in train/, e.g. {unknown[0]!r}")
-    images, ignored = _walk(root, data / "val")
-    split = SplitSource("val", ignored=ignored)
-    for source in images:
+    listing = pending.listing
+    split = SplitSource("val", ignored=listing.ignored, rejects=list(listing.unlisted), skipped_links=list(listing.skipped_links))
+    for source, _ in listing.images:
         wnid = truth.get(Path(source).name.split(".")[0])
         if wnid is None:
             split.rejects.append((source, f"no label in {path.name}"))
@@ -180,28 +211,53 @@ def _flat_val(root: Path, data: Path, classes: list[str]) -> SplitSource:
     return split
 
 
-def find_sources(root: Path) -> SourceTree:
+def _warn(root: Path, split: SplitSource, classes: list[str]) -> None:
+    """One line per skipped link and per empty class (the manifest lists them too)."""
+    for source, reason in split.skipped_links:
+        log.warning("%s: symlink not followed (%s)", root / source, reason)
+    for name in split.empty_classes:
+        log.warning("%s: class %r has no images in split %s; kept as label %d with 0 samples", root, name, split.name, classes.index(name))
+
+
+def find_sources(root: Path, on_error: str = "skip") -> SourceTree:
     """Discover the layout, classes and samples under ``root``.
+
+    Args:
+        root: SRC.
+        on_error: ``"skip"``: a directory that cannot be listed becomes a reject;
+            ``"raise"``: it raises ``DataError`` naming it.
 
     Raises:
         NotFound: ``root`` does not exist or is not a directory.
-        ConfigError: no class folders or no image files, or unusable ground truth.
+        ConfigError: no class folders or no image files, unusable ground truth, or a
+            split folder that cannot be listed.
+        DataError: a directory below a split folder cannot be listed (``on_error="raise"``).
     """
     if not root.is_dir():
         raise NotFound(f"SRC {root} does not exist or is not a directory")
+    walker = TreeWalker(root, _is_image, _METADATA_NAMES, on_error)
     data = root / KAGGLE_DATA if (root / KAGGLE_DATA / "train").is_dir() else root
+    flat_val: _Pending | None = None
     if (data / "train").is_dir():
-        tree = SourceTree(root, "ilsvrc", _subdirs(data / "train"), [])
-        tree.splits.append(_class_folders(root, data / "train", "train", tree.classes))
+        layout, classes = "ilsvrc", _subdirs(data / "train")
+        pending = [_class_folders(walker, data / "train", "train", classes)]
         val = data / "val"
-        if val.is_dir():
-            flat = not _subdirs(val)
-            tree.splits.append(_flat_val(root, data, tree.classes) if flat else _class_folders(root, val, "val", tree.classes))
+        if val.is_dir() and not _subdirs(val):
+            flat_val = _Pending("val")
+            walker.add(flat_val.listing, val, 0, follow=False)
+        elif val.is_dir():
+            pending.append(_class_folders(walker, val, "val", classes))
     else:
-        tree = SourceTree(root, "folders", _subdirs(root), [])
-        tree.splits.append(_class_folders(root, root, "train", tree.classes))
-    if not tree.classes:
+        layout, classes = "folders", _subdirs(root)
+        pending = [_class_folders(walker, root, "train", classes)]
+    if not classes:
         raise ConfigError(f"SRC {root} has no class folders")
+    walker.finish()
+    tree = SourceTree(root, layout, classes, [_labelled(p, classes) for p in pending])
+    if flat_val is not None:
+        tree.splits.append(_flat_val(root, data, classes, flat_val))
     if not any(split.files or split.rejects for split in tree.splits):
         raise ConfigError(f"SRC {root} holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
+    for split in tree.splits:
+        _warn(root, split, classes)
     return tree

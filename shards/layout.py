@@ -25,11 +25,20 @@ Shape (``FORMAT_VERSION`` 1)::
                           "index": "train/index.parquet", "index_sha256": str (optional),
                           "shards": [{"path", "index", "samples", "bytes", "sha256"}],
                           "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
-                          "rejects": [{"source", "reason"}]}, ...},
+                          "rejects": [{"source", "reason"}],
+                          "skipped_links": [{"source", "reason"}] (optional),
+                          "empty_classes": [class name] (optional)}, ...},
      "options": {...}}
 
 ``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
-RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than byte for byte.
+RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than byte for byte. A
+directory under SRC that could not be listed is one of the ``rejects`` (its path, and
+the reason). ``skipped_links`` are the symbolic links under SRC not followed, because
+they lead to a folder already walked or above one (a loop) or to a file already
+sharded; ``empty_classes`` are the class folders of the split with no image file (the
+class keeps its label, with 0 samples). Both were added without a version change:
+manifests written before them lack the two keys; the reader and ``feeder verify``
+do not use them.
 
 Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`.
 """

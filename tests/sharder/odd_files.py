@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 
 
@@ -77,3 +79,17 @@ def corrupt_scan_jpeg(seed: int = 0) -> bytes:
 def huge_jpeg(side: int = 20000) -> bytes:
     """A valid ``side`` x ``side`` grey JPEG: a decompression bomb of a few MB."""
     return encode(Image.new("L", (side, side), 128), "JPEG", quality=10)
+
+
+def make_unlistable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Listing ``folder`` fails with EACCES, as it would for a user without read
+    permission. Tests run as root, for whom ``chmod 000`` does not stop a listing, so
+    ``os.scandir`` (which ``os.walk`` uses too) is made to fail for that one path."""
+    real = os.scandir
+
+    def scandir(path: object = ".") -> object:
+        if isinstance(path, (str, os.PathLike)) and os.fspath(path) == str(folder):
+            raise PermissionError(13, "Permission denied", str(folder))
+        return real(path)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(os, "scandir", scandir)

@@ -13,8 +13,9 @@ import pytest
 from core.errors import ConfigError, DataError, NotFound
 from sharder import ShardConfig, shard
 from sharder.verify import verify
+from shards.reader import ShardDataset
 from tests.common.shards import build_sample_tree
-from tests.sharder.odd_files import corrupt_scan_jpeg, huge_jpeg, odd_inputs, rgb_jpeg, write_tree
+from tests.sharder.odd_files import corrupt_scan_jpeg, huge_jpeg, make_unlistable, odd_inputs, rgb_jpeg, write_tree
 
 
 def _manifest(out: Path) -> dict:
@@ -227,3 +228,23 @@ def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_pat
     downscaled = shard(ShardConfig(src, tmp_path / "small", max_side_px=256))
     assert downscaled.total("rejected") == 1 and downscaled.total("accepted") == 6
     assert not verify(tmp_path / "small", full=True).problems
+
+
+def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = write_tree(tmp_path / "src", {"apple": {"a0.jpg": rgb_jpeg(0)}, "apple/sub": {"a1.jpg": rgb_jpeg(1)}, "zebra": {"z0.jpg": rgb_jpeg(2)}})
+    (src / "mango").mkdir()
+    (src / "x").symlink_to(".")
+    make_unlistable(monkeypatch, src / "apple" / "sub")
+    out = tmp_path / "out"
+    report = shard(ShardConfig(src, out))
+    manifest = _manifest(out)
+    split = manifest["splits"]["train"]
+    assert manifest["format_version"] == 1 and manifest["classes"] == ["apple", "mango", "x", "zebra"]
+    assert split["per_class"] == {"apple": 1, "mango": 0, "x": 0, "zebra": 1}
+    assert split["empty_classes"] == ["mango", "x"]
+    assert [link["source"] for link in split["skipped_links"]] == ["x"] and split["skipped_links"][0]["reason"]
+    assert {"source": "apple/sub", "reason": "cannot list directory: Permission denied"} in split["rejects"]
+    assert split["rejected"] == 1 and split["accepted"] == 2
+    assert "rejected 1," in report.summary() and "skipped 1 link" in report.summary() and "2 empty classes" in report.summary()
+    assert not verify(out).problems
+    assert ShardDataset.open("fruit", out).classes == manifest["classes"]  # the one reader tolerates the new keys
