@@ -97,7 +97,7 @@ ODD = dict(
     min_scale=_floats(), max_scale=_floats(), min_ratio=_floats(), max_ratio=_floats(),
     max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(), transport=_ints(*INT32),
     client_host=st.builds(feeder_pb2.ClientHost, boot_id=st.text(max_size=40), hostname=st.text(max_size=20),
-                          shm_device=_ints(0, 2**64 - 1), gpu_uuid=st.text(max_size=40)),
+                          shm_device=st.integers(0, 2**64 - 1), gpu_uuid=st.text(max_size=40)),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 
