@@ -109,6 +109,7 @@ class PipelineSpec:
     Args:
         kind: train or val transform (chooses the windows when a run brings none).
         device: ``"cpu"`` or ``"gpu"`` (GPU decodes with the ``mixed`` backend).
+        device_id: CUDA device index in this process (GPU only; 0 on the CPU).
         max_batch_size: largest batch one run may carry.
         threads: DALI CPU worker threads, and resize threads on the CPU path.
         prefetch: runs kept in flight (scheduled in DALI before the oldest is
@@ -121,6 +122,7 @@ class PipelineSpec:
 
     kind: AugmentKind
     device: str = "cpu"
+    device_id: int = 0
     max_batch_size: int = 256
     threads: int = 2
     prefetch: int = 2
@@ -132,6 +134,8 @@ class PipelineSpec:
         for name in ("max_batch_size", "threads", "prefetch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.device_id < 0 or (self.device == "cpu" and self.device_id != 0):
+            raise ConfigError(f"device_id: {self.device_id} is not a CUDA index of a gpu spec")
 
 
 @dataclass(frozen=True)
@@ -178,7 +182,7 @@ def _build(spec: PipelineSpec, seed: int):
     common = dict(
         batch_size=spec.max_batch_size,
         num_threads=spec.threads,
-        device_id=0 if spec.device == "gpu" else None,
+        device_id=spec.device_id if spec.device == "gpu" else None,
         # Depth 1: DALI's own first-run prefetch would demand ``depth`` fed batches
         # up front; the runner schedules up to ``spec.prefetch`` runs itself instead.
         prefetch_queue_depth=1,

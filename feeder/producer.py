@@ -22,7 +22,7 @@ from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Job, PipelineRunner, SampleDecodeError
+from feeder.pipeline import Job, PipelineRunner, PipelineSpec, SampleDecodeError
 from feeder.plan import BatchSlice
 from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
@@ -289,6 +289,11 @@ class BatchStream:
     def sender(self) -> BatchSender:
         """The stream's transport (daemon half)."""
         return self._ctx.sender
+
+    @property
+    def pipeline(self) -> PipelineSpec:
+        """What the stream's pipeline was built as (device, device index, threads)."""
+        return self._ctx.runner.spec
 
     @property
     def transport(self) -> str:
