@@ -20,7 +20,7 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sized
 from itertools import count
 from pathlib import Path
 
@@ -84,7 +84,7 @@ def grpc_batches(stub: feeder_pb2_grpc.FeederStub, args: argparse.Namespace) -> 
         call.cancel()  # a consumer that stops early frees the daemon's stream
 
 
-def rate(batches: Iterator[np.ndarray], warmup_s: float, seconds: float) -> float:
+def rate(batches: Iterator[Sized], warmup_s: float, seconds: float) -> float:
     """Images/s over a window of at least ``seconds`` after ``warmup_s`` of warm-up."""
     start = time.monotonic()
     for batch in batches:

@@ -3,9 +3,10 @@
 The daemon is started once (``open_shared``) with the thread budget as its DALI
 threads; each consumer is a ``clients.FeederLoader`` for its rank, as a training
 process uses it, epoch after epoch, kept as uint8 on the CPU (``normalize=False``: the
-other loaders stop at uint8 too; both DALI loaders hand over host memory). The daemon
-is a child of the loader's process, so its CPU time and memory are charged to this
-loader.
+other loaders stop at uint8 too). With ``--device gpu`` each consumer is a rank on a
+GPU (rank r on GPU r mod count): the daemon decodes on that GPU and hands the batch
+over through CUDA IPC. The daemon is a child of the loader's process, so its CPU time
+and memory are charged to this loader.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def _batches(loader: FeederLoader) -> Iterator[Batch]:
             yield Batch(len(images), images, "NCHW", dtype_name(images))
 
 
+def _device(spec: LoaderSpec) -> str:
+    if spec.device != "gpu":
+        return "cpu"
+    import torch
+
+    return f"cuda:{spec.client_rank % torch.cuda.device_count()}"
+
+
 @contextmanager
 def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Batch]]:
     """Yields endless uint8 NCHW batches streamed by the daemon at ``shared``.
@@ -50,7 +59,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
         raise ValueError("feeder-grpc needs the address of a running daemon (open_shared)")
     loader = FeederLoader(
         shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
-        seed=spec.seed, rank=spec.client_rank, world_size=spec.clients, device="cpu", normalize=False,
+        seed=spec.seed, rank=spec.client_rank, world_size=spec.clients, device=_device(spec), normalize=False,
         augment="train", job_id="bench",
     )
     with loader:
