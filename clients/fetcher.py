@@ -69,10 +69,11 @@ def _no_release(after: torch.cuda.Event | None = None) -> None:
 
 @dataclass(frozen=True)
 class HostBatch:
-    """One batch as it arrived, in host memory.
+    """One batch as it arrived: in host memory, or on the consumer's GPU (CUDA IPC).
 
     Attributes:
-        images: uint8 ``[N, H, W, 3]`` (pinned when the consumer is on CUDA).
+        images: uint8 ``[N, H, W, 3]``: in host memory (pinned when the consumer is
+            on CUDA), or a view of the daemon's device slot on the consumer's GPU.
         labels: int64 ``[N]``.
         padding: bool ``[N]``, True for samples repeated to fill the last batch or
             standing in for a sample the daemon could not serve.
@@ -85,6 +86,8 @@ class HostBatch:
             when ``images`` is no longer referenced.
         failed_keys: Keys of samples the daemon could not serve (undecodable, or over
             its pixel cap), replaced in this batch by repeats marked in ``padding``.
+        ready: For device ``images``: recorded once they may be read (after the
+            daemon's write); the consumer's stream waits on it. None in host memory.
     """
 
     images: torch.Tensor
@@ -96,6 +99,7 @@ class HostBatch:
     samples_per_rank: int
     release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
     failed_keys: list[str] = field(default_factory=list)
+    ready: torch.cuda.Event | None = None
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -115,11 +119,16 @@ def error_from_rpc(error: grpc.RpcError, address: str) -> FeederError:
 
 def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
     """The loader's view of a received batch. The pixels stay where the transport put
-    them (a shared-memory slot, the received message) unless ``pin``: a CUDA consumer
-    copies from pinned memory without blocking, so they are copied there once and the
-    slot goes back at once."""
+    them (a shared-memory slot, the received message, a device slot) unless ``pin``
+    and in host memory: a CUDA consumer copies from pinned memory without blocking, so
+    they are copied there once and the slot goes back at once."""
     message, images = received.message, received.images
-    release = received.release
+    release, ready = received.release, None
+    if images.device.type == "cuda":
+        # The receiver made this thread's stream wait for the daemon's write; the
+        # consumer's stream (another thread's) waits on this event in turn.
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(images.device))
     if pin and images.device.type == "cpu":
         pinned = torch.empty(images.shape, dtype=torch.uint8, pin_memory=True)
         pinned.copy_(images)
@@ -139,6 +148,7 @@ def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
         samples_per_rank=message.samples_per_rank,
         release=release,
         failed_keys=list(message.failed_keys),
+        ready=ready,
     )
 
 

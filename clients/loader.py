@@ -41,7 +41,9 @@ def _gpu_uuid(device: torch.device) -> str:
     empty for a CPU consumer."""
     if device.type != "cuda":
         return ""
-    return str(torch.cuda.get_device_properties(device).uuid)
+    from transport.cuda_ipc import device_uuid  # torch.cuda only for a CUDA consumer
+
+    return device_uuid(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -496,7 +498,7 @@ class FeederLoader(Positioned):
         self._skipped += len(host.failed_keys)
         if host.samples_per_rank:
             self._samples_per_rank = host.samples_per_rank
-        images, labels, padding = self._transfer(host.images, host.labels, host.padding)
+        images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)
         out: tuple[Any, ...] = (images, labels)

@@ -2,7 +2,9 @@
 
 Moving uint8 and converting on the device moves 4x fewer bytes than float32. On CUDA
 the copy is non-blocking from pinned memory on a side stream, and the consumer's
-stream waits for it only when it uses the tensors.
+stream waits for it only when it uses the tensors. A batch already on the GPU (a CUDA
+IPC slot) is not copied to the device: it is converted where it is, on the consumer's
+stream, into memory of the consumer's own, so the slot can go back right after.
 """
 
 from __future__ import annotations
@@ -44,15 +46,26 @@ class DeviceTransfer:
         self._mean = mean.view(1, 3, 1, 1)
         self._inv_std = std.reciprocal().view(1, 3, 1, 1)
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # Recorded after the last host-to-device copy (None: copies were synchronous).
+        # Recorded after the last read of a batch's images (None: reads were synchronous).
         self.copied: torch.cuda.Event | None = None
 
-    def __call__(self, images: torch.Tensor, *others: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def __call__(
+        self, images: torch.Tensor, *others: torch.Tensor, ready: torch.cuda.Event | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """Copies ``images`` (uint8 NHWC) and ``others`` (labels, masks) to the device.
 
+        Args:
+            images: in host memory, or already on a GPU (then never returned as is:
+                the result owns its memory).
+            others: small tensors, in host memory.
+            ready: for ``images`` on a GPU, the event to wait for before reading them.
+
         Returns:
-            ``(images [N, 3, H, W], *others)`` on the device.
+            ``(images [N, 3, H, W], *others)`` on the device. ``copied`` is then
+            recorded after the last read of ``images``.
         """
+        if images.device.type == "cuda" and self.device.type == "cuda":
+            return self._from_device(images, others, ready)
         if self._side is None:
             return (self._convert(images.to(self.device)),
                     *(t.to(self.device) for t in others))
@@ -66,6 +79,18 @@ class DeviceTransfer:
         for tensor in moved:
             tensor.record_stream(current)  # memory belongs to the consumer's stream now
         return tuple(moved)
+
+    def _from_device(
+        self, images: torch.Tensor, others: tuple[torch.Tensor, ...], ready: torch.cuda.Event | None
+    ) -> tuple[torch.Tensor, ...]:
+        if ready is not None:
+            torch.cuda.current_stream(images.device).wait_event(ready)
+        out = self._convert(images.to(self.device))  # no copy on the same device
+        if out.untyped_storage().data_ptr() == images.untyped_storage().data_ptr():
+            out = out.clone()  # uint8 as is: one copy out of the slot (strides kept)
+        self.copied = torch.cuda.Event()
+        self.copied.record(torch.cuda.current_stream(self.device))  # the slot is not read after this
+        return (out, *(t.to(self.device, non_blocking=True) for t in others))
 
     def _convert(self, nhwc: torch.Tensor) -> torch.Tensor:
         images = nhwc.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory = channels_last

@@ -29,7 +29,7 @@ from core.errors import ConfigError
 from feeder.augment import Crops
 from feeder.decoded_cache import DecodedCache, cached_windows, decode_downscaled
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Allocate, Job, PipelineRunner, Repair, SampleDecodeError
+from feeder.pipeline import Allocate, Job, Output, PipelineRunner, Repair, SampleDecodeError
 from feeder.resize import BatchResizer
 from shards.reader import SplitIndex
 
@@ -37,6 +37,21 @@ __all__ = ["CachedRunner"]
 
 _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
+
+
+def _written(dst: Output, fill: Callable[[np.ndarray], object]) -> Output:
+    """``dst`` filled by ``fill`` (which writes a host array): directly when ``dst`` is
+    in host memory, else through a host array copied to the device (cache hits are
+    resized on the CPU)."""
+    if isinstance(dst, np.ndarray):
+        fill(dst)
+        return dst
+    import torch
+
+    host = np.empty(tuple(dst.shape), dtype=np.uint8)
+    fill(host)
+    dst.copy_(torch.from_numpy(host))
+    return dst
 
 
 class CachedRunner:
@@ -68,7 +83,7 @@ class CachedRunner:
 
     def run_many(
         self, batches: Iterable[Job], repair: Repair | None = None, allocate: Allocate | None = None
-    ) -> Iterator[np.ndarray]:
+    ) -> Iterator[Output]:
         """One uint8 ``[n, size, size, 3]`` batch per job, in order; ``repair`` and
         ``allocate`` as for :meth:`PipelineRunner.run_many`.
 
@@ -80,7 +95,7 @@ class CachedRunner:
         for job in batches:
             yield self._run_repaired(job, repair, allocate)
 
-    def _run_repaired(self, job: Job, repair: Repair | None, allocate: Allocate | None) -> np.ndarray:
+    def _run_repaired(self, job: Job, repair: Repair | None, allocate: Allocate | None) -> Output:
         for _ in range(len(job.jpegs) + 1):  # each round replaces at least one sample
             try:
                 return self._run(job, allocate)
@@ -90,7 +105,7 @@ class CachedRunner:
                 job = repair(job, e)
         raise ConfigError("decoded cache: a batch still failed after every sample was replaced")
 
-    def _run(self, job: Job, allocate: Allocate | None = None) -> np.ndarray:
+    def _run(self, job: Job, allocate: Allocate | None = None) -> Output:
         if job.indices is None or job.crops is None:
             raise ConfigError("decoded cache: every job needs its sample indices and crop windows")
         if job.image_size > self._cache.side:
@@ -121,7 +136,7 @@ class CachedRunner:
 
     def _assemble(
         self, job: Job, images: list[np.ndarray | None], missing: list[int], allocate: Allocate | None
-    ) -> np.ndarray:
+    ) -> Output:
         crops = job.crops
         if crops is None:  # checked in _run; narrows the type
             raise ConfigError("decoded cache: a job without crop windows")
@@ -129,13 +144,15 @@ class CachedRunner:
         shape = (len(images), size, size, 3)
         ready = [k for k, image in enumerate(images) if image is not None]
         if not missing:  # every sample cached: resized straight into the output
-            return self._from_cached(job, images, ready, allocate(shape) if allocate else None)
+            if allocate is None:
+                return self._from_cached(job, images, ready)
+            return _written(allocate(shape), lambda out: self._from_cached(job, images, ready, out))
         decoded = self._decode_missing(job, crops, missing)  # first: it may fail
-        out = allocate(shape) if allocate is not None else np.empty(shape, dtype=np.uint8)
+        out = np.empty(shape, dtype=np.uint8)
         if ready:
             out[ready] = self._from_cached(job, images, ready)
         out[missing] = decoded
-        return out
+        return out if allocate is None else _written(allocate(shape), lambda dst: np.copyto(dst, out))
 
     def _decode_missing(self, job: Job, crops: Crops, missing: list[int]) -> np.ndarray:
         """The samples the cache does not hold, through the stream's DALI runner; a
@@ -183,6 +200,14 @@ class CachedRunner:
         for future in futures:
             results.extend(future.result())
         return results
+
+    @property
+    def device_copies(self) -> int:
+        return self.inner.device_copies
+
+    @property
+    def host_copies(self) -> int:
+        return self.inner.host_copies
 
     def drain(self) -> None:
         """Collect and drop whatever the inner runner still has in flight."""

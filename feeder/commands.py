@@ -41,7 +41,9 @@ def serve_command(
     port: Annotated[int, typer.Option(help="TCP port; 0 picks a free one (printed on start).")] = 50051,
     bind: Annotated[str, typer.Option(help="Address to listen on; loopback by default, 0.0.0.0 for all.")] = "127.0.0.1",
     device: Annotated[str, typer.Option(help="auto (GPU when CUDA is present), cpu or gpu.")] = "auto",
-    threads: Annotated[int | None, typer.Option(help="DALI CPU threads per pipeline [default: CPUs, at most 8].")] = None,
+    threads: Annotated[int | None, typer.Option(
+        help="DALI CPU threads of all pipelines together, split evenly among the open streams (at least 1 each; "
+        "on a GPU node at least one share per GPU) [default: CPUs, at most 8].")] = None,
     prefetch: Annotated[int, typer.Option(help="Pipeline runs in flight per stream.")] = 2,
     queue_batches: Annotated[int, typer.Option(help="Ready batches buffered per stream.")] = 4,
     queue_bytes: Annotated[str, typer.Option(help="Bytes of ready batches buffered per stream (one batch "

@@ -54,7 +54,11 @@ class ServerConfig:
             token (``tls_cert``, ``tls_key``, ``token_file``) or ``insecure``. The
             metrics endpoint binds here too.
         device: ``auto`` (GPU when CUDA is available), ``cpu`` or ``gpu``.
-        threads: DALI CPU worker threads per pipeline.
+        threads: DALI CPU worker threads of all pipelines together (the node's CPU
+            budget): a new stream's pipeline gets an equal share of it among the open
+            streams, itself included, and on a GPU node, for a GPU rank, among at
+            least one pipeline per GPU; at least 1 (see
+            ``feeder.devices.thread_share``).
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside

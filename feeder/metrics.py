@@ -47,6 +47,8 @@ class Stats:
     decoded_cache_entries: int = 0
     decoded_cache_bytes: int = 0
     decoded_cache_budget_bytes: int = 0
+    gpu_batches: int = 0
+    gpu_host_copies: int = 0
 
 
 class ServerMetrics:
@@ -57,7 +59,8 @@ class ServerMetrics:
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
         self._totals = dict(
-            images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0
+            images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0,
+            gpu_batches=0, gpu_host_copies=0,
         )
         self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
         self._cache = dict(hits=0, misses=0, bypassed=0, entries=0, bytes=0, budget_bytes=0)
@@ -75,6 +78,10 @@ class ServerMetrics:
         )
         self.retries = Counter(
             "feeder_decode_retries", "Pipeline runs repeated after samples failed to decode.", registry=r
+        )
+        self.gpu_outputs = Counter(
+            "feeder_gpu_batches", "Batches decoded on a GPU, by where they went: 'device' (straight into "
+            "the client's CUDA IPC slot) or 'host' (copied through host memory).", ["to"], registry=r,
         )
         self.pipelines = Gauge("feeder_pipelines", "Built pipelines, lent to streams or idle.", registry=r)
         self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
@@ -157,6 +164,12 @@ class ServerMetrics:
             self._totals["pipelines"] = count
         self.pipelines.set(count)
 
+    def gpu_batches(self, count: int, via_host: int) -> None:
+        """``count`` batches decoded on a GPU, ``via_host`` of them copied to host memory."""
+        self._add(gpu_batches=count, gpu_host_copies=via_host)
+        self.gpu_outputs.labels(to="device").inc(count - via_host)
+        self.gpu_outputs.labels(to="host").inc(via_host)
+
     def decode_retried(self) -> None:
         self.retries.inc()
     def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None:
@@ -194,6 +207,8 @@ class ServerMetrics:
             failed_keys=failed_names,
             pipelines=t["pipelines"],
             **cache,
+            gpu_batches=t["gpu_batches"],
+            gpu_host_copies=t["gpu_host_copies"],
         )
 
     def serve_http(self, port: int, addr: str) -> tuple[object, int]:

@@ -12,7 +12,9 @@ pipeline serves any of them, and the batch size varies per run up to the
   the IDCT outside it), then :class:`feeder.resize.BatchResizer` resizes and mirrors
   into one batch array while DALI decodes the next batch. DALI's CPU resize costs
   ~1.2 ms per image where OpenCV takes ~0.12 ms (see :mod:`feeder.resize`).
-- GPU: ``mixed`` ROI decode (nvJPEG), then DALI's resize and flip on the device.
+- GPU: ``mixed`` ROI decode (nvJPEG) on the stream's device (``device_id``), then
+  DALI's resize and flip there; a batch whose destination is on a GPU (a CUDA IPC
+  slot) is copied device to device, never through host memory.
 
 Train and validation differ only in the windows (random or central) and the flips.
 Usable without gRPC: the in-process DALI baseline in ``bench/`` runs the same code.
@@ -20,21 +22,25 @@ Usable without gRPC: the in-process DALI baseline in ``bench/`` runs the same co
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import io
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
 from nvidia.dali import fn, pipeline_def, types
 from PIL import Image
 
-from core.errors import ConfigError, DataError
+from core.errors import ConfigError, DataError, FeederError
 from feeder.augment import VAL_CROP_FRACTION, AugmentKind, CropRange, Crops, centre_crops, random_resized_crops
 from feeder.resize import BatchResizer
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "AugmentKind",
@@ -109,6 +115,7 @@ class PipelineSpec:
     Args:
         kind: train or val transform (chooses the windows when a run brings none).
         device: ``"cpu"`` or ``"gpu"`` (GPU decodes with the ``mixed`` backend).
+        device_id: CUDA device index in this process (GPU only; 0 on the CPU).
         max_batch_size: largest batch one run may carry.
         threads: DALI CPU worker threads, and resize threads on the CPU path.
         prefetch: runs kept in flight (scheduled in DALI before the oldest is
@@ -121,6 +128,7 @@ class PipelineSpec:
 
     kind: AugmentKind
     device: str = "cpu"
+    device_id: int = 0
     max_batch_size: int = 256
     threads: int = 2
     prefetch: int = 2
@@ -132,6 +140,8 @@ class PipelineSpec:
         for name in ("max_batch_size", "threads", "prefetch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.device_id < 0 or (self.device == "cpu" and self.device_id != 0):
+            raise ConfigError(f"device_id: {self.device_id} is not a CUDA index of a gpu spec")
 
 
 @dataclass(frozen=True)
@@ -181,7 +191,7 @@ def _build(spec: PipelineSpec, seed: int):
     common = dict(
         batch_size=spec.max_batch_size,
         num_threads=spec.threads,
-        device_id=0 if spec.device == "gpu" else None,
+        device_id=spec.device_id if spec.device == "gpu" else None,
         # Depth 1: DALI's own first-run prefetch would demand ``depth`` fed batches
         # up front; the runner schedules up to ``spec.prefetch`` runs itself instead.
         prefetch_queue_depth=1,
@@ -231,8 +241,30 @@ def _dali_reason(error: Exception) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-# Supplies the array a batch of the given shape is written into.
-Allocate = Callable[[tuple[int, ...]], np.ndarray]
+# Where a batch lands: a host array, or a torch tensor (host, or on a GPU: a CUDA IPC
+# slot, written device to device).
+Output = Union[np.ndarray, "torch.Tensor"]
+# Supplies the array or tensor a batch of the given shape is written into.
+Allocate = Callable[[tuple[int, ...]], Output]
+
+
+def _copy_on_device(out, dst: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+    """DALI's GPU output (a TensorListGPU of equal-shaped samples) into ``dst``, a
+    contiguous uint8 CUDA tensor, device to device, on ``dst``'s device's current
+    stream (the CUDA IPC sender records the slot's event there).
+
+    ``outputs()`` returned the run finished (synchronised with the host). The copy
+    waits for its own end: DALI takes the source buffer back at the next
+    ``outputs()`` and may reuse it on its own streams, which are not ordered after
+    ours; a batch's copy takes tens of microseconds, its decoding milliseconds."""
+    import torch
+
+    shapes = [list(s) for s in out.shape()]
+    if not dst.is_contiguous() or shapes != [list(dst.shape[1:])] * int(dst.shape[0]):
+        raise FeederError(f"device output of {len(shapes)} samples does not fit {list(dst.shape)}")
+    with torch.cuda.device(dst.device):
+        stream = torch.cuda.current_stream(dst.device).cuda_stream
+        out.copy_to_external(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(stream), non_blocking=False)
 
 
 class PipelineRunner:
@@ -251,6 +283,8 @@ class PipelineRunner:
         self._pipe = _build(spec, seed)
         self._resizer = BatchResizer(spec.threads) if spec.device == "cpu" else None
         self._pending: deque[_InFlight] = deque()  # runs scheduled in DALI, oldest first
+        # GPU outputs written to a device destination / copied through host memory.
+        self.device_copies = self.host_copies = 0
 
     def run(self, jpegs: Sequence[np.ndarray], image_size: int, crops: Crops | None = None) -> np.ndarray:
         """Decode and augment one batch.
@@ -267,11 +301,14 @@ class PipelineRunner:
         Raises:
             SampleDecodeError: a sample could not be decoded (a :class:`DataError`).
         """
-        return next(self.run_many([Job(jpegs, image_size, crops)]))
+        out = next(self.run_many([Job(jpegs, image_size, crops)]))
+        if not isinstance(out, np.ndarray):  # without ``allocate`` outputs are host arrays
+            raise TypeError(f"run() made a {type(out).__name__}, not a host array")
+        return out
 
     def run_many(
         self, batches: Iterable[JobLike], repair: Repair | None = None, allocate: Allocate | None = None
-    ) -> Iterator[np.ndarray]:
+    ) -> Iterator[Output]:
         """Run a sequence of jobs (or ``(jpegs, image_size)`` pairs) keeping up to
         ``prefetch`` of them in flight, yielding outputs in order (same contract as
         :meth:`run` per batch).
@@ -284,9 +321,12 @@ class PipelineRunner:
                 job runs alone where it does not), ``repair`` replaces them and the
                 repaired job runs alone, again until it succeeds or ``repair`` raises.
                 The runner stays usable either way.
-            allocate: supplies the array each yielded output is written into
-                (e.g. a transport's slot, so the pixels are written where they
-                leave); called only for outputs that are yielded.
+            allocate: supplies the array (or torch tensor) each yielded output is
+                written into (e.g. a transport's slot, so the pixels are written
+                where they leave), and is what is yielded; called only for outputs
+                that are yielded. On the GPU a CUDA tensor is written device to
+                device; a host destination costs a copy to host memory
+                (``host_copies``).
         """
         pending = iter(batches)
         exhausted = False
@@ -301,7 +341,7 @@ class PipelineRunner:
                 return
             head = self._pending[0]
             outcome = self._outcome(allocate)
-            if isinstance(outcome, np.ndarray):
+            if not isinstance(outcome, SampleDecodeError):
                 yield outcome
                 continue
             if repair is None:
@@ -311,9 +351,9 @@ class PipelineRunner:
             behind = [(self._pending[0], self._outcome(allocate)) for _ in range(len(self._pending))]
             yield self._retry(head, outcome, repair, allocate)
             for flight, result in behind:
-                yield result if isinstance(result, np.ndarray) else self._retry(flight, result, repair, allocate)
+                yield self._retry(flight, result, repair, allocate) if isinstance(result, SampleDecodeError) else result
 
-    def _outcome(self, allocate: Allocate | None = None) -> np.ndarray | SampleDecodeError:
+    def _outcome(self, allocate: Allocate | None = None) -> Output | SampleDecodeError:
         try:
             return self._collect(allocate=allocate)
         except SampleDecodeError as e:
@@ -321,7 +361,7 @@ class PipelineRunner:
 
     def _retry(
         self, flight: _InFlight, error: SampleDecodeError, repair: Repair, allocate: Allocate | None = None
-    ) -> np.ndarray:
+    ) -> Output:
         """Repair a failed run and run it alone until it decodes (nothing else is in
         flight meanwhile)."""
         for _ in range(len(flight.job.jpegs) + 1):  # each round replaces at least one sample
@@ -329,7 +369,7 @@ class PipelineRunner:
                 error = SampleDecodeError(str(error), self._locate(flight, error))
             flight = self._submit(repair(flight.job, error))
             outcome = self._outcome(allocate)
-            if isinstance(outcome, np.ndarray):
+            if not isinstance(outcome, SampleDecodeError):
                 return outcome
             error = outcome
         raise error
@@ -343,7 +383,7 @@ class PipelineRunner:
         for i in range(len(job.jpegs)):
             one = Crops(boxes=crops.boxes[i : i + 1], flips=crops.flips[i : i + 1])
             self._submit(Job([job.jpegs[i]], job.image_size, one))
-            if not isinstance(self._outcome(), np.ndarray):
+            if isinstance(self._outcome(), SampleDecodeError):
                 failing.append(i)
         if not failing:
             raise error
@@ -367,7 +407,7 @@ class PipelineRunner:
         self._pending.append(_InFlight(replace(job, crops=crops), crops))
         return self._pending[-1]
 
-    def _collect(self, resize: bool = True, allocate: Allocate | None = None) -> np.ndarray:
+    def _collect(self, resize: bool = True, allocate: Allocate | None = None) -> Output:
         flight = self._pending.popleft()
         job, size, flips = flight.job, flight.job.image_size, flight.crops.flips
         try:
@@ -379,11 +419,23 @@ class PipelineRunner:
             return np.empty((0, size, size, 3), dtype=np.uint8)
         shape = (len(out), size, size, 3)
         dst = allocate(shape) if allocate is not None else np.empty(shape, dtype=np.uint8)
-        if self._resizer is None:  # GPU: DALI resized; one copy to host memory
-            np.copyto(dst, out.as_cpu().as_array())
+        if self._resizer is None:  # GPU: DALI resized on the device
+            return self._from_device(out, dst)
+        host = dst if isinstance(dst, np.ndarray) else dst.numpy()  # a torch destination is a host one here
+        self._resizer.resize([np.asarray(out[i]) for i in range(len(out))], size, flips, self.spec.antialias,
+                             out=host)
+        return dst
+
+    def _from_device(self, out, dst: Output) -> Output:  # type: ignore[no-untyped-def]
+        """Copies a GPU run's output into ``dst``: device to device for a CUDA
+        tensor, else once through host memory (counted in ``host_copies``)."""
+        if not isinstance(dst, np.ndarray) and dst.device.type == "cuda":
+            _copy_on_device(out, dst)
+            self.device_copies += 1
             return dst
-        windows = [np.asarray(out[i]) for i in range(len(out))]
-        return self._resizer.resize(windows, size, flips, self.spec.antialias, out=dst)
+        np.copyto(dst if isinstance(dst, np.ndarray) else dst.numpy(), out.as_cpu().as_array())
+        self.host_copies += 1
+        return dst
 
     def drain(self) -> None:
         """Collect and drop every run still in flight (a stream stopped early)."""

@@ -23,7 +23,7 @@ from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Allocate, Job, PipelineSpec, Repair, SampleDecodeError
+from feeder.pipeline import Allocate, Job, Output, PipelineSpec, Repair, SampleDecodeError
 from feeder.plan import BatchSlice
 from feeder.ready_queue import ReadyQueue
 from shards.reader import SplitIndex
@@ -44,7 +44,7 @@ class ReadyBatch:
     samples_per_rank: int
     keys: list[str]
     labels: np.ndarray
-    images: np.ndarray
+    images: Output  # host memory, or the client's GPU (a CUDA IPC slot)
     padding: np.ndarray
     slot: Slot | None = None  # the transport's memory ``images`` lives in
     failed_keys: list[str] = field(default_factory=list)  # replaced samples (marked in padding)
@@ -57,9 +57,15 @@ class BatchRunner(Protocol):
 
     spec: PipelineSpec
 
+    @property
+    def device_copies(self) -> int: ...  # GPU outputs copied device to device
+
+    @property
+    def host_copies(self) -> int: ...  # GPU outputs copied through host memory
+
     def run_many(
         self, batches: Iterable[Job], repair: Repair | None = None, allocate: Allocate | None = None
-    ) -> Iterator[np.ndarray]: ...
+    ) -> Iterator[Output]: ...
 
     def drain(self) -> None: ...
 
@@ -114,6 +120,8 @@ class BatchStream:
         self._healthy = True
         self._read_s = 0.0  # total seconds spent reading, to separate it from decoding
         self._read_error: DataError | None = None  # a shard that could not be read: already names the sample
+        # The runner's (device_copies, host_copies) when last reported: it is pooled, so counts start anywhere.
+        self._copies = (context.runner.device_copies, context.runner.host_copies)
         self._closed = False
         self._close_lock = threading.Lock()
         self._thread = threading.Thread(target=self._produce, name="feeder-producer", daemon=True)
@@ -215,7 +223,7 @@ class BatchStream:
 
         try:
             skip = self._filter.on_error is OnError.SKIP
-            slots: dict[int, tuple[Slot, np.ndarray]] = {}  # by id() of the array written into
+            slots: dict[int, tuple[Slot, Output]] = {}  # by id() of the array written into
             outputs = self._ctx.runner.run_many(self._read_batches(pending), repair if skip else None,
                                                 self._slot_array(slots))
             while True:
@@ -226,6 +234,7 @@ class BatchStream:
                 # Time blocked on DALI, less the reads of next batches done meanwhile.
                 waited = time.perf_counter() - started - (self._read_s - read_before)
                 self._metrics.stage("decode_augment", waited)
+                self._count_copies()
                 if not self._put(self._ready(pending.popleft(), images, slots.pop(id(images))[0])):
                     return
             self._put(_END)
@@ -277,19 +286,29 @@ class BatchStream:
             raise
         return Job(jpegs, ctx.image_size, crops, indices=batch.indices)
 
-    def _slot_array(self, slots: dict[int, tuple[Slot, np.ndarray]]) -> Callable[[tuple[int, ...]], np.ndarray]:
+    def _slot_array(self, slots: dict[int, tuple[Slot, Output]]) -> Callable[[tuple[int, ...]], Output]:
         """Where each batch is written: a slot of the stream's transport (waits
-        while the transport's ring is full: the client's backpressure). The slot is
+        while the transport's ring is full: the client's backpressure), as a numpy
+        array in host memory or as the CUDA tensor of a device slot. The slot is
         found again by the array the pipeline returns (a repaired batch can come out
         after batches allocated later)."""
 
-        def allocate(shape: tuple[int, ...]) -> np.ndarray:
+        def allocate(shape: tuple[int, ...]) -> Output:
             slot = self._ctx.sender.slot_for(shape)
-            array = slot.array
+            array = slot.array if slot.tensor.device.type == "cpu" else slot.tensor
             slots[id(array)] = (slot, array)  # the array kept alive: its id stays taken
             return array
 
         return allocate
+
+    def _count_copies(self) -> None:
+        """Reports the GPU outputs the runner has copied since the last call, by
+        where they went (device to device, or through host memory)."""
+        runner = self._ctx.runner
+        device, host = runner.device_copies - self._copies[0], runner.host_copies - self._copies[1]
+        if device or host:
+            self._metrics.gpu_batches(device + host, host)
+        self._copies = (runner.device_copies, runner.host_copies)
 
     def encode(self, batch: ReadyBatch) -> bytes:
         """The serialized ``Batch`` message of ``batch`` for its transport (pixels
@@ -306,11 +325,16 @@ class BatchStream:
         return self._ctx.sender
 
     @property
+    def pipeline(self) -> PipelineSpec:
+        """What the stream's pipeline was built as (device, device index, threads)."""
+        return self._ctx.runner.spec
+
+    @property
     def transport(self) -> str:
         """Which transport carries this stream's pixels (``shm``, ``grpc``, ...)."""
         return self._ctx.sender.kind.name.lower()
 
-    def _ready(self, screened: Screened, images: np.ndarray, slot: Slot) -> ReadyBatch:
+    def _ready(self, screened: Screened, images: Output, slot: Slot) -> ReadyBatch:
         split, batch = self._ctx.split, screened.batch
         self._filter.delivered(screened)
         if screened.failed:

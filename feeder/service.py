@@ -22,6 +22,7 @@ from feeder.bad_samples import BadSamples, OnError, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig
 from feeder.decoded_cache import DecodedCache
+from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
 from feeder.plan import (
@@ -109,6 +110,10 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def _where(device: str, device_id: int) -> str:
+    return f"gpu {device_id}" if device == "gpu" else "cpu"
+
+
 def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
     """Open and check every configured dataset (raises on the first bad one)."""
     return {name: ShardDataset.open(name, Path(path)) for name, path in paths.items()}
@@ -135,6 +140,7 @@ class FeederService:
         self.datasets = datasets
         self.metrics = metrics
         self.device = resolve_device(config.device)
+        self.devices = DevicePlacer.of_this_process(self.device)
         self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held)
         self.transports = TransportHub(config.transport)
         self._bad = {
@@ -179,11 +185,14 @@ class FeederService:
         slices = self._slices(spec, split, part)
         peer, need = peer_key(spec.peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(peer, need)  # before building anything for a refused stream
+        placement = self.devices.place(transport.gpu_uuid)
         try:
-            runner = self.pool.acquire(self._pipeline_spec(spec))
+            runner = self.pool.acquire(self._pipeline_spec(spec, placement))
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
-        sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3)
+        # On the client's own GPU the batches can stay there (CUDA IPC).
+        sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3,
+                                             batch_gpu_uuid=placement.gpu_uuid)
         context = StreamContext(
             split, self._cached(runner, spec.dataset, split), sender, spec.image_size, len(part),
             self.config.queue_batches, self.config.queue_bytes,
@@ -193,10 +202,10 @@ class FeederService:
         stream = BatchStream(context, slices, self.metrics, self._released)
         name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
         self._admit(stream, runner, Ticket(name, peer, need, cancel))
-        log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s",
-                 name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
+        log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
+                 "on %s with %d threads", name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
                  spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1,
-                 stream.transport)
+                 stream.transport, _where(runner.spec.device, runner.spec.device_id), runner.spec.threads)
         return stream.start()
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
@@ -241,13 +250,18 @@ class FeederService:
                 f"{MAX_BATCH_BYTES >> 20} MiB per message"
             )
 
-    def _pipeline_spec(self, spec: StreamSpec) -> PipelineSpec:
-        kind = spec.kind
+    def _pipeline_spec(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
+        """The pipeline of a new stream: on its placement's device, with its share of
+        the ``threads`` budget (see :func:`feeder.devices.thread_share`)."""
+        pipelines = self.open_streams() + 1
+        if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
+            pipelines = max(pipelines, self.devices.gpu_count)
         return PipelineSpec(
-            kind=kind,
-            device=self.device,
+            kind=spec.kind,
+            device=placement.device,
+            device_id=placement.device_id,
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
-            threads=self.config.threads,
+            threads=thread_share(self.config.threads, pipelines),
             prefetch=self.config.prefetch,
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
         )

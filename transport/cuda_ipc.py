@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Sequence
 
 import torch
 
@@ -36,7 +37,47 @@ from transport.base import (
     check_shape,
 )
 
-__all__ = ["CudaIpcReceiver", "CudaIpcSender", "device_index"]
+__all__ = [
+    "CudaIpcReceiver",
+    "CudaIpcSender",
+    "device_index",
+    "device_uuid",
+    "find_device",
+    "normalise_uuid",
+    "visible_uuids",
+]
+
+_UUID_PREFIXES = ("GPU-", "MIG-")
+
+
+def normalise_uuid(uuid: str) -> str:
+    """``uuid`` as nvidia-smi writes it: ``GPU-`` (or ``MIG-``) and lower-case hex.
+    torch's ``device_properties.uuid`` prints without the prefix, NVML with it."""
+    uuid = uuid.strip()
+    prefix = next((p for p in _UUID_PREFIXES if uuid.upper().startswith(p)), "GPU-")
+    body = uuid[len(prefix):] if uuid.upper().startswith(prefix) else uuid
+    return prefix + body.lower()
+
+
+def find_device(uuid: str, uuids: Sequence[str]) -> int | None:
+    """Index of ``uuid`` in ``uuids`` (a process's devices, in its index order),
+    whichever way either is written; None when it is not there."""
+    if not uuid:
+        return None
+    wanted = normalise_uuid(uuid)
+    return next((i for i, u in enumerate(uuids) if normalise_uuid(u) == wanted), None)
+
+
+def device_uuid(index: int) -> str:
+    """UUID ("GPU-...") of this process's CUDA device ``index``."""
+    return normalise_uuid(str(torch.cuda.get_device_properties(index).uuid))
+
+
+def visible_uuids() -> list[str]:
+    """UUIDs of the CUDA devices this process sees, by index (empty without CUDA)."""
+    if not torch.cuda.is_available():
+        return []
+    return [device_uuid(i) for i in range(torch.cuda.device_count())]
 
 
 def device_index(uuid: str) -> int:
@@ -47,15 +88,10 @@ def device_index(uuid: str) -> int:
     """
     if not torch.cuda.is_available():
         raise TransportUnavailable("CUDA IPC: no CUDA device in this process")
-    for index in range(torch.cuda.device_count()):
-        if _uuid_of(index) == uuid:
-            return index
-    raise TransportUnavailable(f"CUDA IPC: device {uuid} is not visible to this process")
-
-
-def _uuid_of(index: int) -> str:
-    uuid = str(torch.cuda.get_device_properties(index).uuid)
-    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+    index = find_device(uuid, visible_uuids())
+    if index is None:
+        raise TransportUnavailable(f"CUDA IPC: device {uuid} is not visible to this process")
+    return index
 
 
 class _Loans:

@@ -5,9 +5,10 @@ the pixels in shared memory (what a client on the daemon's host gets).
 The daemon is started once (``open_shared``) with the thread budget as its DALI
 threads; each consumer is a ``clients.FeederLoader`` for its rank, as a training
 process uses it, epoch after epoch, kept as uint8 on the CPU (``normalize=False``: the
-other loaders stop at uint8 too; both DALI loaders hand over host memory). The daemon
-is a child of the loader's process, so its CPU time and memory are charged to this
-loader.
+other loaders stop at uint8 too). With ``--device gpu`` each consumer is a rank on a
+GPU (rank r on GPU r mod count): the daemon decodes on that GPU and hands the batch
+over through CUDA IPC. The daemon is a child of the loader's process, so its CPU time
+and memory are charged to this loader.
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def _batches(loader: FeederLoader, transport: str) -> Iterator[Batch]:
             yield Batch(len(images), images, "NCHW", dtype_name(images))
 
 
+def _device(spec: LoaderSpec) -> str:
+    if spec.device != "gpu":
+        return "cpu"
+    import torch
+
+    return f"cuda:{spec.client_rank % torch.cuda.device_count()}"
+
+
 @contextmanager
 def open_loader(spec: LoaderSpec, shared: object = None, transport: str = "grpc") -> Iterator[Iterator[Batch]]:
     """Yields endless uint8 NCHW batches streamed by the daemon at ``shared``.
@@ -59,8 +68,8 @@ def open_loader(spec: LoaderSpec, shared: object = None, transport: str = "grpc"
         seed, rank, world, job = spec.seed, spec.client_rank, spec.clients, "bench"
     loader = FeederLoader(
         shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
-        seed=seed, rank=rank, world_size=world, device="cpu", normalize=False, augment="train", job_id=job,
-        transport=transport,
+        seed=seed, rank=rank, world_size=world, device=_device(spec), normalize=False, augment="train",
+        job_id=job, transport=transport,
     )
     with loader:
         yield _batches(loader, transport)

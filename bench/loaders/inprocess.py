@@ -4,7 +4,8 @@ A :class:`feeder.service.FeederService` is built here as ``feeder serve`` builds
 (same index and tar reader, epoch plan, producer thread, crop windows drawn
 from (seed, epoch, key), DALI ROI decode and CPU resize, thread budget as
 ``feeder serve --threads``) and one stream of many epochs is read straight from its
-queue. This is the ceiling the daemon is measured against.
+queue. This is the ceiling the daemon is measured against. On the GPU the batches stay
+on the device, in a device ring on GPU 0, as a rank on that GPU gets them.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
-
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
+from feeder.pipeline import Output
+from feeder.producer import BatchStream
 from feeder.service import FeederService, StreamSpec, open_datasets
+from transport.base import HostIdentity, TransportKind
+from transport.daemon import TransportRequest
 
 __all__ = ["daemon_batches", "open_loader"]
 
@@ -29,9 +32,10 @@ _EPOCHS = 1_000_000  # one stream, epochs back to back: endless for a benchmark
 def daemon_batches(
     shards: Path, split: str, request: StreamSpec, *, device: str = "cpu", threads: int = 2, prefetch: int = 2,
     decoded_cache_bytes: int = 0, decoded_cache_side: int = 256,
-) -> Iterator[Iterator[np.ndarray]]:
+) -> Iterator[Iterator[Output]]:
     """Yields an endless iterator of the uint8 NHWC image batches the daemon would send
-    for ``request`` (its ``dataset`` is ignored), produced in this process."""
+    for ``request`` (its ``dataset`` is ignored), produced in this process: numpy
+    arrays, or CUDA tensors on GPU 0 for ``device="gpu"``."""
     config = ServerConfig(
         datasets={"bench": Path(shards)}, device=device, threads=threads, prefetch=prefetch,
         max_batch_size=max(request.batch_size, 1), metrics_port=None,
@@ -39,12 +43,34 @@ def daemon_batches(
     )
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     spec = StreamSpec(**{**request.__dict__, "dataset": "bench", "split": split, "epochs": _EPOCHS})
-    stream = service.open_stream(spec)
+    stream = service.open_stream(spec, transport=_transport(service.device))
     try:
-        yield (batch.images for batch in stream)
+        yield _images(stream)
     finally:
         stream.close()
         service.close()
+
+
+def _transport(device: str) -> TransportRequest:
+    """Host memory for a CPU stream; for a GPU one, a device ring on GPU 0 (the
+    daemon's CUDA IPC sender: no host copy, nothing shared across processes)."""
+    if device != "gpu":
+        return TransportRequest(preference=TransportKind.GRPC)
+    from transport.cuda_ipc import device_uuid
+
+    return TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(), device_uuid(0))
+
+
+def _images(stream: BatchStream) -> Iterator[Output]:
+    """Each batch's images; a device slot goes back to its ring once the batch's
+    writes have finished and the consumer has asked for the next one."""
+    for batch in stream:
+        yield batch.images
+        if batch.slot is not None and batch.slot.tensor.device.type == "cuda":
+            import torch
+
+            torch.cuda.current_stream(batch.slot.tensor.device).synchronize()
+            stream.sender.release(batch.slot.index, batch.slot.generation)
 
 
 @contextmanager

@@ -150,3 +150,35 @@ def test_gpu_pipeline_matches_shapes(kind, jpegs):
     runner = PipelineRunner(PipelineSpec(kind, device="gpu", max_batch_size=8, threads=2))
     out = runner.run(jpegs[:6], 64)
     assert out.shape == (6, 64, 64, 3) and out.dtype == np.uint8
+
+
+def test_a_torch_destination_is_filled_and_returned(jpegs):
+    import torch
+
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, max_batch_size=8, threads=1))
+    expected = runner.run(jpegs[:4], 32)
+    given: list[torch.Tensor] = []
+
+    def allocate(shape: tuple[int, ...]) -> torch.Tensor:
+        given.append(torch.empty(shape, dtype=torch.uint8))
+        return given[-1]
+
+    (out,) = runner.run_many([Job(jpegs[:4], 32)], allocate=allocate)
+    assert out is given[0] and np.array_equal(out.numpy(), expected)
+    assert runner.device_copies == runner.host_copies == 0  # the CPU path counts no GPU copies
+
+
+@pytest.mark.gpu
+def test_gpu_output_goes_device_to_device_into_a_cuda_destination(jpegs):
+    import torch
+
+    index = torch.cuda.device_count() - 1  # not always device 0
+    runner = PipelineRunner(PipelineSpec(AugmentKind.VAL, device="gpu", device_id=index, max_batch_size=8))
+    expected = runner.run(jpegs[:6], 64)  # through host memory
+    assert runner.host_copies == 1
+    (out,) = runner.run_many([Job(jpegs[:6], 64)], allocate=lambda shape: torch.empty(
+        shape, dtype=torch.uint8, device=f"cuda:{index}"))
+    assert out.device == torch.device("cuda", index) and runner.device_copies == 1 and runner.host_copies == 1
+    # .cpu() is ordered after the copy (same stream). Equal pixels up to decoder rounding
+    # (nvJPEG may split a batch between its hardware and CUDA decoders); garbage is ~80.
+    assert np.abs(out.cpu().numpy().astype(np.int16) - expected).mean() < 0.5

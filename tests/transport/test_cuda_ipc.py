@@ -35,9 +35,9 @@ print(total, batch.images.device.index, released)
 def test_batch_arrives_on_the_clients_device_without_a_host_copy(tmp_path):
     import torch
 
-    from transport.cuda_ipc import CudaIpcSender, _uuid_of
+    from transport.cuda_ipc import CudaIpcSender, device_uuid
 
-    sender = CudaIpcSender("feeder-1-ab-1", TransportConfig(ring_slots=2), 4 * 8 * 8 * 3, _uuid_of(0))
+    sender = CudaIpcSender("feeder-1-ab-1", TransportConfig(ring_slots=2), 4 * 8 * 8 * 3, device_uuid(0))
     pixels, meta = make_batch()
     slot = sender.slot_for(pixels.shape)
     assert slot.tensor.device == torch.device("cuda", 0)
@@ -62,3 +62,13 @@ def test_unknown_device_uuid_is_unavailable():
 
     with pytest.raises(TransportUnavailable):
         device_index("GPU-00000000-0000-0000-0000-000000000000")
+
+
+def test_device_uuids_match_whichever_way_they_are_written():
+    from transport.cuda_ipc import find_device, normalise_uuid
+
+    nvml = "GPU-5f3a0c1e-aaaa-4bbb-8ccc-0123456789ab"
+    assert normalise_uuid(nvml.removeprefix("GPU-").upper()) == nvml  # torch prints no prefix
+    assert normalise_uuid("MIG-ABC") == "MIG-abc"
+    assert find_device(nvml[4:], ["GPU-00000000-0000-0000-0000-000000000000", nvml]) == 1
+    assert find_device("", [nvml]) is None and find_device(nvml, []) is None

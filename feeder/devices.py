@@ -1,0 +1,102 @@
+"""Where a stream's pipeline runs, and how many CPU threads it gets.
+
+A GPU rank names its device by UUID in the request (``ClientHost.gpu_uuid``): device
+indices differ per process with ``CUDA_VISIBLE_DEVICES``, UUIDs do not. The daemon
+finds that UUID among the devices it sees and builds the stream's pipeline there, so
+the batch is decoded on the GPU that trains on it and handed over through CUDA IPC
+without a trip through host memory. A request naming a GPU the daemon cannot see (a
+client on another host, a daemon started with fewer devices) runs on the daemon's
+GPU 0 instead, with one warning per UUID, never an error.
+
+``feeder serve --threads`` is the node's CPU budget for all pipelines together: see
+:func:`thread_share`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transport.cuda_ipc import find_device, visible_uuids
+
+__all__ = ["DevicePlacer", "Placement", "thread_share"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one stream's pipeline runs.
+
+    Attributes:
+        device: ``"cpu"`` or ``"gpu"``.
+        device_id: CUDA index in the daemon's process (0 on the CPU).
+        gpu_uuid: the client's GPU, as the request wrote it, when the pipeline runs
+            on it (its batches may stay on the device); empty otherwise.
+    """
+
+    device: str
+    device_id: int = 0
+    gpu_uuid: str = ""
+
+
+class DevicePlacer:
+    """Maps a request's GPU UUID to one of the daemon's devices.
+
+    Args:
+        device: the daemon's resolved device, ``"cpu"`` or ``"gpu"``.
+        uuids: UUIDs of the daemon's CUDA devices, by index (see
+            :meth:`of_this_process`).
+    """
+
+    def __init__(self, device: str, uuids: Sequence[str] = ()) -> None:
+        self.device = device
+        self.uuids = tuple(uuids)
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of_this_process(cls, device: str) -> DevicePlacer:
+        """A placer over the devices this process sees (none asked for on the CPU)."""
+        return cls(device, visible_uuids() if device == "gpu" else ())
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs pipelines may run on (0 for a CPU daemon)."""
+        return len(self.uuids) if self.device == "gpu" else 0
+
+    def place(self, gpu_uuid: str) -> Placement:
+        """The device of a stream whose client trains on ``gpu_uuid`` ("" for a CPU
+        client): that GPU when the daemon sees it, else the daemon's GPU 0 (or the
+        CPU, for a CPU daemon)."""
+        if self.device != "gpu":
+            return Placement("cpu")
+        index = find_device(gpu_uuid, self.uuids)
+        if index is not None:
+            return Placement("gpu", index, gpu_uuid)
+        if gpu_uuid:
+            self._warn_once(gpu_uuid)
+        return Placement("gpu", 0)
+
+    def _warn_once(self, gpu_uuid: str) -> None:
+        with self._lock:
+            first = gpu_uuid not in self._warned
+            self._warned.add(gpu_uuid)
+        log.log(logging.WARNING if first else logging.DEBUG,
+                "client GPU %s is not visible to this daemon (it sees %d); its pipeline runs on GPU 0 "
+                "and its batches go through host memory", gpu_uuid, len(self.uuids))
+
+
+def thread_share(budget: int, pipelines: int) -> int:
+    """DALI CPU threads of a pipeline when ``pipelines`` share a budget of ``budget``
+    threads: an equal whole share, at least 1 (so past ``budget`` pipelines the
+    budget is exceeded rather than a stream starved).
+
+    The daemon counts the open streams plus the one being opened, and on a GPU node
+    at least one pipeline per GPU for a GPU rank (its ranks start together; the
+    first must not take the whole budget). A pipeline keeps its share for its life:
+    DALI fixes the thread count when it builds a pipeline.
+    """
+    return max(1, budget // max(1, pipelines))

@@ -1,0 +1,86 @@
+"""Which device a stream's pipeline runs on, and its share of the thread budget
+(the device list is given, so this runs without a GPU)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from core.errors import ConfigError
+from feeder.config import ServerConfig
+from feeder.devices import DevicePlacer, Placement, thread_share
+from feeder.metrics import ServerMetrics
+from feeder.pipeline import AugmentKind, PipelineSpec
+from feeder.service import FeederService, StreamSpec, open_datasets
+
+# As torch prints them (no prefix) and as NVML / nvidia-smi do.
+UUIDS = ("GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-0a1b2c3d-0000-4000-8000-000000000001")
+
+
+def test_a_rank_s_gpu_is_found_by_uuid_whichever_way_it_is_written():
+    placer = DevicePlacer("gpu", UUIDS)
+    assert placer.place(UUIDS[1]) == Placement("gpu", 1, UUIDS[1])
+    torch_style = UUIDS[1].removeprefix("GPU-").upper()
+    assert placer.place(torch_style) == Placement("gpu", 1, torch_style)
+    assert placer.place(UUIDS[0]).device_id == 0
+
+
+def test_a_cpu_client_runs_on_gpu_0_and_its_batches_leave_the_device():
+    assert DevicePlacer("gpu", UUIDS).place("") == Placement("gpu", 0, "")
+
+
+def test_an_unknown_gpu_falls_back_to_gpu_0_with_one_warning(caplog):
+    placer = DevicePlacer("gpu", UUIDS)
+    unknown = "GPU-ffffffff-0000-4000-8000-000000000000"
+    with caplog.at_level(logging.DEBUG, logger="feeder.devices"):
+        placements = [placer.place(unknown) for _ in range(3)]
+    assert placements == [Placement("gpu", 0, "")] * 3  # no CUDA IPC: the client is not on it
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and unknown in warnings[0].getMessage()
+
+
+def test_a_cpu_daemon_ignores_the_client_s_gpu():
+    placer = DevicePlacer("cpu")
+    assert placer.place(UUIDS[0]) == Placement("cpu") and placer.gpu_count == 0
+
+
+@pytest.mark.parametrize(("budget", "pipelines", "share"), [
+    (8, 1, 8), (8, 2, 4), (8, 3, 2), (8, 8, 1), (8, 20, 1), (1, 4, 1), (8, 0, 8),
+])
+def test_the_thread_budget_is_split_evenly_at_least_one_each(budget, pipelines, share):
+    assert thread_share(budget, pipelines) == share
+
+
+def test_cpu_spec_has_no_device_index():
+    with pytest.raises(ConfigError, match="device_id"):
+        PipelineSpec(AugmentKind.VAL, device="cpu", device_id=1)
+    assert PipelineSpec(AugmentKind.VAL, device="gpu", device_id=1).device_id == 1
+
+
+@pytest.fixture
+def service(shards):
+    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=4),
+                            open_datasets({"s": shards}), ServerMetrics())
+    yield service
+    service.close()
+
+
+def test_open_streams_share_the_thread_budget(service):
+    first = service.open_stream(StreamSpec(dataset="s", split="val", batch_size=4, image_size=32))
+    second = service.open_stream(StreamSpec(dataset="s", split="val", batch_size=4, image_size=32))
+    try:
+        assert (first.pipeline.threads, second.pipeline.threads) == (4, 2)
+        assert first.pipeline.device == second.pipeline.device == "cpu"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_gpu_rank_s_pipeline_is_on_its_gpu_with_a_share_per_gpu(service):
+    service.devices = DevicePlacer("gpu", UUIDS)  # as a daemon with two GPUs sees them
+    spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32)
+    on_gpu = service._pipeline_spec(spec, service.devices.place(UUIDS[1]))
+    assert (on_gpu.device, on_gpu.device_id, on_gpu.threads) == ("gpu", 1, 2)  # its node's 2 ranks
+    for_cpu_client = service._pipeline_spec(spec, service.devices.place(""))
+    assert (for_cpu_client.device, for_cpu_client.device_id, for_cpu_client.threads) == ("gpu", 0, 4)
