@@ -21,16 +21,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from core.errors import (
-    ConfigError,
-    DataError,
-    FeederError,
-    InvalidArgument,
-    NotFound,
-    ResourceExhausted,
-    ServiceUnavailable,
-    Unauthenticated,
-)
+from core.errors import FeederError, ServiceUnavailable, error_for_code
 from protos import feeder_pb2
 from transport.base import ReceivedBatch, ReleaseSink, TransportKind, TransportUnavailable
 from transport.client import StreamReceiver
@@ -47,15 +38,6 @@ _TRANSIENT = {
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-_ERRORS: dict[grpc.StatusCode, type[FeederError]] = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.DATA_LOSS: DataError,
-    grpc.StatusCode.FAILED_PRECONDITION: ConfigError,
-    grpc.StatusCode.UNAVAILABLE: ServiceUnavailable,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
 }
 _END = object()  # queued after the last batch of a stream
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
@@ -113,7 +95,7 @@ def is_transient(error: grpc.RpcError) -> bool:
 
 def error_from_rpc(error: grpc.RpcError, address: str) -> FeederError:
     """The project error for a failed call to the daemon at ``address``."""
-    cls = _ERRORS.get(error.code(), FeederError)
+    cls = error_for_code(error.code())
     return cls(f"daemon {address}: {error.details()} ({error.code().name})")
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "ServiceUnavailable",
     "Unauthenticated",
     "cli_message",
+    "error_for_code",
     "grpc_code",
 ]
 
@@ -84,6 +85,15 @@ def _lookup(table: dict, error: FeederError):
         if cls in table:
             return table[cls]
     return table[FeederError]
+
+
+def error_for_code(code: grpc.StatusCode) -> type[FeederError]:
+    """The error a client raises for a call that ended with ``code`` (the table read
+    backwards; codes no feeder error maps to give :class:`FeederError`)."""
+    for cls, mapped in _GRPC_CODES.items():
+        if mapped == code and cls is not FeederError:
+            return cls
+    return FeederError
 
 
 def grpc_code(error: FeederError) -> grpc.StatusCode:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from core.errors import DataError, InvalidArgument
+from core.wire import read_varint, varint
 from protos import feeder_pb2
 from transport.base import (
     BatchMeta,
@@ -47,7 +48,7 @@ from transport.base import (
     wrap_memory,
 )
 
-__all__ = ["GrpcPayloadSender", "InlineReceiver", "encode_varint", "parse_batch"]
+__all__ = ["GrpcPayloadSender", "InlineReceiver", "parse_batch"]
 
 _FIELDS = feeder_pb2.Batch.DESCRIPTOR.fields_by_name
 _IMAGES = _FIELDS["images"].number
@@ -55,30 +56,18 @@ _FILLER = _FIELDS["filler"].number
 _LENGTH_DELIMITED = 2
 
 
-def encode_varint(value: int) -> bytes:
-    """``value`` (>= 0) as a protobuf base-128 varint."""
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        out.append(low | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(data) or shift > 63:
-            raise DataError(f"Batch message: bad varint at byte {pos}")
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos, shift = pos + 1, shift + 7
-        if byte < 0x80:
-            return value, pos
+    try:
+        value, end = read_varint(data, pos)
+    except IndexError:
+        raise DataError(f"Batch message: bad varint at byte {pos}") from None
+    if end - pos > 10:  # more than a 64-bit value needs
+        raise DataError(f"Batch message: bad varint at byte {pos}")
+    return value, end
 
 
-_IMAGES_KEY = encode_varint(_IMAGES << 3 | _LENGTH_DELIMITED)
-_FILLER_KEY = encode_varint(_FILLER << 3 | _LENGTH_DELIMITED)
+_IMAGES_KEY = varint(_IMAGES << 3 | _LENGTH_DELIMITED)
+_FILLER_KEY = varint(_FILLER << 3 | _LENGTH_DELIMITED)
 
 # A bytes object the producer may fill before anyone else sees it. The C API leaves
 # the contents of PyBytes_FromStringAndSize(NULL, n) for its creator to write (grpc
@@ -114,9 +103,9 @@ def _filler(room: int) -> bytes | None:
         return b""
     for varint_len in range(1, 6):
         length = room - len(_FILLER_KEY) - varint_len
-        if length >= 0 and len(encode_varint(length)) == varint_len:
-            return _FILLER_KEY + encode_varint(length) + bytes(length)
-    empty = _FILLER_KEY + encode_varint(0)
+        if length >= 0 and len(varint(length)) == varint_len:
+            return _FILLER_KEY + varint(length) + bytes(length)
+    empty = _FILLER_KEY + varint(0)
     rest = _filler(room - len(empty)) if room > len(empty) else None
     return None if rest is None else empty + rest
 
@@ -152,7 +141,7 @@ class GrpcPayloadSender(BatchSender):
 
     def slot_for(self, shape: tuple[int, ...]) -> Slot:
         nbytes = math.prod(shape)
-        prefix = _IMAGES_KEY + encode_varint(nbytes)
+        prefix = _IMAGES_KEY + varint(nbytes)
         start = self._reserve + len(prefix)
         data = _new_bytes(None, start + nbytes)  # >= 4 bytes: never a shared singleton
         whole = _bytes_array(data)

@@ -11,11 +11,11 @@ import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 
 from clients import FeederLoader
 from tests.clients.conftest import ROOT, start_daemon
+from tests.common.waiting import wait_for
 
 DROPPED = 4
 
@@ -23,14 +23,6 @@ DROPPED = 4
 def _stream_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "feeder-stream" and t.is_alive()]
 
-
-def _within(seconds: float, predicate: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _take_one_batch(address: str) -> weakref.ref[FeederLoader]:
@@ -46,8 +38,8 @@ def test_dropped_loaders_end_their_threads_and_daemon_streams(shards: Path) -> N
         refs = [_take_one_batch(f"127.0.0.1:{port}") for _ in range(DROPPED)]
         gc.collect()
         assert all(ref() is None for ref in refs), "a dropped loader is still referenced"
-        assert _within(10, lambda: not _stream_threads()), _stream_threads()
-        assert _within(10, lambda: server.service.open_streams() == 0)
+        assert wait_for(timeout_s=10, predicate=lambda: not _stream_threads()), _stream_threads()
+        assert wait_for(timeout_s=10, predicate=lambda: server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)
 
@@ -65,7 +57,7 @@ def test_close_is_prompt_and_idempotent(shards: Path) -> None:
         loader.close()
         assert time.monotonic() - started < 2
         assert not stream.is_alive()
-        assert _within(10, lambda: server.service.open_streams() == 0)
+        assert wait_for(timeout_s=10, predicate=lambda: server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)
 
@@ -98,6 +90,6 @@ def test_process_exits_promptly_without_close(shards: Path) -> None:
         lines = done.stdout.splitlines()
         assert lines[-1] == "stream threads at exit: 0", done.stdout
         assert exited - float(lines[-2].split()[-1]) < 5, "exit waited on the stream"
-        assert _within(10, lambda: server.service.open_streams() == 0)
+        assert wait_for(timeout_s=10, predicate=lambda: server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)

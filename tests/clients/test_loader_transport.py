@@ -7,9 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -19,6 +17,7 @@ from clients import FeederLoader
 from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.clients.conftest import N_TRAIN, ROOT, start_daemon
+from tests.common.waiting import wait_for
 from transport.base import HostIdentity
 
 SHM = Path("/dev/shm")
@@ -27,14 +26,6 @@ SHM = Path("/dev/shm")
 def _segments(pid: int) -> list[str]:
     return sorted(p.name for p in SHM.glob(f"feeder-{pid}-*"))
 
-
-def _within(seconds: float, check: Callable[[], bool]) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def _epoch_keys(loader: FeederLoader) -> Counter[str]:
@@ -55,7 +46,7 @@ def test_a_local_loader_gets_shared_memory_and_every_sample_once(shards):
             assert loader.transport == "shm"
             assert _segments(os.getpid())  # the open stream's ring
         assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
-        assert _within(5, lambda: not _segments(os.getpid()))  # unlinked when the stream ended
+        assert wait_for(timeout_s=5, predicate=lambda: not _segments(os.getpid()))  # unlinked when the stream ended
     finally:
         server.stop(0).wait(10)
 
@@ -148,7 +139,7 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
                 client.kill()
         assert sum(other_keys.values()) == N_TRAIN
         # The daemon notices the dead client (its call is cancelled) and unlinks the ring.
-        assert _within(30, lambda: not _segments(os.getpid()) and server.service.open_streams() == 0)
+        assert wait_for(timeout_s=30, predicate=lambda: not _segments(os.getpid()) and server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)
 

@@ -58,3 +58,18 @@ def index_rows(shards: Path) -> dict[str, dict[str, int]]:
 def request(**fields) -> feeder_pb2.StreamRequest:
     base = dict(dataset="sample", split="train", world_size=1, batch_size=5, image_size=16)
     return feeder_pb2.StreamRequest(**(base | fields))
+
+
+@pytest.fixture()
+def private_server(shards: Path):
+    """Makes in-process daemons of their own (``private_server(**config)`` ->
+    ``(server, port)``), all stopped after the test."""
+    servers: list[tuple[FeederServer, int]] = []
+
+    def make(**options) -> tuple[FeederServer, int]:
+        servers.append(start({"sample": shards}, **options))
+        return servers[-1]
+
+    yield make
+    for server, _ in servers:
+        server.stop(0).wait(10)

@@ -20,31 +20,12 @@ from feeder.producer import ReadyBatch
 from feeder.ready_queue import ReadyQueue
 from feeder.service import FeederService, StreamSpec, open_datasets
 from protos import feeder_pb2_grpc
-from tests.feeder.conftest import connect, request, start
+from tests.common.waiting import wait_for
+from tests.feeder.conftest import connect, request
 
 MIB = 1 << 20
 
 
-def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
-@pytest.fixture()
-def private_server(shards):
-    servers = []
-
-    def make(**options):
-        servers.append(start({"sample": shards}, **options))
-        return servers[-1]
-
-    yield make
-    for server, _ in servers:
-        server.stop(0).wait(10)
 
 
 def _config(shards, **options) -> ServerConfig:
@@ -82,7 +63,7 @@ def test_a_stream_past_the_memory_budget_is_refused_naming_budget_and_need(priva
         assert f"{(need + need // 2) / MIB:.1f} MiB" in details
         assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == need
         held.cancel()
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
         assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == 0
         assert len(list(stub.StreamBatches(request(max_samples=16, **fields)))) == 2
 
@@ -143,14 +124,14 @@ def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         unread = [stub.StreamBatches(request(batch_size=16, image_size=128, epochs=20)) for _ in range(3)]
-        assert _wait_for(lambda: server.service.open_streams() == 3)
+        assert wait_for(lambda: server.service.open_streams() == 3)
         with pytest.raises(grpc.RpcError) as caught:
             next(stub.StreamBatches(request()))
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_streams_per_peer: ipv4:127.0.0.1" in caught.value.details()
         for call in unread:
             call.cancel()
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
 
 
 # -- idle streams ---------------------------------------------------------------
@@ -163,8 +144,8 @@ def test_an_unread_stream_is_cancelled_after_the_idle_timeout(private_server, ca
         # ~0.8 MB batches: gRPC's flow-control window (a few MB) fills, then the
         # daemon's send waits on a client that never reads.
         unread = stub.StreamBatches(request(batch_size=16, image_size=128, epochs=50))
-        assert _wait_for(lambda: server.service.open_streams() == 1)
-        assert _wait_for(lambda: server.service.open_streams() == 0, timeout_s=15)
+        assert wait_for(lambda: server.service.open_streams() == 1)
+        assert wait_for(lambda: server.service.open_streams() == 0, timeout_s=15)
         assert server.metrics.registry.get_sample_value("feeder_queued_bytes") == 0
         assert server.metrics.registry.get_sample_value("feeder_reserved_bytes") == 0
         assert server.metrics.registry.get_sample_value("feeder_streams_idle_cancelled_total") == 1
@@ -229,5 +210,5 @@ def test_queue_bytes_bounds_a_slow_streams_queue(private_server):
         queued = server.metrics.registry.get_sample_value("feeder_queued_bytes")
         assert 0 < queued <= 2 * batch_bytes
         slow.cancel()
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
         assert server.metrics.registry.get_sample_value("feeder_queued_bytes") == 0

@@ -24,18 +24,11 @@ from feeder.producer import BatchStream
 from feeder.service import FeederService, StreamSpec, cuda_devices, open_datasets
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
+from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request, start
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _open_and_abandon(stub, count: int) -> None:
@@ -50,18 +43,6 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.fixture()
-def private_server(shards):
-    servers = []
-
-    def make(**options):
-        servers.append(start({"sample": shards}, **options))
-        return servers[-1]
-
-    yield make
-    for server, _ in servers:
-        server.stop(0).wait(10)
-
 
 def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
     before = threading.active_count()
@@ -69,7 +50,7 @@ def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         _open_and_abandon(stub, 80)
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
         assert not [t for t in threading.enumerate() if t.name == "feeder-producer"]
         assert stub.GetStats(feeder_pb2.StatsRequest()).open_streams == 0
         assert server.metrics.registry.get_sample_value("feeder_open_streams") == 0
@@ -85,10 +66,10 @@ def test_memory_is_flat_after_a_thousand_abandoned_streams(private_server):
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         _open_and_abandon(stub, 50)
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
         baseline = _rss_bytes()
         _open_and_abandon(stub, 1000)
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
         assert _rss_bytes() - baseline < 16 << 20  # measured: about 3 MiB
 
 
@@ -103,7 +84,7 @@ def test_a_slow_client_fills_only_its_own_bounded_queue(private_server):
         time.sleep(0.5)
         assert server.metrics.registry.get_sample_value("feeder_queued_batches") <= 2
         slow.cancel()
-        assert _wait_for(lambda: server.service.open_streams() == 0)
+        assert wait_for(lambda: server.service.open_streams() == 0)
 
 
 def test_max_streams_refuses_more_as_unavailable(private_server):

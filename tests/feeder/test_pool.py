@@ -5,7 +5,6 @@ stream that finds every pipeline lent is refused."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -16,15 +15,7 @@ from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, StreamSpec, open_datasets
 
 STREAMS = 250
-
-
-def _wait_for(predicate, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+from tests.common.waiting import wait_for
 
 
 @pytest.fixture()
@@ -58,10 +49,10 @@ def test_distinct_crops_and_batch_sizes_build_a_bounded_number_of_pipelines(serv
     assert service.metrics.stats().pipelines <= 2
     assert max(threads) <= before + 8  # two pipelines' threads and the pool's reaper
     # Idle for pipeline_idle_s: dropped with their threads.
-    assert _wait_for(lambda: service.pool.alive_count() == 0, timeout_s=5.0)
+    assert wait_for(lambda: service.pool.alive_count() == 0, timeout_s=5.0)
     assert service.metrics.stats().pipelines == 0
     # The pool's reaper and the idle-stream watcher stay.
-    assert _wait_for(lambda: threading.active_count() <= before + 2, timeout_s=5.0)
+    assert wait_for(lambda: threading.active_count() <= before + 2, timeout_s=5.0)
 
 
 def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(service_with):

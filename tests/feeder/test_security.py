@@ -39,18 +39,6 @@ def token_file(tmp_path) -> Path:
     return path
 
 
-@pytest.fixture()
-def daemon(shards):
-    servers = []
-
-    def make(**options):
-        servers.append(start({"sample": shards}, **options))
-        return servers[-1]
-
-    yield make
-    for server, _ in servers:
-        server.stop(0).wait(10)
-
 
 def _bearer(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
@@ -122,8 +110,8 @@ def test_serve_refuses_an_open_bind_with_one_line(tmp_path):
 
 # -- token ------------------------------------------------------------------------------
 
-def test_calls_without_the_token_are_unauthenticated_but_health_stays_open(daemon, token_file):
-    server, port = daemon(token_file=token_file)
+def test_calls_without_the_token_are_unauthenticated_but_health_stays_open(private_server, token_file):
+    server, port = private_server(token_file=token_file)
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         for metadata in ((), _bearer("wrong"), _bearer(TOKEN + "x"), (("authorization", TOKEN),)):
@@ -145,8 +133,8 @@ def test_calls_without_the_token_are_unauthenticated_but_health_stays_open(daemo
 
 # -- TLS --------------------------------------------------------------------------------
 
-def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(daemon, certs, token_file):
-    _, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
+def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(private_server, certs, token_file):
+    _, port = private_server(tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
     with _tls_channel(port, certs) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
@@ -158,8 +146,8 @@ def test_tls_serves_clients_that_trust_the_ca_and_refuses_plaintext(daemon, cert
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_mutual_tls_needs_a_client_certificate_signed_by_the_client_ca(daemon, certs):
-    _, port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca)
+def test_mutual_tls_needs_a_client_certificate_signed_by_the_client_ca(private_server, certs):
+    _, port = private_server(tls_cert=certs.server_cert, tls_key=certs.server_key, tls_client_ca=certs.ca)
     with _tls_channel(port, certs, client_cert=True) as channel:
         assert _health(channel) == health_pb2.HealthCheckResponse.SERVING
         assert feeder_pb2_grpc.FeederStub(channel).ListDatasets(feeder_pb2.ListDatasetsRequest()).datasets
@@ -171,9 +159,9 @@ def test_mutual_tls_needs_a_client_certificate_signed_by_the_client_ca(daemon, c
 
 # -- unix socket ------------------------------------------------------------------------
 
-def test_unix_socket_is_owner_only_and_serves(daemon, tmp_path):
+def test_unix_socket_is_owner_only_and_serves(private_server, tmp_path):
     path = tmp_path / "feeder.sock"
-    daemon(socket_path=path)
+    private_server(socket_path=path)
     mode = os.stat(path).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
     with grpc.insecure_channel(f"unix:{path}", options=OPTIONS) as channel:
@@ -181,13 +169,13 @@ def test_unix_socket_is_owner_only_and_serves(daemon, tmp_path):
         assert [len(b.keys) for b in batches] == [5, 5]
 
 
-def test_a_stale_socket_file_is_replaced_but_another_file_is_refused(daemon, shards, tmp_path):
+def test_a_stale_socket_file_is_replaced_but_another_file_is_refused(private_server, shards, tmp_path):
     import socket
 
     stale = tmp_path / "stale.sock"
     with socket.socket(socket.AF_UNIX) as s:
         s.bind(str(stale))  # left behind, as by a daemon killed with -9
-    daemon(socket_path=stale)
+    private_server(socket_path=stale)
     assert stat.S_IMODE(os.stat(stale).st_mode) == 0o600
     other = tmp_path / "notes.txt"
     other.write_text("keep me")
@@ -196,9 +184,9 @@ def test_a_stale_socket_file_is_replaced_but_another_file_is_refused(daemon, sha
     assert other.read_text() == "keep me"
 
 
-def test_a_peer_at_its_limit_does_not_lock_out_a_client_on_the_socket(daemon, tmp_path):
+def test_a_peer_at_its_limit_does_not_lock_out_a_client_on_the_socket(private_server, tmp_path):
     path = tmp_path / "feeder.sock"
-    server, port = daemon(socket_path=path, max_streams_per_peer=2, queue_batches=1)
+    server, port = private_server(socket_path=path, max_streams_per_peer=2, queue_batches=1)
     with connect(port) as tcp, grpc.insecure_channel(f"unix:{path}", options=OPTIONS) as local:
         flood = feeder_pb2_grpc.FeederStub(tcp)
         unread = [flood.StreamBatches(request(batch_size=16, image_size=128, epochs=20)) for _ in range(2)]
@@ -216,8 +204,8 @@ def test_a_peer_at_its_limit_does_not_lock_out_a_client_on_the_socket(daemon, tm
 
 # -- metrics endpoint -------------------------------------------------------------------
 
-def test_metrics_listen_only_where_the_service_listens(daemon):
-    server, _ = daemon(bind="127.0.0.2", metrics_port=0)
+def test_metrics_listen_only_where_the_service_listens(private_server):
+    server, _ = private_server(bind="127.0.0.2", metrics_port=0)
     text = urllib.request.urlopen(f"http://127.0.0.2:{server.metrics_port}/metrics", timeout=5).read()
     assert b"feeder_open_streams" in text
     with pytest.raises(urllib.error.URLError):
