@@ -69,12 +69,14 @@ def machine_info() -> dict[str, Any]:
 
 def git_revision() -> dict[str, Any]:
     """The commit this code is at, and whether the working tree (any tracked or
-    untracked file that is not ignored) differs from it."""
+    untracked file that is not ignored, outside ``bench/results``) differs from it."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=_REPO, capture_output=True, text=True, timeout=20).stdout.strip()
 
     try:
-        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
+        # Results written by earlier runs of the same revision do not make it dirty.
+        changes = git("status", "--porcelain", "--", ".", ":(exclude)bench/results")
+        return {"revision": git("rev-parse", "HEAD") or None, "dirty": bool(changes)}
     except (OSError, subprocess.SubprocessError):
         return {"revision": None, "dirty": None}
 
