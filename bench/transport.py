@@ -10,7 +10,8 @@ Paths, each a real gRPC stream over loopback from a server process:
 - ``today``: the path before the transport package, kept here as the baseline
   (``_encode_before``: protobuf head + pixels joined into one bytes;
   ``_to_host_before``: ``Batch.FromString`` + a copy into a fresh tensor);
-- ``memcpy``: ``np.copyto`` of the same bytes in one process (upper bound).
+- ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
+  slots, in one process (upper bound).
 
 Usage: ``python bench/transport.py [--batch-sizes 64 256] [--json out.json]``.
 """
@@ -172,13 +173,17 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
 
 
 def _memcpy_rate(config: BenchConfig, batch_size: int) -> float:
+    """Bytes/s of ``np.copyto`` of the batch into ``ring_slots`` buffers in turn: the
+    same copies into the same amount of memory as the shared-memory ring's producer
+    makes, in one process and with nothing else (one hot buffer would stay in the
+    CPU's cache and measure the cache instead)."""
     source = _premade(batch_size, config.side_px)
-    target = np.empty_like(source)
-    for _ in range(config.warmup_batches):
-        np.copyto(target, source)
+    targets = [np.empty_like(source) for _ in range(config.ring_slots)]
+    for i in range(config.warmup_batches):
+        np.copyto(targets[i % len(targets)], source)
     started = time.perf_counter()
-    for _ in range(config.batches):
-        np.copyto(target, source)
+    for i in range(config.batches):
+        np.copyto(targets[i % len(targets)], source)
     return config.batches * source.nbytes / (time.perf_counter() - started)
 
 
