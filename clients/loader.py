@@ -283,6 +283,9 @@ class FeederLoader(Positioned):
         self._samples_per_rank = self._expected_samples_per_rank()
         self.position = Position()
         self._host = HostIdentity.of_this_process(config.shm_dir)
+        # Ranks of this job on this node: torchrun says; else all of them (a daemon
+        # serves one node, so a job that does not say is taken to be on it).
+        self._local_world_size = min(int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)), self.world_size)
         self._last_transport = ""
         self._pending: HostBatch | None = None  # first batch of the next epoch, already taken
         self._planned: dict[int, _Sizes] = {}  # epoch -> sizes from then on
@@ -531,6 +534,7 @@ class FeederLoader(Positioned):
             batch_size=sizes.batch_size, image_size=sizes.image_size, start_cursor=cursor,
             last_batch=_LAST_BATCH[self.last_batch], augment=_AUGMENT[self.augment],
             min_scale=sizes.min_scale, transport=_TRANSPORTS[self.config.transport],
+            local_world_size=self._local_world_size,
             client_host=self._host.to_message(_gpu_uuid(self.device)),
         )
         conn = self._connection

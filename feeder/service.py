@@ -79,6 +79,7 @@ class StreamSpec:
     job_id: str = ""
     peer: str = ""
     antialias: bool | None = None  # resize filter; None: the daemon's default
+    local_world_size: int = 0  # the job's ranks on the client's node (0: not said)
 
     @property
     def kind(self) -> AugmentKind:
@@ -253,7 +254,8 @@ class FeederService:
     def _pipeline_spec(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
         """The pipeline of a new stream: on its placement's device, with its share of
         the ``threads`` budget (see :func:`feeder.devices.thread_share`)."""
-        pipelines = self.open_streams() + 1
+        # The node's other ranks are likely on their way: each gets an equal share.
+        pipelines = max(self.open_streams() + 1, spec.local_world_size)
         if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
             pipelines = max(pipelines, self.devices.gpu_count)
         return PipelineSpec(

@@ -41,6 +41,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "epochs": (0, MAX_EPOCH),
     "rank": (0, MAX_WORLD_SIZE - 1),
     "world_size": (1, MAX_WORLD_SIZE),
+    "local_world_size": (0, MAX_WORLD_SIZE),
     "batch_size": (1, 2**31 - 1),
     "image_size": (MIN_IMAGE_SIZE, MAX_IMAGE_SIZE),
     "start_cursor": (0, 2**63 - 1),
@@ -120,6 +121,7 @@ def stream_spec(request: feeder_pb2.StreamRequest, peer: str = "") -> StreamSpec
         crop=crop,
         job_id=request.job_id,
         peer=peer,
+        local_world_size=request.local_world_size,
         antialias=request.antialias if request.HasField("antialias") else None,
     )
 

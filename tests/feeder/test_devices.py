@@ -77,6 +77,16 @@ def test_open_streams_share_the_thread_budget(service):
         second.close()
 
 
+def test_the_ranks_of_a_node_get_equal_shares_whichever_opens_first(service):
+    ranks = [service.open_stream(StreamSpec(dataset="s", split="val", rank=r, world_size=2, batch_size=4,
+                                            image_size=32, local_world_size=2)) for r in range(2)]
+    try:
+        assert [stream.pipeline.threads for stream in ranks] == [2, 2]
+    finally:
+        for stream in ranks:
+            stream.close()
+
+
 def test_a_gpu_rank_s_pipeline_is_on_its_gpu_with_a_share_per_gpu(service):
     service.devices = DevicePlacer("gpu", UUIDS)  # as a daemon with two GPUs sees them
     spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32)

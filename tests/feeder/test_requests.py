@@ -86,6 +86,7 @@ USUAL = dict(
     start_cursor=[0, 3, 20], last_batch=[0, 1], augment=[0, 1, 2], min_scale=[0.0, 0.08, 0.35],
     max_scale=[0.0, 0.5, 1.0], min_ratio=[0.0, 0.5, 0.75], max_ratio=[0.0, 4 / 3, 2.0],
     max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True], transport=[0, 1, 2],
+    local_world_size=[0, 1, 2],
     client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
 )
 # Anything the wire can carry in each field.
@@ -96,6 +97,7 @@ ODD = dict(
     start_cursor=_ints(*INT64), last_batch=_ints(*INT32), augment=_ints(*INT32),
     min_scale=_floats(), max_scale=_floats(), min_ratio=_floats(), max_ratio=_floats(),
     max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(), transport=_ints(*INT32),
+    local_world_size=_ints(*INT32),
     client_host=st.builds(feeder_pb2.ClientHost, boot_id=st.text(max_size=40), hostname=st.text(max_size=20),
                           shm_device=st.integers(0, 2**64 - 1), gpu_uuid=st.text(max_size=40)),
 )

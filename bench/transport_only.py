@@ -13,7 +13,7 @@ Paths, each a real gRPC stream over loopback from a server process:
 - ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
   slots, in one process (upper bound).
 
-Usage: ``python bench/transport.py [--batch-sizes 64 256] [--json out.json]``.
+Usage: ``python bench/transport_only.py [--batch-sizes 64 256] [--json out.json]``.
 """
 
 from __future__ import annotations
