@@ -62,6 +62,10 @@ _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)$")
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+_WORD = 8  # bytes of a release word
+# How often a producer waiting for a slot reads the release words (clients release in
+# the segment without waking it): short against a batch, long against the lock.
+_WORD_POLL_S = 0.0005
 
 
 def instance_prefix() -> str:
@@ -74,7 +78,10 @@ class ShmRing:
 
     Each loan of a slot has a generation; a release must name the slot's current
     one, so a stale or repeated release is refused instead of freeing a slot that
-    holds another batch.
+    holds another batch. After the slots, the segment ends with one release word
+    per slot (little-endian uint64 at ``release_offset``): a client that writes a
+    loan's generation there gives the slot back without a call (the daemon reads the
+    words when it needs a slot); a word holding anything else frees nothing.
 
     Raises:
         TransportUnavailable: the segment cannot be made or its space reserved.
@@ -86,9 +93,11 @@ class ShmRing:
         self.path = Path(path)
         self.slots = slots
         self.slot_bytes = slot_bytes
-        self.nbytes = slots * slot_bytes
+        self.release_offset = slots * slot_bytes
+        self.nbytes = self.release_offset + _WORD * slots
         self._fd, self._map = _create_segment(self.path, self.nbytes)
         self._memory = np.frombuffer(self._map, dtype=np.uint8)
+        self._words = self._memory[self.release_offset :].view("<u8")
         self._generation = [0] * slots
         self._lent = [False] * slots
         self._free = deque(range(slots))
@@ -102,14 +111,34 @@ class ShmRing:
             TransportClosed: the ring was closed meanwhile.
         """
         with self._cond:
-            if not self._cond.wait_for(lambda: self._free or self._closed, timeout_s):
-                return None
+            if not self._cond.wait_for(self._has_free, self._poll_s(timeout_s)):
+                deadline = None if timeout_s is None else time.monotonic() + timeout_s
+                while not self._has_free():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return None
+                    self._cond.wait(_WORD_POLL_S if left is None else min(_WORD_POLL_S, left))
             if self._closed:
                 raise TransportClosed(f"{self.path.name}: ring closed")
             index = self._free.popleft()
             self._generation[index] += 1
             self._lent[index] = True
             return index, self._generation[index]
+
+    @staticmethod
+    def _poll_s(timeout_s: float | None) -> float:
+        return _WORD_POLL_S if timeout_s is None else min(_WORD_POLL_S, timeout_s)
+
+    def _has_free(self) -> bool:
+        """True when a slot is free, after taking back every slot whose release word
+        names its current loan (caller holds the lock)."""
+        if self._closed or self._free:
+            return True
+        for index, lent in enumerate(self._lent):
+            if lent and int(self._words[index]) == self._generation[index]:
+                self._lent[index] = False
+                self._free.append(index)
+        return bool(self._free)
 
     def view(self, index: int, nbytes: int) -> np.ndarray:
         """The first ``nbytes`` of slot ``index`` (writable, no copy)."""
@@ -143,10 +172,11 @@ class ShmRing:
             if self._closed:
                 return
             self._closed = True
+            _unlink(self.path)  # before a woken producer can see the ring closed
             self._cond.notify_all()
-        _unlink(self.path)
         os.close(self._fd)  # drops the lock
         self._memory = np.empty(0, dtype=np.uint8)
+        self._words = np.zeros(self.slots, dtype="<u8")
         try:
             self._map.close()
         except BufferError:
@@ -227,6 +257,7 @@ class ShmSender(BatchSender):
         message.slot_offset = slot.index * self.ring.slot_bytes
         message.shm_segment = self.stream_id
         message.shm_segment_bytes = self.ring.nbytes
+        message.release_offset = self.ring.release_offset
         return message.SerializeToString()
 
     def release(self, index: int, generation: int) -> None:
@@ -266,7 +297,10 @@ class ShmReceiver(BatchReceiver):
                             f"outside {segment.nbytes} bytes")
         ref = feeder_pb2.SlotRef()
         ref.CopyFrom(message.slot)
-        once = OnceRelease(self._release, ref)
+        sink = self._release
+        if message.release_offset:  # in-band: the slot's word in the segment
+            sink = _word_release(segment, message.release_offset, self._release)
+        once = OnceRelease(sink, ref)
         address = segment.ctypes.data + message.slot_offset
         pixels = wrap_memory(address, nbytes, owner=segment, on_free=once).reshape(shape)
         return ReceivedBatch(images=torch.from_numpy(pixels), message=message, _release=once)
@@ -281,6 +315,23 @@ class ShmReceiver(BatchReceiver):
                 raise DataError(f"shm segment name {name!r} is not one of the daemon's")
             self._maps = {name: _map_segment(self._dir / name, nbytes)}  # one per stream
         return self._maps[name]
+
+
+def _word_release(segment: np.ndarray, offset: int, fallback: ReleaseSink) -> ReleaseSink:
+    """A release sink that writes the loan's generation into the slot's release word
+    (the daemon frees the slot when it next looks); one with a CUDA event to wait for
+    goes through ``fallback`` (the call), which waits off the consumer's thread."""
+    words = segment[offset:].view("<u8")
+
+    def release(ref: feeder_pb2.SlotRef, after: torch.cuda.Event | None = None) -> None:
+        if after is not None or not 0 <= ref.index < len(words):
+            fallback(ref, after)
+            return
+        # Written after the consumer's last read of the slot (program order; x86
+        # keeps loads before later stores), and only ever read by the daemon.
+        words[ref.index] = ref.generation
+
+    return release
 
 
 def _map_segment(path: Path, nbytes: int) -> np.ndarray:

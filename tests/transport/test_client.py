@@ -109,8 +109,8 @@ def test_stream_through_either_transport(shm_dir, transport, kind):
         receiver.close()
         releaser.close()
     assert getattr(daemon.senders[0], "inline_batches", 0) == 0
-    if kind == TransportKind.SHM:
-        assert releaser.released == BATCHES and releaser.calls <= BATCHES
+    if kind == TransportKind.SHM:  # every slot came back through its release word, no call
+        assert releaser.calls == 0
     assert list(shm_dir.iterdir()) == []
 
 

@@ -61,9 +61,27 @@ def test_round_trip_through_a_slot(config, shm_dir):
     batch = ShmReceiver(sink, shm_dir).receive(parse_batch(data))
     np.testing.assert_array_equal(batch.images.numpy(), pixels)
     assert list(batch.message.keys) == meta.keys
+    assert not _released_in_band(sender, 0, 1)
     batch.release()
     batch.release()  # idempotent
-    assert sink.refs == [(sender.stream_id, 0, 1)]
+    assert _released_in_band(sender, 0, 1) and sink.refs == []  # the word, not a call
+    sender.close()
+
+
+def _released_in_band(sender, index: int, generation: int) -> bool:
+    """The slot's release word holds the loan's generation (the client gave it back)."""
+    return int(sender.ring._words[index]) == generation
+
+
+def test_a_slot_released_in_band_is_lent_again(shm_dir):
+    sender = _sender(TransportConfig(shm_dir=shm_dir, ring_slots=1, slot_wait_s=2.0))
+    pixels, meta = make_batch()
+    receiver = ShmReceiver(Sink(), shm_dir)
+    for expected in range(1, 4):  # one slot: each batch needs the last one back
+        batch = receiver.receive(parse_batch(_send(sender, pixels, meta)))
+        assert batch.message.slot.generation == expected
+        batch.release()
+    assert sender.inline_batches == 0
     sender.close()
 
 
@@ -85,11 +103,11 @@ def test_unreferenced_batch_releases_its_slot_kept_views_hold_it(config, shm_dir
     kept = batch.images.permute(0, 3, 1, 2)[1]
     del batch
     gc.collect()
-    assert sink.refs == []  # a view still uses the slot
+    assert not _released_in_band(sender, 0, 1)  # a view still uses the slot
     np.testing.assert_array_equal(kept.numpy(), pixels[1].transpose(2, 0, 1))
     del kept
     gc.collect()
-    assert sink.refs == [(sender.stream_id, 0, 1)]
+    assert _released_in_band(sender, 0, 1) and sink.refs == []
     sender.close()
 
 
