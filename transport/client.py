@@ -1,7 +1,9 @@
 """The client's entry to the transports: one :class:`StreamReceiver` per stream
 takes whatever the daemon sent (pixels inline, a shared-memory slot, a CUDA IPC
 slot) and gives a tensor; one :class:`SlotReleaser` per connection hands slots back
-in batched ``ReleaseSlots`` calls. The loader sees only ``ReceivedBatch``.
+in batched ``ReleaseSlots`` calls (CUDA IPC slots, and shared-memory slots released
+after a CUDA event; other shared-memory slots go back through their release words).
+The loader sees only ``ReceivedBatch``.
 
 Usage in the loader::
 

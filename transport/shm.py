@@ -1,7 +1,10 @@
 """Shared memory: a ring of slots per stream in one segment under ``/dev/shm``, for
 clients on the daemon's host. The pixels are copied once, by the producer, into a
 slot; the ``Batch`` message carries only the slot's reference; the client's tensor
-is a view of the slot and the slot goes back with ``ReleaseSlots``.
+is a view of the slot, and the slot goes back when the client writes the loan's
+generation into the slot's release word at the end of the segment (no call; the
+daemon reads the words when it needs a slot). ``ReleaseSlots`` remains for releases
+that wait on a CUDA event.
 
 Segments never outlive their owner for long:
 
