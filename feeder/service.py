@@ -194,15 +194,16 @@ class FeederService:
         # On the client's own GPU the batches can stay there (CUDA IPC).
         sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3,
                                              batch_gpu_uuid=placement.gpu_uuid)
+        batch_runner = self._cached(runner, spec.dataset, split)
         context = StreamContext(
-            split, self._cached(runner, spec.dataset, split), sender, spec.image_size, len(part),
+            split, batch_runner, sender, spec.image_size, len(part),
             self.config.queue_batches, self.config.queue_bytes,
             kind=spec.kind, seed=spec.seed, crop=spec.crop,
             samples=SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
         )
         stream = BatchStream(context, slices, self.metrics, self._released)
         name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
-        self._admit(stream, runner, Ticket(name, peer, need, cancel))
+        self._admit(stream, batch_runner, Ticket(name, peer, need, cancel))
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
                  "on %s with %d threads", name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
                  spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1,
@@ -274,11 +275,15 @@ class FeederService:
             return runner
         return CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
 
-    def _admit(self, stream: BatchStream, runner: PipelineRunner, ticket: Ticket) -> None:
+    def _admit(self, stream: BatchStream, runner: BatchRunner, ticket: Ticket) -> None:
         try:
             self._admission.admit(stream, ticket)
         except FeederError:
-            self.pool.release(runner)
+            if isinstance(runner, CachedRunner):  # its own threads; the pipeline is pooled
+                runner.close()
+                runner = runner.inner
+            if isinstance(runner, PipelineRunner):
+                self.pool.release(runner)
             self.transports.close_sender(stream.sender)
             raise
         self.metrics.stream_opened()
