@@ -18,6 +18,7 @@ import argparse
 import itertools
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -26,7 +27,6 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
-from bench.serve import rate  # noqa: E402
 from feeder.augment import CropRange, sample_crops  # noqa: E402
 from feeder.pipeline import Allocate, AugmentKind, Job, Output, PipelineRunner, PipelineSpec  # noqa: E402
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
@@ -47,6 +47,22 @@ def _jobs(split: SplitIndex, args: argparse.Namespace) -> Iterator[Job]:
             crops = sample_crops(AugmentKind.TRAIN, args.seed, epoch, [split.keys[int(i)] for i in rows],
                                  split.widths[rows], split.heights[rows], CropRange())
             yield Job(split.read_many(rows), args.image_size, crops)
+
+
+def rate(batches: Iterator[Output], warmup_s: float, seconds: float) -> float:
+    """Images/s over a window of at least ``seconds`` (whole batches) after ``warmup_s``
+    of batches discarded."""
+    start = time.monotonic()
+    for _ in batches:
+        if time.monotonic() - start >= warmup_s:
+            break
+    images, begin = 0, time.monotonic()
+    for batch in batches:
+        images += len(batch)
+        elapsed = time.monotonic() - begin
+        if elapsed >= seconds:
+            return images / elapsed
+    raise RuntimeError("pipeline ended early")
 
 
 def _device_buffers(args: argparse.Namespace) -> Callable[[tuple[int, ...]], Output]:
