@@ -4,6 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PROTO_OUT := protos/feeder_pb2.py
+JPEG_LIB  := $(VENV)/.jpeg-library
 DEMO    := .demo
 
 .PHONY: demo test install proto typecheck clean
@@ -19,7 +20,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 $(PROTO_OUT): protos/feeder.proto $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 
-install: $(STAMP) $(PROTO_OUT)
+# The JPEG library of shards/ (optional: the pipeline falls back to DALI without it).
+$(JPEG_LIB): shards/_jpeg.c setup.py $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace
+	touch $@
+
+install: $(STAMP) $(PROTO_OUT) $(JPEG_LIB)
 
 proto: $(PROTO_OUT)
 
@@ -33,4 +39,4 @@ demo: install
 	$(BIN)/python -m feeder.demo --workdir $(DEMO)
 
 clean:
-	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi
+	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so $(JPEG_LIB)
