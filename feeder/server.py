@@ -21,6 +21,7 @@ from feeder.security import TokenInterceptor, listen_on_socket, read_token, serv
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
+from shards import jpeg
 from transport.shm import sweep_stale
 
 log = logging.getLogger(__name__)
@@ -162,6 +163,11 @@ def serve(config: ServerConfig) -> None:
     names = ", ".join(f"{n} ({'/'.join(d.splits)})" for n, d in sorted(server.service.datasets.items()))
     log.info("serving datasets %s on %s; device %s", names, format_address(config.bind, port),
              server.service.device)
+    if config.cpu_decoder == "dali" or not jpeg.available():
+        why = "asked for" if config.cpu_decoder == "dali" else jpeg.unavailable_reason()
+        log.info("CPU pipelines decode JPEG windows with DALI (%s)", why)
+    else:
+        log.info("CPU pipelines decode JPEG windows with libjpeg-turbo")
     if server.metrics_port is not None:
         log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
     log.info("gRPC port: %s, %s; budget %.1f GiB, %d streams per peer, idle timeout %g s",

@@ -267,6 +267,7 @@ class FeederService:
             threads=thread_share(self.config.threads, pipelines),
             prefetch=self.config.prefetch,
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
+            cpu_decoder=self.config.cpu_decoder,
         )
 
     def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:

@@ -25,9 +25,11 @@ from tests.feeder.conftest import connect, start
 SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is downscaled
 
 
-def _service(shards: Path, cache_bytes: int = 64 << 20, side: int = SIDE, on_error: str = "skip") -> FeederService:
+def _service(shards: Path, cache_bytes: int = 64 << 20, side: int = SIDE, on_error: str = "skip",
+             cpu_decoder: str = "auto") -> FeederService:
     config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
-                          decoded_cache_bytes=cache_bytes, decoded_cache_side=side, on_error=on_error)
+                          decoded_cache_bytes=cache_bytes, decoded_cache_side=side, on_error=on_error,
+                          cpu_decoder=cpu_decoder)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())
 
 
@@ -64,7 +66,8 @@ def test_first_pass_fills_later_passes_hit_with_the_same_pixels(cached, index_ro
 
 
 def test_cached_pixels_match_the_uncached_pipeline_when_nothing_is_downscaled(shards):
-    plain, cached = _service(shards, cache_bytes=0), _service(shards, side=1024)
+    # DALI decodes windows at full scale, as the cache does: no DCT-scaled decode.
+    plain, cached = _service(shards, cache_bytes=0, cpu_decoder="dali"), _service(shards, side=1024)
     try:
         for fields in (dict(seed=5, epoch=2), dict(split="val")):
             keys, reference = _epoch(plain, **fields)
@@ -78,7 +81,7 @@ def test_cached_pixels_match_the_uncached_pipeline_when_nothing_is_downscaled(sh
 
 
 def test_downscaled_cache_keeps_the_crops_where_they_were(shards):
-    plain, cached = _service(shards, cache_bytes=0), _service(shards)
+    plain, cached = _service(shards, cache_bytes=0, cpu_decoder="dali"), _service(shards)  # full-scale windows
     try:
         _, reference = _epoch(plain, split="val", image_size=24)
         _, images = _epoch(cached, split="val", image_size=24)
