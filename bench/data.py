@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
@@ -38,7 +38,8 @@ def _build_once(target: Path, build) -> None:
 
 
 def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
-    """The sample tree and its shards under ``cache``, made on first use (about a minute).
+    """The sample tree and its shards under ``cache``, made on first use (about a minute),
+    and the shards made again when the sharder's options have changed since.
 
     Returns:
         ``cache/sample/shards`` and ``cache/sample/src``.
@@ -47,7 +48,11 @@ def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
     _build_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
-    _build_once(shards, lambda tmp: shard(ShardConfig(src, tmp, seed=seed, progress=True)))
+    config = ShardConfig(src, shards, seed=seed, progress=True)
+    manifest = shards / MANIFEST_NAME
+    if manifest.is_file() and json.loads(manifest.read_text()).get("options") != config.options():
+        shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
+    _build_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
 
 

@@ -11,6 +11,7 @@ import typer
 from core.cli import run_command
 
 DEFAULT_MAX_PIXELS = 89_478_485  # sharder.images.DEFAULT_MAX_PIXELS, not imported: the CLI starts without PIL
+DEFAULT_RESTART_INTERVAL = 2  # shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported for the same reason
 
 __all__ = ["register"]
 
@@ -55,6 +56,7 @@ def shard_command(
     check: Annotated[str, typer.Option(help="decode: fully decode every image before accepting it; header: check JPEG headers and end marker only (faster, lets corrupt image data through).")] = "decode",
     max_pixels: Annotated[int, typer.Option(help="Reject images with more pixels, before decoding them (decompression bombs), or downscale them with --max-side. Default: Pillow's own bomb threshold, about 9459x9459, far above camera photos.")] = DEFAULT_MAX_PIXELS,
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
+    restart_interval: Annotated[int, typer.Option(help="Rewrite every JPEG losslessly (same pixels) with a restart marker about every N MCUs, so a crop window decodes only about its own area (1.5 % larger files at 2); 0 stores JPEGs as they come, byte for byte.")] = DEFAULT_RESTART_INTERVAL,
     on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -69,7 +71,8 @@ def shard_command(
         formats = tuple(f.strip() for f in format_list.split(",") if f.strip())
         config = ShardConfig(
             src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
-            max_side_px=max_side, quality=quality, check=check, max_pixels=max_pixels, on_error=on_error,
+            max_side_px=max_side, quality=quality, check=check, max_pixels=max_pixels,
+            restart_interval=restart_interval, on_error=on_error,
             overwrite=overwrite, progress=progress,
         )  # fmt: skip
         try:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from core.errors import ConfigError
 from sharder.images import CHECKS, DEFAULT_MAX_PIXELS
+from shards import jpeg
+from shards.jpeg import DEFAULT_RESTART_INTERVAL
 
 __all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
 
@@ -37,6 +39,11 @@ class ShardConfig:
             it; ``header`` checks a pass-through JPEG's headers and end marker only.
         max_pixels: images with more pixels are rejected before any decode
             (decompression bombs), or downscaled when ``max_side_px`` is given.
+        restart_interval: every stored JPEG is rewritten losslessly (same pixels) with
+            a restart marker about every this many MCUs (``shards.jpeg.add_restarts``),
+            so a crop window decodes about only its own area; 0 stores JPEGs as they
+            come (pass-through byte for byte). Without the JPEG library (not built)
+            JPEGs are stored as they come, with a warning.
         on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr.
@@ -53,6 +60,7 @@ class ShardConfig:
     quality: int | None = None
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    restart_interval: int = DEFAULT_RESTART_INTERVAL
     on_error: str = "skip"
     overwrite: bool = False
     progress: bool = False
@@ -78,6 +86,8 @@ class ShardConfig:
             raise ConfigError(f"--check must be one of {', '.join(CHECKS)}, got {self.check!r}")
         if self.max_pixels < 256:
             raise ConfigError(f"--max-pixels must be >= 256, got {self.max_pixels}")
+        if not 0 <= self.restart_interval <= 64:
+            raise ConfigError(f"--restart-interval must be in 0..64 MCUs, got {self.restart_interval}")
         if self.on_error not in ON_ERROR_POLICIES:
             raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR_POLICIES)}, got {self.on_error!r}")
 
@@ -97,6 +107,7 @@ class ShardConfig:
             "reencode_quality": self.reencode_quality,
             "check": self.check,
             "max_pixels": self.max_pixels,
+            "restart_interval": self.restart_interval if jpeg.available() else 0,
             "on_error": self.on_error,
         }
 

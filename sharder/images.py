@@ -1,7 +1,7 @@
 """Turn one input file into the JPEG bytes that go into a shard, or a reject reason.
 
-Valid baseline or progressive 8-bit JPEGs (RGB/YCbCr or grayscale) pass through byte
-for byte. With ``check="decode"`` (the default) each is fully decoded first and
+Valid baseline or progressive 8-bit JPEGs (RGB/YCbCr or grayscale) pass through
+(byte for byte here; ``sharder.normalise`` then adds restart markers losslessly). With ``check="decode"`` (the default) each is fully decoded first and
 rejected if the decoder reports anything; ``check="header"`` parses the headers and
 checks the end-of-image marker only. Everything else that Pillow can fully decode
 (CMYK JPEG, PNG even when named ``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is

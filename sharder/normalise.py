@@ -3,9 +3,11 @@
 The writing process reads every file (a few threads read ahead) and checks it
 without decoding (``check_without_decode``): bad headers and images over
 ``--max-pixels`` are rejected right there. With ``--check header`` valid JPEGs pass
-through from there too and never cross a process boundary; with ``--check decode``
-(the default) they go to the worker pool to be decoded, as do inputs that need
-re-encoding (odd formats, ``--max-side``, ``--quality``).
+through from there too; with ``--check decode`` (the default) they go to the worker
+pool to be decoded, as do inputs that need re-encoding (odd formats, ``--max-side``,
+``--quality``). Every accepted JPEG is then rewritten losslessly with restart markers
+on the workers (``--restart-interval``, ``shards.jpeg.add_restarts``; 0 stores them
+as they come).
 Results come back in input order, whatever order the workers finish in, so the
 output does not depend on the number of workers.
 """
@@ -19,6 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from multiprocessing.pool import AsyncResult, Pool
+from dataclasses import replace
 from pathlib import Path
 
 from sharder.config import ShardConfig
@@ -29,8 +32,9 @@ from sharder.images import (
     decode_and_reencode,
     read_input,
 )
+from shards import jpeg
 
-__all__ = ["processed_in_order", "worker_pool"]
+__all__ = ["processed_in_order", "with_restarts", "worker_pool"]
 
 # Inputs in flight per worker: enough to keep every worker busy while the writer
 # waits for the oldest one; bounds memory to a few images per worker.
@@ -60,8 +64,26 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int) -> ProcessedImage:
-    return decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
+def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int,
+              restart_interval: int) -> ProcessedImage:
+    image = decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
+    return with_restarts(image, restart_interval)
+
+
+def _check(accepted: ProcessedImage, max_pixels: int, restart_interval: int) -> ProcessedImage:
+    return with_restarts(check_by_decode(accepted, max_pixels), restart_interval)
+
+
+def with_restarts(image: ProcessedImage, restart_interval: int) -> ProcessedImage:
+    """``image`` with its JPEG rewritten losslessly with restart markers
+    (``shards.jpeg.add_restarts``); as it is with ``restart_interval`` 0, for a
+    reject, or without the JPEG library; a reject if libjpeg-turbo cannot read it."""
+    if image.reject or restart_interval == 0 or not jpeg.available():
+        return image
+    try:
+        return replace(image, data=jpeg.add_restarts(image.data, restart_interval))
+    except jpeg.JpegError as e:
+        return ProcessedImage(reject=f"corrupt JPEG: {e}")
 
 
 def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
@@ -80,14 +102,19 @@ def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None
     if isinstance(data, ProcessedImage):
         return data
     quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality, max_pixels=config.max_pixels)
-    if quick is not None and (quick.reject or config.check == "header"):
+    if quick is not None and quick.reject:
         return quick
     work: Callable[..., ProcessedImage]
     args: tuple
-    if quick is not None:
-        work, args = check_by_decode, (quick, config.max_pixels)
+    if quick is not None and config.check == "header":
+        if config.restart_interval == 0:
+            return quick
+        work, args = with_restarts, (quick, config.restart_interval)
+    elif quick is not None:
+        work, args = _check, (quick, config.max_pixels, config.restart_interval)
     else:
-        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels)
+        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels,
+                                 config.restart_interval)
     if pool is None:
         return work(*args)
     return pool.apply_async(work, args)

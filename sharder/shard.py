@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import json
 import shutil
 import time
@@ -18,6 +19,7 @@ from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
+from shards import jpeg
 from shards.layout import (
     FORMAT_VERSION,
     LMDB_DIR,
@@ -25,6 +27,8 @@ from shards.layout import (
     index_path,
 )
 from shards.writers import file_sha256, write_index, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ShardReport", "shard"]
 
@@ -173,6 +177,8 @@ def shard(config: ShardConfig) -> ShardReport:
             ``on_error="raise"`` (names the file or directory).
     """
     started = time.monotonic()
+    if config.restart_interval and not jpeg.available():
+        log.warning("JPEGs are stored as they come, without restart markers: %s", jpeg.unavailable_reason())
     tree = find_sources(config.src, config.on_error)
     _prepare_out(config, tree)
     work = config.out / WORK_DIR

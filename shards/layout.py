@@ -31,7 +31,8 @@ Shape (``FORMAT_VERSION`` 1)::
      "options": {...}}
 
 ``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
-RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than byte for byte. A
+RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than kept as it came
+(with restart markers added losslessly, ``options.restart_interval``). A
 directory under SRC that could not be listed is one of the ``rejects`` (its path, and
 the reason). ``skipped_links`` are the symbolic links under SRC not followed, because
 they lead to a folder already walked or above one (a loop) or to a file already

@@ -7,6 +7,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -29,6 +31,10 @@ def _rows(out: Path, split: str) -> list[dict]:
 def _member(out: Path, row: dict) -> bytes:
     with tarfile.open(out / row["shard"]) as tar:
         return tar.extractfile(f"{row['key']}.jpg").read()
+
+
+def _pixels(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
 
 
 @pytest.fixture
@@ -59,11 +65,25 @@ def test_plain_tree_normalises_rejects_and_counts_everything(odd_tree: Path, tmp
         stored = _member(out, row)
         original = (odd_tree / row["source"]).read_bytes()
         if row["source"].startswith("apple/") or expected[name][1] == "pass":
-            assert stored == original
+            # Rewritten with restart markers, losslessly: the same pixels.
+            assert _pixels(stored).tobytes() == _pixels(original).tobytes()
+            assert b"\xff\xdd" in stored[: stored.index(b"\xff\xda")], "a DRI segment"
         else:
             assert stored[:2] == b"\xff\xd8" and stored != original
     assert f"rejected {len(rejected)}, re-encoded {split['reencoded']}, ignored 2" in report.summary()
     assert not verify(out, full=True).problems
+
+
+def test_restart_interval_0_stores_jpegs_byte_for_byte(odd_tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shard(ShardConfig(odd_tree, out, seed=3, restart_interval=0))
+    assert _manifest(out)["options"]["restart_interval"] == 0
+    expected = odd_inputs()
+    passed = [r for r in _rows(out, "train")
+              if r["source"].startswith("apple/") or expected[Path(r["source"]).name][1] == "pass"]
+    assert passed
+    for row in passed:
+        assert _member(out, row) == (odd_tree / row["source"]).read_bytes()
 
 
 def test_on_error_raise_stops_at_the_first_bad_file(odd_tree: Path, tmp_path: Path) -> None:
