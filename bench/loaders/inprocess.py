@@ -2,7 +2,7 @@
 
 A :class:`feeder.service.FeederService` is built here as ``feeder serve`` builds it
 (same index and tar reader, epoch plan, producer thread, crop windows drawn
-from (seed, epoch, key), DALI ROI decode and CPU resize, thread budget as
+from (seed, epoch, key), window decode and CPU resize, thread budget as
 ``feeder serve --threads``) and one stream of many epochs is read straight from its
 queue. This is the ceiling the daemon is measured against. On the GPU the batches stay
 on the device, in a device ring on GPU 0, as a rank on that GPU gets them.
