@@ -5,10 +5,12 @@ For each mode and ``--workers`` setting: one untimed warm-up run, then the media
 check and write every image, index, manifest), input files already in the page
 cache, output to a fresh folder on the same disk. Modes:
 
-- ``passthrough``: ``--check header``: valid JPEGs are only checked (headers, end
-  marker) and copied.
-- ``decode``: ``--check decode`` (the default): valid JPEGs are fully decoded on the
-  workers before being copied.
+- ``passthrough``: ``--check header --restart-interval 0``: valid JPEGs are only
+  checked (headers, end marker) and copied byte for byte.
+- ``restarts``: ``--check header``: checked, then rewritten losslessly with restart
+  markers on the workers.
+- ``decode``: the defaults (``--check decode``, restart markers): valid JPEGs are
+  fully decoded on the workers, then rewritten with restart markers.
 - ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
@@ -41,7 +43,12 @@ from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # no
 __all__ = ["main", "measure"]
 
 REPO = Path(__file__).resolve().parent.parent
-MODES: dict[str, dict[str, Any]] = {"passthrough": {"check": "header"}, "decode": {"check": "decode"}, "reencode": {"max_side_px": 256}}  # ShardConfig options; "copy" is no shard run
+MODES: dict[str, dict[str, Any]] = {  # ShardConfig options; "copy" is no shard run
+    "passthrough": {"check": "header", "restart_interval": 0},
+    "restarts": {"check": "header"},
+    "decode": {"check": "decode"},
+    "reencode": {"max_side_px": 256},
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
-    p.add_argument("--modes", default="copy,passthrough,decode,reencode", help=f"comma list of copy, {', '.join(MODES)}")
+    p.add_argument("--modes", default="copy,passthrough,restarts,decode,reencode", help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
@@ -134,7 +141,8 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     labels = [r["mode"] if r["mode"] == "copy" else f"{r['mode']}\n--workers {r['workers']}" for r in rows]
-    colours = {"copy": "tab:gray", "passthrough": "tab:blue", "decode": "tab:green", "reencode": "tab:orange"}
+    colours = {"copy": "tab:gray", "passthrough": "tab:blue", "restarts": "tab:purple", "decode": "tab:green",
+               "reencode": "tab:orange"}
     ax.bar(labels, [r["images_per_s"] for r in rows], color=[colours[r["mode"]] for r in rows])
     ax.set_ylabel("images/s (median)")
     ax.set_title("feeder shard on the sample data")
