@@ -184,7 +184,7 @@ static int parse_layout(const unsigned char *data, size_t size, struct layout *o
       if (length < 4) return 0;
       out->restart = (int)read16(body);
     } else if (marker == 0xDA) {
-      if (out->sof == 0 || body[0] != components) return 0;  /* a scan without every component */
+      if (length < 3 || out->sof == 0 || body[0] != components) return 0;  /* not a scan of every component */
       out->scan = at + 2 + length;
       break;
     }

@@ -213,3 +213,19 @@ def test_a_window_of_a_jpeg_whose_intervals_lie_is_still_decoded() -> None:
     del data[at : at + 2]
     window = jpeg.decode_window(np.frombuffer(bytes(data), np.uint8), (64, 96, 32, 32))
     assert window.shape == (32, 32, 3)
+
+
+def test_damaged_bytes_anywhere_give_a_window_or_an_error_never_a_crash() -> None:
+    # Flipped bytes in the headers or in the intervals: the decoder (and the cutting of
+    # intervals around the window) must stay inside the data whatever they say.
+    data = jpeg.add_restarts(_encode(_photo_like(160, 120, 14)).tobytes(), 2)
+    rng = np.random.default_rng(15)
+    for _ in range(300):
+        damaged = bytearray(data)
+        for at in rng.integers(2, len(damaged), rng.integers(1, 4)):
+            damaged[at] = int(rng.integers(0, 256))
+        try:
+            window = jpeg.decode_window(np.frombuffer(bytes(damaged), np.uint8), (40, 30, 64, 48))
+        except jpeg.WindowDecodeError:
+            continue
+        assert window.ndim == 3 and window.shape[2] == 3
