@@ -27,9 +27,9 @@ restart markers every 2 MCUs (1.5 % larger files); a full decode 0.44 ms.
 The C part is a plain shared library built with the package (``setup.py``, against
 the system's libjpeg-turbo) and called through ctypes, which releases the GIL for the
 call. Where it was not built, :func:`available` says why; the pipeline then decodes
-with DALI and the sharder writes JPEGs as they come. A window libjpeg-turbo cannot
-decode (a CMYK JPEG, say) is decoded whole by OpenCV and cropped; a sample neither
-can decode is reported.
+with DALI and the sharder writes JPEGs as they come. A JPEG whose colours libjpeg-turbo
+does not convert to RGB (CMYK, YCCK) is decoded whole by OpenCV and cropped; any other
+failure (truncated data included) is reported, never patched up.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ _OK, _FAILED, _TOO_SMALL = 0, -1, -2
 _ROWS, _ROW_WIDTH, _LEFT, _COLS, _NEEDED = range(5)
 _INFO_LEN = 5
 _ERROR_BYTES = 256  # libjpeg's JMSG_LENGTH_MAX is 200
+_CONVERSION = "Unsupported color conversion"  # libjpeg's JERR_CONVERSION_NOTIMPL
 _DENOMINATORS = (8, 4, 2)  # the reduced scales libjpeg-turbo has SIMD IDCTs for
 # Columns a decoded row may hold beyond the window: an iMCU column of margin on each
 # side (at most 4 x 8 pixels) and the alignment of the region's start.
@@ -129,7 +130,7 @@ class JpegError(Exception):
 
 
 class WindowDecodeError(JpegError):
-    """libjpeg-turbo, and then OpenCV, could not decode a sample."""
+    """A sample could not be decoded (the message is libjpeg-turbo's reason)."""
 
 
 def add_restarts(data: bytes, interval: int = DEFAULT_RESTART_INTERVAL) -> bytes:
@@ -174,7 +175,8 @@ def decode_window(data: np.ndarray, box: Sequence[int], denominator: int = 1,
         possibly strided: the window at scale 1/``denominator``.
 
     Raises:
-        WindowDecodeError: neither libjpeg-turbo nor OpenCV decodes the sample.
+        WindowDecodeError: libjpeg-turbo cannot decode the sample (nor OpenCV, for
+            colour spaces only it converts).
     """
     lib = _library()
     if isinstance(lib, str):
@@ -193,7 +195,10 @@ def decode_window(data: np.ndarray, box: Sequence[int], denominator: int = 1,
             break
         scratch = np.empty(int(info[_NEEDED]), dtype=np.uint8)
     if code != _OK:
-        return _decode_whole(data, (x, y, w, h), error.value.decode(errors="replace") or "failed")
+        reason = error.value.decode(errors="replace") or "failed"
+        if _CONVERSION in reason:  # CMYK or YCCK: OpenCV converts those to RGB
+            return _decode_whole(data, (x, y, w, h), reason)
+        raise WindowDecodeError(reason)
     rows, row_width, left, cols = (int(v) for v in info[:4])
     region = scratch[: rows * row_width * 3].reshape(rows, row_width, 3)
     return region[:, left : left + cols]
