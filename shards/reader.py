@@ -65,16 +65,29 @@ class _OpenShard:
         self.fd = os.open(path, os.O_RDONLY)
         stat = os.fstat(self.fd)
         self.identity = (stat.st_dev, stat.st_ino)
+        # Reads first try RWF_NOWAIT (Linux): it reads only what is in the page cache,
+        # which tells cached reads from disk reads. Off where the file system refuses it.
+        self._nowait = getattr(os, "RWF_NOWAIT", 0)
 
-    def read_into(self, buffer: np.ndarray, offset: int) -> int:
-        """Bytes read into ``buffer`` from ``offset``; fewer than its size at end of file."""
-        done = 0
+    def read_into(self, buffer: np.ndarray, offset: int) -> tuple[int, bool]:
+        """Bytes read into ``buffer`` from ``offset`` (fewer than its size at end of
+        file), and whether all of them came from the page cache (False where that is
+        unknown)."""
+        done, cached = 0, bool(self._nowait)
+        if self._nowait:
+            try:
+                done = os.preadv(self.fd, [buffer.data], offset, self._nowait)
+            except BlockingIOError:  # not (all) in the page cache
+                pass
+            except OSError:  # the file system does not do RWF_NOWAIT
+                self._nowait = 0
+            cached = done == len(buffer)
         while done < len(buffer):
             count = os.preadv(self.fd, [buffer.data[done:]], offset + done)
             if count == 0:
                 break
             done += count
-        return done
+        return done, cached
 
 
 class SplitIndex:
@@ -104,6 +117,9 @@ class SplitIndex:
         self._open: dict[int, _OpenShard] = {}
         self._retired: list[_OpenShard] = []  # replaced files: other threads may still read them
         self._lock = threading.Lock()
+        # Reads not served from the page cache alone (disk, or unknown), all threads
+        # together: what read-ahead can help (see ``will_need``).
+        self.uncached_reads = 0
         weakref.finalize(self, _close_all, self._open, self._retired)
 
     def __len__(self) -> int:
@@ -134,9 +150,12 @@ class SplitIndex:
         offset, size = self.location(index)
         buffer = np.empty(size, dtype=np.uint8)
         opened = self._file(shard)
-        if opened.read_into(buffer, offset) == size:
+        done, cached = opened.read_into(buffer, offset)
+        if not cached:
+            self.uncached_reads += 1
+        if done == size:
             return buffer
-        if self._reopen_if_replaced(shard, opened) and self._file(shard).read_into(buffer, offset) == size:
+        if self._reopen_if_replaced(shard, opened) and self._file(shard).read_into(buffer, offset)[0] == size:
             return buffer
         path = self.root / self._shards[shard]
         raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")

@@ -1,0 +1,51 @@
+"""Read-ahead hints follow the reads: given while batches come from a disk, not while
+they come from the page cache (where they only cost CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.service import FeederService, StreamSpec, open_datasets
+from shards.reader import SplitIndex
+
+
+def _hints_over_one_epoch(shards, monkeypatch: pytest.MonkeyPatch, cached: bool) -> tuple[int, int]:
+    hints = []
+    will_need, read_many = SplitIndex.will_need, SplitIndex.read_many
+
+    def counting(self, indices):
+        hints.append(len(indices))
+        return will_need(self, indices)
+
+    def from_disk(self, indices):
+        out = read_many(self, indices)
+        if not cached:
+            self.uncached_reads += 1  # as a read the page cache could not serve counts
+        return out
+
+    monkeypatch.setattr(SplitIndex, "will_need", counting)
+    monkeypatch.setattr(SplitIndex, "read_many", from_disk)
+    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=1),
+                            open_datasets({"s": shards}), ServerMetrics())
+    try:
+        stream = service.open_stream(StreamSpec(dataset="s", split="train", batch_size=4, image_size=16))
+        try:
+            batches = sum(1 for _ in stream)
+        finally:
+            stream.close()
+    finally:
+        service.close()
+    return len(hints), batches
+
+
+def test_batches_read_from_the_page_cache_get_no_read_ahead_hints(shards, monkeypatch):
+    hints, batches = _hints_over_one_epoch(shards, monkeypatch, cached=True)
+    assert batches > 4
+    assert hints <= 1  # before the first read shows where the data is
+
+
+def test_batches_read_from_disk_get_a_hint_for_the_next_batch_each(shards, monkeypatch):
+    hints, batches = _hints_over_one_epoch(shards, monkeypatch, cached=False)
+    assert hints == batches - 1  # every batch but the last has one behind it
