@@ -35,8 +35,9 @@ class ShardConfig:
         max_side_px: downscale images whose longer side exceeds this (None = never).
         quality: re-encode every image at this JPEG quality (None = pass valid JPEGs
             through and normalise odd files at ``DEFAULT_REENCODE_QUALITY``).
-        check: ``decode`` fully decodes every image (on the workers) before accepting
-            it; ``header`` checks a pass-through JPEG's headers and end marker only.
+        check: ``decode`` entropy-decodes every image (on the workers) before
+            accepting it and rejects it on any decoder warning; ``header`` checks a
+            pass-through JPEG's headers and end marker only.
         max_pixels: images with more pixels are rejected before any decode
             (decompression bombs), or downscaled when ``max_side_px`` is given.
         restart_interval: every stored JPEG is rewritten losslessly (same pixels) with

@@ -4,10 +4,11 @@ The writing process reads every file (a few threads read ahead) and checks it
 without decoding (``check_without_decode``): bad headers and images over
 ``--max-pixels`` are rejected right there. With ``--check header`` valid JPEGs pass
 through from there too; with ``--check decode`` (the default) they go to the worker
-pool to be decoded, as do inputs that need re-encoding (odd formats, ``--max-side``,
-``--quality``). Every accepted JPEG is then rewritten losslessly with restart markers
-on the workers (``--restart-interval``, ``shards.jpeg.add_restarts``; 0 stores them
-as they come).
+pool to be checked, as do inputs that need re-encoding (odd formats, ``--max-side``,
+``--quality``). Every accepted JPEG is rewritten losslessly with restart markers on
+the workers (``--restart-interval``, ``shards.jpeg.add_restarts``; 0 stores them as
+they come); that rewrite reads every coefficient, so its warnings are the decode
+check (a full OpenCV decode checks instead when there is no rewrite).
 Results come back in input order, whatever order the workers finish in, so the
 output does not depend on the number of workers.
 """
@@ -71,19 +72,24 @@ def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: in
 
 
 def _check(accepted: ProcessedImage, max_pixels: int, restart_interval: int) -> ProcessedImage:
-    return with_restarts(check_by_decode(accepted, max_pixels), restart_interval)
+    if restart_interval and jpeg.available():
+        # The rewrite entropy-decodes every coefficient: its warnings are the check.
+        return with_restarts(accepted, restart_interval, strict=True)
+    return check_by_decode(accepted, max_pixels)
 
 
-def with_restarts(image: ProcessedImage, restart_interval: int) -> ProcessedImage:
+def with_restarts(image: ProcessedImage, restart_interval: int, strict: bool = False) -> ProcessedImage:
     """``image`` with its JPEG rewritten losslessly with restart markers
     (``shards.jpeg.add_restarts``); as it is with ``restart_interval`` 0, for a
-    reject, or without the JPEG library; a reject if libjpeg-turbo cannot read it."""
+    reject, or without the JPEG library; a reject if libjpeg-turbo cannot read it
+    (or, ``strict``, warns about corrupt data while reading it)."""
     if image.reject or restart_interval == 0 or not jpeg.available():
         return image
     try:
-        return replace(image, data=jpeg.add_restarts(image.data, restart_interval))
+        return replace(image, data=jpeg.add_restarts(image.data, restart_interval, strict=strict))
     except jpeg.JpegError as e:
-        return ProcessedImage(reject=f"corrupt JPEG: {e}")
+        kind = "truncated" if "premature end" in str(e) else "corrupt"
+        return ProcessedImage(reject=f"{kind} JPEG: {e}")
 
 
 def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:

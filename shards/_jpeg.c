@@ -45,6 +45,8 @@ struct error_manager {
   struct jpeg_error_mgr pub;
   jmp_buf jump;
   int ended_early;  /* libjpeg hit the end of the data and padded the image */
+  int warnings;     /* corrupt-data warnings (bad codes, extraneous bytes, ...) */
+  char warning[JMSG_LENGTH_MAX];  /* the first of them */
 };
 
 static void on_error(j_common_ptr info) {
@@ -55,8 +57,10 @@ static void on_error(j_common_ptr info) {
  * sharder's decode check screens such files; a full decode accepts them too), but data
  * that ends before the image does is: libjpeg would pad the rest with grey. */
 static void on_message(j_common_ptr info, int level) {
-  if (level < 0 && info->err->msg_code == JWRN_JPEG_EOF)
-    ((struct error_manager *)info->err)->ended_early = 1;
+  struct error_manager *errors = (struct error_manager *)info->err;
+  if (level >= 0) return;  /* trace messages */
+  if (info->err->msg_code == JWRN_JPEG_EOF) errors->ended_early = 1;
+  if (errors->warnings++ == 0) (*info->err->format_message)(info, errors->warning);
 }
 
 static int clamp(int value, int low, int high) {
@@ -75,6 +79,7 @@ static int decode_region(const unsigned char *data, size_t size, int x, int y, i
   errors.pub.error_exit = on_error;
   errors.pub.emit_message = on_message;
   errors.ended_early = 0;
+  errors.warnings = 0;
   if (setjmp(errors.jump)) {
     (*cinfo.err->format_message)((j_common_ptr)&cinfo, error);
     free(rows);
@@ -323,9 +328,12 @@ static int is_app(jpeg_saved_marker_ptr marker, int n, const char *name, unsigne
  * sequential Huffman JPEG with optimised tables and a restart marker every k MCUs,
  * k the largest divisor of an MCU row's length up to wanted_interval, so intervals
  * tile the rows. APPn and COM markers are kept. On OK, *out (size *out_size) is
- * malloc'd by libjpeg: release it with feeder_jpeg_free. */
+ * malloc'd by libjpeg: release it with feeder_jpeg_free; *warnings counts the
+ * corrupt-data warnings libjpeg gave while reading every coefficient (the entropy
+ * decoding of the whole image), the first of them in error. */
 int feeder_jpeg_add_restarts(const unsigned char *data, size_t size, int wanted_interval,
-                             unsigned char **out, unsigned long *out_size, char *error, int error_size) {
+                             unsigned char **out, unsigned long *out_size, int *warnings,
+                             char *error, int error_size) {
   struct jpeg_decompress_struct src;
   struct jpeg_compress_struct dst;
   struct error_manager errors;
@@ -333,11 +341,13 @@ int feeder_jpeg_add_restarts(const unsigned char *data, size_t size, int wanted_
 
   *out = NULL;
   *out_size = 0;
+  *warnings = 0;
   src.err = jpeg_std_error(&errors.pub);
   dst.err = &errors.pub;
   errors.pub.error_exit = on_error;
   errors.pub.emit_message = on_message;
   errors.ended_early = 0;
+  errors.warnings = 0;
   if (setjmp(errors.jump)) {
     (*errors.pub.format_message)((j_common_ptr)&src, error);
     /* Reading fails before the output exists; writing valid coefficients fails only
@@ -358,6 +368,8 @@ int feeder_jpeg_add_restarts(const unsigned char *data, size_t size, int wanted_
     jpeg_destroy_decompress(&src);
     return FAILED;
   }
+  *warnings = errors.warnings;
+  if (errors.warnings) snprintf(error, (size_t)error_size, "%s", errors.warning);
   jpeg_create_compress(&dst);
   compressing = 1;
   jpeg_copy_critical_parameters(&src, &dst);

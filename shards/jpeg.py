@@ -97,7 +97,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn.restype = ctypes.c_int
     fn.argtypes = [
         ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
-        ctypes.POINTER(ctypes.c_ulong), ctypes.c_char_p, ctypes.c_int,
+        ctypes.POINTER(ctypes.c_ulong), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
     ]
     lib.feeder_jpeg_free.restype = None
     lib.feeder_jpeg_free.argtypes = [ctypes.c_void_p]
@@ -133,28 +133,35 @@ class WindowDecodeError(JpegError):
     """A sample could not be decoded (the message is libjpeg-turbo's reason)."""
 
 
-def add_restarts(data: bytes, interval: int = DEFAULT_RESTART_INTERVAL) -> bytes:
+def add_restarts(data: bytes, interval: int = DEFAULT_RESTART_INTERVAL, strict: bool = False) -> bytes:
     """The same JPEG (the same DCT coefficients, so the same pixels for every
     decoder), rewritten as a sequential Huffman JPEG with optimised tables and a
     restart marker every ``k`` MCUs, ``k`` the largest divisor of an MCU row's length
     up to ``interval``: restart intervals then tile the rows, and windows decode
     about only their own area (:func:`decode_window`). APPn and COM markers are kept.
 
+    Reading every coefficient entropy-decodes the whole image: with ``strict`` any
+    corrupt-data warning of libjpeg's on the way (a bad Huffman code, extraneous
+    bytes, a data segment ending early: what a decoder only warns about, filling the
+    rest with grey) is an error too, so the rewrite doubles as a decode check.
+
     Raises:
         JpegError: ``data`` is not a JPEG libjpeg-turbo reads whole (truncated ones
-            included).
+            included), or, with ``strict``, one it warned about.
     """
     lib = _library()
     if isinstance(lib, str):
         raise RuntimeError(lib)
     if interval < 1:
         raise ValueError(f"interval: {interval} MCUs; must be >= 1")
-    out, size = ctypes.c_void_p(), ctypes.c_ulong()
+    out, size, warnings = ctypes.c_void_p(), ctypes.c_ulong(), ctypes.c_int()
     error = ctypes.create_string_buffer(_ERROR_BYTES)
-    if lib.feeder_jpeg_add_restarts(data, len(data), interval, ctypes.byref(out), ctypes.byref(size), error,
-                                    _ERROR_BYTES) != _OK:
+    if lib.feeder_jpeg_add_restarts(data, len(data), interval, ctypes.byref(out), ctypes.byref(size),
+                                    ctypes.byref(warnings), error, _ERROR_BYTES) != _OK:
         raise JpegError(error.value.decode(errors="replace") or "not a JPEG")
     try:
+        if strict and warnings.value:
+            raise JpegError(f"decoder reports corrupt data: {error.value.decode(errors='replace')}")
         return ctypes.string_at(out, size.value)
     finally:
         lib.feeder_jpeg_free(out)

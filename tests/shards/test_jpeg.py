@@ -244,3 +244,13 @@ def test_without_the_library_the_pipeline_uses_dali_and_the_sharder_keeps_the_by
         PipelineSpec(AugmentKind.TRAIN, cpu_decoder="libjpeg-turbo")
     data = _encode(_photo_like(32, 32, 16)).tobytes()
     assert with_restarts(ProcessedImage(data, 32, 32), 2).data == data
+
+
+def test_strict_restart_markers_refuse_corrupt_entropy_data_that_decoders_only_warn_about() -> None:
+    from tests.sharder.odd_files import corrupt_scan_jpeg
+
+    data = corrupt_scan_jpeg()
+    assert jpeg.add_restarts(data)  # read whole, with warnings: kept unless strict
+    with pytest.raises(jpeg.JpegError, match="corrupt data"):
+        jpeg.add_restarts(data, strict=True)
+    assert jpeg.add_restarts(_encode(_photo_like(64, 64, 17)).tobytes(), strict=True)
