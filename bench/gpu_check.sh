@@ -57,6 +57,13 @@ if [ ! -f protos/feeder_pb2.py ] || [ protos/feeder.proto -nt protos/feeder_pb2.
   step protoc 60 python3 -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 fi
 
+# The JPEG library of shards/ (CPU window decoder, restart markers), where this machine
+# has a C compiler and libjpeg-turbo's headers; without it the CPU paths use DALI and
+# the sample shards are written without restart markers (the GPU path needs neither).
+if ! python3 -c 'import sys; from shards import jpeg; sys.exit(not jpeg.available())' 2>/dev/null; then
+  step jpeg-library 60 bash -c 'python3 setup.py --quiet build_ext --inplace || echo "not built: the CPU paths use DALI"' 
+fi
+
 # (b) every gpu-marked test (only the files that hold some: the others may need
 # packages this machine lacks).
 mapfile -t GPU_TESTS < <(grep -rlE 'mark\.gpu' tests --include='test_*.py' | sort)
