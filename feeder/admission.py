@@ -44,8 +44,10 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
       (never less than one);
     - three more batches held outside the queue (see ``_HELD_BATCHES``);
     - the pipeline's ``prefetch`` runs in flight, each holding per sample one decoded
-      source photo (``DECODED_SAMPLE_BYTES``) and two output-sized images (resize
-      and crop/flip output).
+      source photo (``DECODED_SAMPLE_BYTES``) and two output-sized images (DALI's
+      resize and crop/flip output). The CPU window decoder holds instead ``prefetch +
+      1`` batches of decoded windows, each at most a photo: at 224 px and the default
+      prefetch of 2 the two come to the same bytes (1.80 MB a sample).
     """
     image = image_size * image_size * 3
     batch = batch_size * image
