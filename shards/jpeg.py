@@ -56,9 +56,10 @@ __all__ = [
 # more bytes; 1 gives 2.6 %, 4 0.6 % and slightly slower windows.
 DEFAULT_RESTART_INTERVAL = 2
 
-_OK, _FAILED, _TOO_SMALL = 0, -1, -2
-_ROWS, _ROW_WIDTH, _LEFT, _COLS, _NEEDED = range(5)
-_INFO_LEN = 5
+_OK, _TOO_SMALL = 0, -2  # feeder_jpeg_decode_window's codes; -1 is a failure
+# What it reports in info[]: rows, row width, the window's left column in a row, its
+# width (all at the decode scale), and the bytes needed when the buffer was too small.
+_INFO_LEN, _NEEDED = 5, 4
 _ERROR_BYTES = 256  # libjpeg's JMSG_LENGTH_MAX is 200
 _CONVERSION = "Unsupported color conversion"  # libjpeg's JERR_CONVERSION_NOTIMPL
 _DENOMINATORS = (8, 4, 2)  # the reduced scales libjpeg-turbo has SIMD IDCTs for
