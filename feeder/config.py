@@ -14,7 +14,10 @@ from feeder.decoded_cache import check_budget
 from shards import jpeg
 from transport.base import TransportConfig
 
-__all__ = ["DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "is_loopback"]
+__all__ = [
+    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "check_cpu_decoder",
+    "cpu_decoder_in_use", "is_loopback",
+]
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -45,6 +48,23 @@ def _default_memory_bytes() -> int:
 
 # What decodes JPEG windows on the CPU (see ServerConfig.cpu_decoder).
 CPU_DECODERS = ("auto", "libjpeg-turbo", "dali")
+
+
+def check_cpu_decoder(choice: str) -> None:
+    """Raises ConfigError unless ``choice`` is one of ``CPU_DECODERS`` and can be used
+    here (``libjpeg-turbo`` needs the JPEG library of ``shards``)."""
+    if choice not in CPU_DECODERS:
+        raise ConfigError(f"cpu_decoder: {choice!r} is not one of {', '.join(CPU_DECODERS)}")
+    if choice == "libjpeg-turbo" and not jpeg.available():
+        raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
+
+
+def cpu_decoder_in_use(choice: str) -> str:
+    """What decodes for a (checked) ``choice``: ``auto`` is ``libjpeg-turbo`` where the
+    JPEG library was built, else ``dali``."""
+    if choice == "auto":
+        return "libjpeg-turbo" if jpeg.available() else "dali"
+    return choice
 
 
 @dataclass(frozen=True)
@@ -182,10 +202,7 @@ class ServerConfig:
             raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
         if self.rpc_threads < 0:
             raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
-        if self.cpu_decoder not in CPU_DECODERS:
-            raise ConfigError(f"cpu_decoder: {self.cpu_decoder!r} is not one of {', '.join(CPU_DECODERS)}")
-        if self.cpu_decoder == "libjpeg-turbo" and not jpeg.available():
-            raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
+        check_cpu_decoder(self.cpu_decoder)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
         for name in ("max_pixels", "max_pipelines"):

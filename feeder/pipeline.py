@@ -42,10 +42,10 @@ from nvidia.dali import fn, pipeline_def, types
 from PIL import Image
 
 from core.errors import ConfigError, DataError, FeederError
-from feeder.config import CPU_DECODERS
 from feeder.augment import VAL_CROP_FRACTION, AugmentKind, CropRange, Crops, centre_crops, random_resized_crops
-from shards import jpeg
+from feeder.config import check_cpu_decoder, cpu_decoder_in_use
 from feeder.resize import BatchResizer
+from shards import jpeg
 
 if TYPE_CHECKING:
     import torch
@@ -149,10 +149,7 @@ class PipelineSpec:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
             raise ConfigError(f"device: {self.device!r} is not cpu or gpu")
-        if self.cpu_decoder not in CPU_DECODERS:
-            raise ConfigError(f"cpu_decoder: {self.cpu_decoder!r} is not one of {', '.join(CPU_DECODERS)}")
-        if self.cpu_decoder == "libjpeg-turbo" and not jpeg.available():
-            raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
+        check_cpu_decoder(self.cpu_decoder)
         for name in ("max_batch_size", "threads", "prefetch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -162,11 +159,7 @@ class PipelineSpec:
     @property
     def decoder(self) -> str:
         """What decodes: ``"nvjpeg"`` (GPU), ``"libjpeg-turbo"`` or ``"dali"`` (CPU)."""
-        if self.device == "gpu":
-            return "nvjpeg"
-        if self.cpu_decoder == "auto":
-            return "libjpeg-turbo" if jpeg.available() else "dali"
-        return self.cpu_decoder
+        return "nvjpeg" if self.device == "gpu" else cpu_decoder_in_use(self.cpu_decoder)
 
 
 @dataclass(frozen=True)

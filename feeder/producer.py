@@ -31,7 +31,6 @@ from transport.base import BatchMeta, BatchSender, Slot, TransportClosed
 
 __all__ = ["BatchStream", "ReadyBatch"]
 
-
 _POLL_S = 0.1  # how often blocked queue operations look at the stop flag
 _END = object()
 

@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError
-from feeder.config import ServerConfig
+from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.metrics import ServerMetrics
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
@@ -163,7 +163,7 @@ def serve(config: ServerConfig) -> None:
     names = ", ".join(f"{n} ({'/'.join(d.splits)})" for n, d in sorted(server.service.datasets.items()))
     log.info("serving datasets %s on %s; device %s", names, format_address(config.bind, port),
              server.service.device)
-    if config.cpu_decoder == "dali" or not jpeg.available():
+    if cpu_decoder_in_use(config.cpu_decoder) == "dali":
         why = "asked for" if config.cpu_decoder == "dali" else jpeg.unavailable_reason()
         log.info("CPU pipelines decode JPEG windows with DALI (%s)", why)
     else:
