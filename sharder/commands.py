@@ -53,7 +53,7 @@ def shard_command(
     shard_size_mb: Annotated[float, typer.Option(help="Largest tar size in MiB.")] = 256,
     workers: Annotated[int, typer.Option(help="Processes that decode images (--check decode, odd formats, --max-side, --quality).")] = 1,
     max_side: Annotated[int | None, typer.Option(help="Downscale images whose longer side exceeds N px.")] = None,
-    check: Annotated[str, typer.Option(help="decode: fully decode every image before accepting it; header: check JPEG headers and end marker only (faster, lets corrupt image data through).")] = "decode",
+    check: Annotated[str, typer.Option(help="decode: entropy-decode every image before accepting it (the restart-marker rewrite reads every coefficient; with --restart-interval 0, a full decode), rejecting it on any decoder warning; header: check JPEG headers and end marker only (faster, lets corrupt image data through).")] = "decode",
     max_pixels: Annotated[int, typer.Option(help="Reject images with more pixels, before decoding them (decompression bombs), or downscale them with --max-side. Default: Pillow's own bomb threshold, about 9459x9459, far above camera photos.")] = DEFAULT_MAX_PIXELS,
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
     restart_interval: Annotated[int, typer.Option(help="Rewrite every JPEG losslessly (same pixels) with a restart marker about every N MCUs, so a crop window decodes only about its own area (1.5 % larger files at 2); 0 stores JPEGs as they come, byte for byte.")] = DEFAULT_RESTART_INTERVAL,

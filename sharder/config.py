@@ -9,7 +9,6 @@ from pathlib import Path
 from core.errors import ConfigError
 from sharder.images import CHECKS, DEFAULT_MAX_PIXELS
 from shards import jpeg
-from shards.jpeg import DEFAULT_RESTART_INTERVAL
 
 __all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
 
@@ -61,7 +60,7 @@ class ShardConfig:
     quality: int | None = None
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    restart_interval: int = DEFAULT_RESTART_INTERVAL
+    restart_interval: int = jpeg.DEFAULT_RESTART_INTERVAL
     on_error: str = "skip"
     overwrite: bool = False
     progress: bool = False
@@ -97,6 +96,11 @@ class ShardConfig:
         """JPEG quality of every image this run re-encodes."""
         return self.quality if self.quality is not None else DEFAULT_REENCODE_QUALITY
 
+    @property
+    def stored_restart_interval(self) -> int:
+        """``restart_interval`` as it takes effect: 0 without the JPEG library."""
+        return self.restart_interval if jpeg.available() else 0
+
     def options(self) -> dict:
         """The options that decide the output bytes, as recorded in the manifest."""
         return {
@@ -108,7 +112,7 @@ class ShardConfig:
             "reencode_quality": self.reencode_quality,
             "check": self.check,
             "max_pixels": self.max_pixels,
-            "restart_interval": self.restart_interval if jpeg.available() else 0,
+            "restart_interval": self.stored_restart_interval,
             "on_error": self.on_error,
         }
 

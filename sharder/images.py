@@ -1,13 +1,15 @@
 """Turn one input file into the JPEG bytes that go into a shard, or a reject reason.
 
 Valid baseline or progressive 8-bit JPEGs (RGB/YCbCr or grayscale) pass through
-(byte for byte here; ``sharder.normalise`` then adds restart markers losslessly). With ``check="decode"`` (the default) each is fully decoded first and
-rejected if the decoder reports anything; ``check="header"`` parses the headers and
-checks the end-of-image marker only. Everything else that Pillow can fully decode
-(CMYK JPEG, PNG even when named ``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is
-normalised to an RGB JPEG. The format is read from the content, never from the file
-name. Images over ``max_pixels`` are rejected before any decode (decompression
-bombs), or downscaled in the DCT domain when ``max_side_px`` is given.
+(byte for byte here; ``sharder.normalise`` then adds restart markers losslessly). With
+``check="decode"`` (the default) each is fully decoded first (:func:`check_by_decode`,
+where no restart markers are added) and rejected if the decoder reports anything;
+``check="header"`` parses the headers and checks the end-of-image marker only.
+Everything else that Pillow can fully decode (CMYK JPEG, PNG even when named
+``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is normalised to an RGB JPEG. The
+format is read from the content, never from the file name. Images over
+``max_pixels`` are rejected before any decode (decompression bombs), or downscaled in
+the DCT domain when ``max_side_px`` is given.
 """
 
 from __future__ import annotations

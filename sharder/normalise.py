@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from multiprocessing.pool import AsyncResult, Pool
 from dataclasses import replace
+from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 
 from sharder.config import ShardConfig
@@ -72,7 +72,7 @@ def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: in
 
 
 def _check(accepted: ProcessedImage, max_pixels: int, restart_interval: int) -> ProcessedImage:
-    if restart_interval and jpeg.available():
+    if restart_interval:
         # The rewrite entropy-decodes every coefficient: its warnings are the check.
         return with_restarts(accepted, restart_interval, strict=True)
     return check_by_decode(accepted, max_pixels)
@@ -112,15 +112,15 @@ def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None
         return quick
     work: Callable[..., ProcessedImage]
     args: tuple
+    interval = config.stored_restart_interval
     if quick is not None and config.check == "header":
-        if config.restart_interval == 0:
+        if interval == 0:
             return quick
-        work, args = with_restarts, (quick, config.restart_interval)
+        work, args = with_restarts, (quick, interval)
     elif quick is not None:
-        work, args = _check, (quick, config.max_pixels, config.restart_interval)
+        work, args = _check, (quick, config.max_pixels, interval)
     else:
-        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels,
-                                 config.restart_interval)
+        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels, interval)
     if pool is None:
         return work(*args)
     return pool.apply_async(work, args)

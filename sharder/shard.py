@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import logging
 import json
+import logging
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -177,7 +177,7 @@ def shard(config: ShardConfig) -> ShardReport:
             ``on_error="raise"`` (names the file or directory).
     """
     started = time.monotonic()
-    if config.restart_interval and not jpeg.available():
+    if config.restart_interval != config.stored_restart_interval:
         log.warning("JPEGs are stored as they come, without restart markers: %s", jpeg.unavailable_reason())
     tree = find_sources(config.src, config.on_error)
     _prepare_out(config, tree)
