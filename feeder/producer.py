@@ -119,9 +119,11 @@ class BatchStream:
         self._stop = threading.Event()
         self._healthy = True
         self._read_s = 0.0  # total seconds spent reading, to separate it from decoding
-        # Whether the last batch was not all in the page cache. Read-ahead hints (one
-        # posix_fadvise per sample) help only then; otherwise they cost 1.5 us a
-        # sample for nothing.
+        # Whether most of the last batch was not in the page cache. Read-ahead hints
+        # (one posix_fadvise per sample) help only then; otherwise they cost 1.5 us a
+        # sample for nothing. Most, not any: the cache turns a read away now and then
+        # even for a file it holds (seen on freshly written shards), while reads from
+        # a disk miss on nearly every sample.
         self._reads_from_disk = True
         self._read_error: DataError | None = None  # a shard that could not be read: already names the sample
         # The runner's (device_copies, host_copies) when last reported: it is pooled, so counts start anywhere.
@@ -289,7 +291,8 @@ class BatchStream:
         except DataError as e:
             self._read_error = e  # names the shard already
             raise
-        self._reads_from_disk = split.uncached_reads != uncached  # (another stream's count too: only a hint)
+        # (another stream's misses count too: it is only a hint)
+        self._reads_from_disk = 2 * (split.uncached_reads - uncached) > len(jpegs)
         return Job(jpegs, ctx.image_size, crops, indices=batch.indices)
 
     def _slot_array(self, slots: dict[int, tuple[Slot, Output]]) -> Callable[[tuple[int, ...]], Output]:
