@@ -27,7 +27,7 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
-from feeder.augment import CropRange, sample_crops  # noqa: E402
+from feeder.augment import CropRange, Crops, sample_crops  # noqa: E402
 from feeder.pipeline import Allocate, AugmentKind, Job, Output, PipelineRunner, PipelineSpec  # noqa: E402
 from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from shards.reader import ShardDataset, SplitIndex  # noqa: E402
@@ -46,7 +46,8 @@ def _jobs(split: SplitIndex, args: argparse.Namespace) -> Iterator[Job]:
             rows = piece.indices
             crops = sample_crops(AugmentKind.TRAIN, args.seed, epoch, [split.keys[int(i)] for i in rows],
                                  split.widths[rows], split.heights[rows], CropRange())
-            yield Job(split.read_many(rows), args.image_size, crops)
+            jpegs, boxes = split.read_windows(rows, crops.boxes, args.image_size)  # as the daemon reads
+            yield Job(jpegs, args.image_size, Crops(boxes=boxes, flips=crops.flips))
 
 
 def rate(batches: Iterator[Output], warmup_s: float, seconds: float) -> float:

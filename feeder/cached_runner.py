@@ -69,6 +69,9 @@ class CachedRunner:
         metrics: daemon counters.
     """
 
+    # Caches whole images, windows mapped in their own pixels: jobs bring the images.
+    decodes_half_copies = False
+
     def __init__(
         self, inner: PipelineRunner, cache: DecodedCache, dataset: str, split: SplitIndex, metrics: ServerMetrics
     ) -> None:

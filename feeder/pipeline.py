@@ -298,6 +298,9 @@ class PipelineRunner:
             nothing).
     """
 
+    # Decodes windows only: a job may bring a half-scale copy (shards.reader.SplitIndex.read_windows).
+    decodes_half_copies = True
+
     def __init__(self, spec: PipelineSpec, seed: int = 0) -> None:
         self.spec = spec
         self._seed = seed

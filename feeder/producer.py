@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from core.errors import DataError, FeederError
-from feeder.augment import AugmentKind, CropRange, sample_crops
+from feeder.augment import AugmentKind, CropRange, Crops, sample_crops
 from feeder.bad_samples import BadSamples, OnError, SampleFilter, Screened, UnservableSample, decode_reason
 from feeder.diagnose import name_bad_sample
 from feeder.metrics import ServerMetrics
@@ -56,6 +56,10 @@ class BatchRunner(Protocol):
     (:class:`feeder.cached_runner.CachedRunner`)."""
 
     spec: PipelineSpec
+    # Jobs may bring a sample's half-scale copy with its window in the copy's pixels
+    # (a pipeline decoding windows); False: the images themselves (the decoded cache
+    # keeps whole images, and maps windows in the image's own pixels).
+    decodes_half_copies: bool
 
     @property
     def device_copies(self) -> int: ...  # GPU outputs copied device to device
@@ -279,7 +283,9 @@ class BatchStream:
             yield job
 
     def _job(self, screened: Screened) -> Job:
-        """The bytes and crop windows of a batch's samples."""
+        """The bytes and crop windows of a batch's samples (a half-scale copy and the
+        window in its pixels, where the sample has one and its window is at least
+        twice the output)."""
         split, ctx, batch = self._ctx.split, self._ctx, screened.batch
         crops = sample_crops(
             ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
@@ -287,7 +293,11 @@ class BatchStream:
         )
         uncached = split.uncached_reads
         try:
-            jpegs = split.read_many(batch.indices)
+            if ctx.runner.decodes_half_copies:
+                jpegs, boxes = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
+                crops = Crops(boxes=boxes, flips=crops.flips)
+            else:
+                jpegs = split.read_many(batch.indices)
         except DataError as e:
             self._read_error = e  # names the shard already
             raise

@@ -57,6 +57,7 @@ def shard_command(
     max_pixels: Annotated[int, typer.Option(help="Reject images with more pixels, before decoding them (decompression bombs), or downscale them with --max-side. Default: Pillow's own bomb threshold, about 9459x9459, far above camera photos.")] = DEFAULT_MAX_PIXELS,
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
     restart_interval: Annotated[int, typer.Option(help="Rewrite every JPEG losslessly (same pixels) with a restart marker about every N MCUs, so a crop window decodes only about its own area (1.5 % larger files at 2); 0 stores JPEGs as they come, byte for byte.")] = DEFAULT_RESTART_INTERVAL,
+    half_copies: Annotated[bool, typer.Option(help="Also store each image at half scale (<key>.half.jpg, about a third more bytes): crop windows at least twice the output, as in the 128 px phases of progressive resizing, decode from it at a quarter of the work.")] = False,
     on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -72,7 +73,7 @@ def shard_command(
         config = ShardConfig(
             src, out, formats=formats, seed=seed, shard_size_bytes=int(shard_size_mb * _MB), workers=workers,
             max_side_px=max_side, quality=quality, check=check, max_pixels=max_pixels,
-            restart_interval=restart_interval, on_error=on_error,
+            restart_interval=restart_interval, half_copies=half_copies, on_error=on_error,
             overwrite=overwrite, progress=progress,
         )  # fmt: skip
         try:

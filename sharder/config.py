@@ -44,6 +44,11 @@ class ShardConfig:
             so a crop window decodes about only its own area; 0 stores JPEGs as they
             come (pass-through byte for byte). Without the JPEG library (not built)
             JPEGs are stored as they come, with a warning.
+        half_copies: also store each image decoded at DCT scale 1/2 and re-encoded
+            (``HALF_COPY_QUALITY``, the same restart markers) as ``<key>.half.jpg``;
+            a crop window at least twice the output on both sides is decoded from it
+            (the low-resolution phases of a progressive-resizing schedule), for about
+            a third more bytes.
         on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr.
@@ -61,6 +66,7 @@ class ShardConfig:
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
     restart_interval: int = jpeg.DEFAULT_RESTART_INTERVAL
+    half_copies: bool = False
     on_error: str = "skip"
     overwrite: bool = False
     progress: bool = False
@@ -113,6 +119,7 @@ class ShardConfig:
             "check": self.check,
             "max_pixels": self.max_pixels,
             "restart_interval": self.stored_restart_interval,
+            "half_copies": self.half_copies,
             "on_error": self.on_error,
         }
 

@@ -85,6 +85,7 @@ class ProcessedImage:
     height: int = 0
     reencoded: bool = False
     reject: str = ""
+    half: bytes = b""  # the half-scale copy (--half-copies), or none
 
 
 def parse_jpeg_header(data: bytes) -> JpegHeader | None:

@@ -26,7 +26,7 @@ def copy_to_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecor
     with LmdbWriter(out / split / LMDB_DIR, map_size_bytes=2 * total + (64 << 20)) as writer:
         for rec in (r for r in records if r.path):
             with open(tar_root / rec.path, "rb") as tar:
-                for key, label, offset, size, _, width, height in rec.rows:
+                for key, label, offset, size, _, width, height, *_ in rec.rows:  # the image, not its copy
                     tar.seek(offset)
                     writer.write(Sample(key, label, tar.read(size), width, height))
         writer.finish()

@@ -8,7 +8,8 @@ pool to be checked, as do inputs that need re-encoding (odd formats, ``--max-sid
 ``--quality``). Every accepted JPEG is rewritten losslessly with restart markers on
 the workers (``--restart-interval``, ``shards.jpeg.add_restarts``; 0 stores them as
 they come); that rewrite reads every coefficient, so its warnings are the decode
-check (a full OpenCV decode checks instead when there is no rewrite).
+check (a full OpenCV decode checks instead when there is no rewrite). With
+``--half-copies`` the workers also make each image's half-scale copy.
 Results come back in input order, whatever order the workers finish in, so the
 output does not depend on the number of workers.
 """
@@ -25,6 +26,9 @@ from dataclasses import replace
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 
+import cv2
+import numpy as np
+
 from sharder.config import ShardConfig
 from sharder.images import (
     ProcessedImage,
@@ -35,7 +39,13 @@ from sharder.images import (
 )
 from shards import jpeg
 
-__all__ = ["processed_in_order", "with_restarts", "worker_pool"]
+__all__ = ["HALF_COPY_QUALITY", "processed_in_order", "with_half_copy", "with_restarts", "worker_pool"]
+
+# Quality of the half-scale copies. Measured on the sample data at 128 px outputs of
+# windows at least 256 px: copies at 90 differ from decoding the image itself at
+# scale 1/2 by 0.4 levels (mean absolute, after the resize), at 95 by 0.15 but 40 %
+# larger; at 90 a copy is about a third of its image's bytes.
+HALF_COPY_QUALITY = 90
 
 # Inputs in flight per worker: enough to keep every worker busy while the writer
 # waits for the oldest one; bounds memory to a few images per worker.
@@ -66,16 +76,43 @@ def _ignore_interrupts() -> None:
 
 
 def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int,
-              restart_interval: int) -> ProcessedImage:
+              restart_interval: int, half_copy: bool) -> ProcessedImage:
     image = decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
-    return with_restarts(image, restart_interval)
+    return _stored(image, restart_interval, half_copy)
 
 
-def _check(accepted: ProcessedImage, max_pixels: int, restart_interval: int) -> ProcessedImage:
+def _check(accepted: ProcessedImage, max_pixels: int, restart_interval: int, half_copy: bool) -> ProcessedImage:
     if restart_interval:
         # The rewrite entropy-decodes every coefficient: its warnings are the check.
-        return with_restarts(accepted, restart_interval, strict=True)
-    return check_by_decode(accepted, max_pixels)
+        return _stored(accepted, restart_interval, half_copy, strict=True)
+    return _stored(check_by_decode(accepted, max_pixels), 0, half_copy)
+
+
+def _stored(image: ProcessedImage, restart_interval: int, half_copy: bool, strict: bool = False) -> ProcessedImage:
+    """``image`` as it is stored: with restart markers, and its half-scale copy."""
+    image = with_restarts(image, restart_interval, strict=strict)
+    return with_half_copy(image, restart_interval) if half_copy else image
+
+
+def with_half_copy(image: ProcessedImage, restart_interval: int) -> ProcessedImage:
+    """``image`` with its half-scale copy: decoded at DCT scale 1/2 (libjpeg's own
+    reduced IDCT, ``ceil(width / 2) x ceil(height / 2)``, as the daemon decodes a
+    window at least twice its output), re-encoded at ``HALF_COPY_QUALITY`` with
+    optimised Huffman tables and ``restart_interval``'s restart markers. A reject,
+    and an image whose copy cannot be made, stay as they are (the image without a
+    copy is still served, from itself)."""
+    if image.reject:
+        return image
+    flags = cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION  # the stored pixel grid
+    pixels = cv2.imdecode(np.frombuffer(image.data, dtype=np.uint8), flags)
+    expected = ((image.height + 1) // 2, (image.width + 1) // 2)
+    if pixels is None or pixels.shape[:2] != expected:
+        return image
+    done, encoded = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, HALF_COPY_QUALITY, cv2.IMWRITE_JPEG_OPTIMIZE, 1])
+    if not done:
+        return image
+    half = with_restarts(ProcessedImage(data=encoded.tobytes()), restart_interval)
+    return image if half.reject else replace(image, half=half.data)
 
 
 def with_restarts(image: ProcessedImage, restart_interval: int, strict: bool = False) -> ProcessedImage:
@@ -112,15 +149,15 @@ def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None
         return quick
     work: Callable[..., ProcessedImage]
     args: tuple
-    interval = config.stored_restart_interval
+    interval, half = config.stored_restart_interval, config.half_copies
     if quick is not None and config.check == "header":
-        if interval == 0:
+        if interval == 0 and not half:
             return quick
-        work, args = with_restarts, (quick, interval)
+        work, args = _stored, (quick, interval, half)
     elif quick is not None:
-        work, args = _check, (quick, config.max_pixels, interval)
+        work, args = _check, (quick, config.max_pixels, interval, half)
     else:
-        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels, interval)
+        work, args = _reencode, (data, config.max_side_px, config.reencode_quality, config.max_pixels, interval, half)
     if pool is None:
         return work(*args)
     return pool.apply_async(work, args)

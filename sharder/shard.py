@@ -117,6 +117,8 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
         "source": [r[4] for r, _ in rows],
         "width": [r[5] for r, _ in rows],
         "height": [r[6] for r, _ in rows],
+        "half_offset": [-1 if lmdb_only else r[7] for r, _ in rows],
+        "half_size": [0 if lmdb_only else r[8] for r, _ in rows],
     }
     write_index(index_path(out, split), columns)
 

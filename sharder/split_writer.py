@@ -45,7 +45,8 @@ class ShardRecord:
     bytes: int
     sha256: str
     reencoded: int = 0
-    rows: list[list] = field(default_factory=list)  # key, label, offset, size, source, width, height
+    # key, label, offset, size, source, width, height, half_offset, half_size
+    rows: list[list] = field(default_factory=list)
     rejects: list[list[str]] = field(default_factory=list)  # source, reason
 
 
@@ -81,14 +82,15 @@ class _RollingTarWriter:
         self.reencoded = 0
 
     def add(self, position: int, source: SourceFile, image: ProcessedImage) -> None:
-        if self.writer is not None and self.writer.bytes_after(len(image.data)) > self.config.shard_size_bytes:
+        if self.writer is not None and self.writer.bytes_after(len(image.data), len(image.half)) > self.config.shard_size_bytes:
             self.close(consumed_end=position)
         if self.writer is None:
             self.writer = TarShardWriter(self.tar_root / self.split / shard_name(len(self.records)))
         self.reencoded += image.reencoded
         key = sample_key(position, source.source)
-        offset, size = self.writer.write(Sample(key, source.label, image.data, image.width, image.height))
-        self.rows.append([key, source.label, offset, size, source.source, image.width, image.height])
+        stored = self.writer.write(Sample(key, source.label, image.data, image.width, image.height, image.half))
+        self.rows.append([key, source.label, stored.offset, stored.size, source.source, image.width, image.height,
+                          stored.half_offset, stored.half_size])
 
     def close(self, consumed_end: int) -> None:
         """Finish the open tar (if any) and record it with the rejects seen so far."""

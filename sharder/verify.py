@@ -2,7 +2,8 @@
 
 Checks sizes and sha256 of every tar (and LMDB) and of each index, that the ``.idx``
 files and the Parquet index agree with the tar members, the counts per split and per
-class, and decodes a seeded sample of the images (``full=True``: every image).
+class, and decodes a seeded sample of the images and their half-scale copies
+(``full=True``: every image).
 
 Each real problem is one line naming the file and, where there is one, the sample:
 a tar whose checksum differs has every sample decoded to find the damaged one, and
@@ -29,6 +30,7 @@ __all__ = ["VerifyResult", "verify"]
 
 SAMPLE_PER_SPLIT = 64  # images decoded per split without --full
 _BLOCK = 512  # tar header size
+_HALF_SUFFIX = ".half.jpg"  # a sample's half-scale copy (--half-copies)
 
 
 @dataclass
@@ -85,8 +87,9 @@ def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> _Sh
         result.problems.append(str(e))
         return shard
     members, damaged = shard.scan.members, shard.scan.damaged
-    if not damaged and len(members) != 2 * entry["samples"]:
-        result.problems.append(f"{shard.path}: {len(members) // 2} samples, manifest says {entry['samples']}")
+    images = len(members) - sum(name.endswith(_HALF_SUFFIX) for name in members)  # .jpg + .cls per sample
+    if not damaged and images != 2 * entry["samples"]:
+        result.problems.append(f"{shard.path}: {images // 2} samples, manifest says {entry['samples']}")
     idx_path = root / entry["index"]
     idx = idx_members(idx_path) if idx_path.is_file() else {}
     if any(idx.get(name) != where for name, where in members.items()) or (not damaged and idx != members):
@@ -113,6 +116,9 @@ def _located(result: VerifyResult, rows: list[dict], shards: dict[str, _Shard]) 
         shard = shards.get(row["shard"])
         if shard is None or shard.scan is None:
             continue  # a missing or truncated tar is one problem, already reported
+        half = shard.scan.members.get(f"{row['key']}{_HALF_SUFFIX}", (-1, 0))
+        if half != (row["half_offset"], row["half_size"]) and not shard.scan.damaged:
+            result.problems.append(shard.problem(row["key"], f"index row does not locate {row['key']}{_HALF_SUFFIX}"))
         if shard.scan.members.get(f"{row['key']}.jpg") == (row["offset"], row["size"]):
             found.append(row)
         elif shard.scan.damage_within(row["offset"] - _BLOCK, row["offset"] + row["size"]):
@@ -138,6 +144,21 @@ def _decode(data: bytes, label_text: bytes | None, row: dict, max_pixels: int) -
     return None
 
 
+def _decode_half(tar: Path, row: dict) -> str | None:
+    """What is wrong with a sample's half-scale copy, or None."""
+    with open(tar, "rb") as f:
+        f.seek(row["half_offset"])
+        data = f.read(row["half_size"])
+    expected = ((row["width"] + 1) // 2, (row["height"] + 1) // 2)
+    try:
+        size = decoded_size(data)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        return f"half-scale copy does not decode: {e}"
+    if size != expected:
+        return f"half-scale copy is {size[0]}x{size[1]}, expected {expected[0]}x{expected[1]}"
+    return None
+
+
 def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
     for row in rows:
         with open(root / row["shard"], "rb") as f:
@@ -146,6 +167,8 @@ def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: d
             f.seek(label_offset(row["offset"], row["size"]))
             label = f.read(len(str(row["label"])) + 1).rstrip(b"\0")
         problem = _decode(data, label, row, max_pixels)
+        if problem is None and row["half_size"] > 0:
+            problem = _decode_half(root / row["shard"], row)
         result.decoded += problem is None
         if problem is not None:
             result.problems.append(shards[row["shard"]].problem(row["key"], problem))

@@ -4,7 +4,8 @@
 ::
 
     OUT/manifest.json                      versioned, see ``MANIFEST_NAME``
-    OUT/<split>/shard-NNNNNN.tar           WebDataset: <key>.jpg, <key>.cls (ASCII int)
+    OUT/<split>/shard-NNNNNN.tar           WebDataset: <key>.jpg, <key>.cls (ASCII int),
+                                           <key>.half.jpg (with --half-copies)
     OUT/<split>/shard-NNNNNN.idx           DALI webdataset index of the tar beside it
     OUT/<split>/index.parquet              one row per sample, ``INDEX_SCHEMA``
     OUT/<split>/lmdb/                      optional, Caffe Datum values (DALI readers.caffe)
@@ -13,6 +14,13 @@
 the tar's path relative to OUT (``train/shard-000000.tar``); ``offset`` / ``size`` locate
 the JPEG bytes of the sample inside that tar (the member's data, not its header), so a
 reader can read them with one ``pread``. ``source`` is the input path relative to SRC.
+``half_offset`` / ``half_size`` locate the sample's half-scale copy the same way
+(``feeder shard --half-copies``: the image decoded at DCT scale 1/2, ``ceil(width /
+2) x ceil(height / 2)`` pixels, re-encoded as a JPEG with the same restart markers),
+``-1`` / ``0`` where it has none; indexes written before these columns lack them, and
+read as having no copies. A crop window at least twice the output on both sides is
+decoded from the copy: a quarter of the entropy decoding for the same output
+resolution (see :meth:`shards.reader.SplitIndex.read_windows`).
 
 ``manifest.json`` says what a shard directory holds; it is written last.
 
@@ -39,7 +47,8 @@ they lead to a folder already walked or above one (a loop) or to a file already
 sharded; ``empty_classes`` are the class folders of the split with no image file (the
 class keeps its label, with 0 samples). Both were added without a version change:
 manifests written before them lack the two keys; the reader and ``feeder verify``
-do not use them.
+do not use them. So did the index columns of the half-scale copies
+(``options.half_copies`` says whether they were made).
 
 Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`.
 """
@@ -52,6 +61,7 @@ import pyarrow as pa
 
 __all__ = [
     "FORMAT_VERSION",
+    "HALF_COLUMNS",
     "INDEX_NAME",
     "INDEX_SCHEMA",
     "LMDB_DIR",
@@ -75,8 +85,12 @@ INDEX_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("width", pa.int32()),
         ("height", pa.int32()),
+        ("half_offset", pa.int64()),
+        ("half_size", pa.int64()),
     ]
 )
+# Columns an index may lack (written before them): no sample has a half-scale copy.
+HALF_COLUMNS = ("half_offset", "half_size")
 
 
 def shard_name(number: int, suffix: str = ".tar") -> str:

@@ -29,7 +29,8 @@ import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError, NotFound
 from shards.datum import decode_datum
-from shards.layout import FORMAT_VERSION, INDEX_SCHEMA, MANIFEST_NAME, index_path
+from shards.jpeg import dct_denominator
+from shards.layout import FORMAT_VERSION, HALF_COLUMNS, INDEX_SCHEMA, MANIFEST_NAME, index_path
 
 __all__ = [
     "ShardDataset",
@@ -39,6 +40,7 @@ __all__ = [
     "read_index",
     "read_lmdb_sample",
     "read_manifest",
+    "half_boxes",
     "TarScan",
     "scan_tar",
     "tar_members",
@@ -56,6 +58,8 @@ class _Columns:
     sizes: np.ndarray
     widths: np.ndarray
     heights: np.ndarray
+    half_offsets: np.ndarray
+    half_sizes: np.ndarray  # 0: no half-scale copy
 
 
 class _OpenShard:
@@ -134,12 +138,21 @@ class SplitIndex:
         """The tar holding sample ``index``, relative to the shard directory."""
         return self._shards[int(self._cols.shard_ids[index])]
 
-    def location(self, index: int) -> tuple[int, int]:
-        """(offset, size) of sample ``index``'s JPEG bytes inside its tar."""
+    def location(self, index: int, half: bool = False) -> tuple[int, int]:
+        """(offset, size) of sample ``index``'s JPEG bytes inside its tar (``half``:
+        of its half-scale copy; size 0 where it has none)."""
+        if half:
+            return int(self._cols.half_offsets[index]), int(self._cols.half_sizes[index])
         return int(self._cols.offsets[index]), int(self._cols.sizes[index])
 
-    def read(self, index: int) -> np.ndarray:
-        """Encoded bytes of sample ``index`` (a new uint8 array).
+    @property
+    def half_copies(self) -> np.ndarray:
+        """bool ``[N]``: the sample has a half-scale copy (``feeder shard --half-copies``)."""
+        return self._cols.half_sizes > 0
+
+    def read(self, index: int, half: bool = False) -> np.ndarray:
+        """Encoded bytes of sample ``index`` (a new uint8 array); ``half``: of its
+        half-scale copy.
 
         Raises:
             DataError: the tar is missing or shorter than the index says (names the
@@ -147,7 +160,9 @@ class SplitIndex:
                 complete one (the size the manifest records) is reopened instead.
         """
         shard = int(self._cols.shard_ids[index])
-        offset, size = self.location(index)
+        offset, size = self.location(index, half)
+        if size <= 0:
+            raise DataError(f"{self.root / self._shards[shard]}: sample {self.keys[index]} has no half-scale copy")
         buffer = np.empty(size, dtype=np.uint8)
         opened = self._file(shard)
         done, cached = opened.read_into(buffer, offset)
@@ -160,17 +175,45 @@ class SplitIndex:
         path = self.root / self._shards[shard]
         raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
 
-    def read_many(self, indices: Sequence[int] | np.ndarray) -> list[np.ndarray]:
-        """:meth:`read` for each index, in order."""
-        return [self.read(int(i)) for i in indices]
+    def read_many(self, indices: Sequence[int] | np.ndarray, half: np.ndarray | None = None) -> list[np.ndarray]:
+        """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th)."""
+        if half is None:
+            return [self.read(int(i)) for i in indices]
+        return [self.read(int(i), bool(h)) for i, h in zip(indices, half)]
+
+    def read_windows(
+        self, indices: Sequence[int] | np.ndarray, boxes: np.ndarray, image_size: int
+    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """The bytes to decode each sample's crop window from, and the windows in
+        those bytes' pixels: the half-scale copy where the sample has one and its
+        window is at least twice ``image_size`` on both sides (where the full image
+        would be decoded at DCT scale 1/2 or less anyway), else the image itself.
+
+        Args:
+            indices: the samples.
+            boxes: int ``[N, 4]`` windows (x, y, width, height) in the image's pixels.
+            image_size: the output side they are resized to.
+
+        Returns:
+            (encoded bytes per sample, int32 ``[N, 4]`` windows in them).
+        """
+        rows = np.asarray(indices, dtype=np.int64)
+        boxes = np.asarray(boxes).astype(np.int32)
+        twice = np.array([dct_denominator(int(w), int(h), image_size) >= 2 for w, h in boxes[:, 2:]], dtype=bool)
+        half = self.half_copies[rows] & twice.reshape(len(rows))
+        if half.any():
+            boxes = boxes.copy()
+            boxes[half] = half_boxes(boxes[half], self.widths[rows[half]], self.heights[rows[half]])
+        return self.read_many(rows, half), boxes
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
         """Ask the kernel to start reading these samples from disk now, without
         waiting, so the reader stays ahead of the pipeline on a cold page cache."""
         if not hasattr(os, "posix_fadvise"):
             return
-        for i in indices:
+        for i in indices:  # the images: a half-scale copy lies right after its image
             offset, size = self.location(int(i))
+            size = max(size, int(self._cols.half_offsets[i] + self._cols.half_sizes[i]) - offset)
             try:
                 os.posix_fadvise(self._file(int(self._cols.shard_ids[i])).fd, offset, size, os.POSIX_FADV_WILLNEED)
             except (OSError, DataError):
@@ -215,6 +258,17 @@ class SplitIndex:
 def _close_all(open_files: dict[int, _OpenShard], retired: list[_OpenShard]) -> None:
     for opened in [*open_files.values(), *retired]:
         os.close(opened.fd)
+
+
+def half_boxes(boxes: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> np.ndarray:
+    """Windows ``(x, y, width, height)`` of images ``widths x heights`` as windows of
+    their half-scale copies (``ceil(width / 2) x ceil(height / 2)``): edges halved,
+    an odd edge moved out by half a pixel of the copy, clipped to the copy."""
+    x, y, w, h = (boxes[:, i].astype(np.int64) for i in range(4))
+    x0, y0 = x // 2, y // 2
+    x1 = np.minimum((x + w + 1) // 2, (np.asarray(widths, dtype=np.int64) + 1) // 2)
+    y1 = np.minimum((y + h + 1) // 2, (np.asarray(heights, dtype=np.int64) + 1) // 2)
+    return np.stack([x0, y0, x1 - x0, y1 - y0], axis=1).astype(np.int32)
 
 
 @dataclass(frozen=True)
@@ -304,7 +358,9 @@ def _check_shard_sizes(root: Path, info: dict[str, Any]) -> None:
 
 
 def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all).
+    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all). The
+    columns of the half-scale copies, where an index lacks them (written before
+    them), come as ``-1`` / ``0``: no copies.
 
     Raises:
         DataError: the file is missing, unreadable, or a column has another type than
@@ -315,9 +371,15 @@ def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> 
         raise DataError(f"{path}: missing index of split {split!r}")
     names = list(columns) if columns is not None else INDEX_SCHEMA.names
     try:
-        table = pq.read_table(path, columns=names)
+        present = set(pq.read_schema(path).names)
+        absent = [c for c in HALF_COLUMNS if c in names and c not in present]
+        table = pq.read_table(path, columns=[c for c in names if c not in absent])
     except Exception as e:  # pyarrow raises several unrelated types for bad files
         raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
+    for column in absent:
+        fill = -1 if column == "half_offset" else 0
+        table = table.append_column(INDEX_SCHEMA.field(column), pa.array(np.full(table.num_rows, fill, np.int64)))
+    table = table.select(names)
     for column in names:
         if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
             raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
@@ -422,7 +484,7 @@ def read_lmdb_sample(env: lmdb.Environment, key: str) -> tuple[bytes, int]:
 
 def _open_split(root: Path, split: str, info: dict[str, Any]) -> SplitIndex:
     path, expected = index_path(root, split), info.get("num_samples")
-    table = read_index(root, split, ["key", "label", "shard", "offset", "size", "width", "height"])
+    table = read_index(root, split, ["key", "label", "shard", "offset", "size", "width", "height", *HALF_COLUMNS])
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
     shard_col = table.column("shard").dictionary_encode().combine_chunks()
@@ -435,6 +497,8 @@ def _open_split(root: Path, split: str, info: dict[str, Any]) -> SplitIndex:
         sizes=table.column("size").to_numpy().astype(np.int64),
         widths=table.column("width").to_numpy().astype(np.int32),
         heights=table.column("height").to_numpy().astype(np.int32),
+        half_offsets=table.column("half_offset").to_numpy().astype(np.int64),
+        half_sizes=table.column("half_size").to_numpy().astype(np.int64),
     )
     _check_extents(root, path, columns, shards)
     _check_image_sizes(path, columns)
@@ -448,7 +512,8 @@ def _check_extents(root: Path, path: Path, cols: _Columns, shards: list[str]) ->
         if not file.is_file():
             raise DataError(f"{path}: shard {shard} is missing")
         mine = cols.shard_ids == shard_id
-        end = int((cols.offsets[mine] + cols.sizes[mine]).max(initial=0))
+        ends = np.maximum(cols.offsets[mine] + cols.sizes[mine], cols.half_offsets[mine] + cols.half_sizes[mine])
+        end = int(ends.max(initial=0))
         if end > file.stat().st_size:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
 

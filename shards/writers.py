@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import lmdb
 import pyarrow as pa
@@ -31,6 +31,7 @@ __all__ = [
     "LmdbWriter",
     "Sample",
     "ShardWriter",
+    "Stored",
     "TarShardWriter",
     "file_sha256",
     "fsync_dir",
@@ -54,6 +55,17 @@ class Sample:
     data: bytes
     width: int
     height: int
+    half: bytes = b""  # its half-scale copy (``feeder shard --half-copies``), or none
+
+
+class Stored(NamedTuple):
+    """Where a writer put a sample's JPEG bytes (and its half-scale copy's: offset
+    -1 and size 0 where it has none or the format keeps none)."""
+
+    offset: int
+    size: int
+    half_offset: int = -1
+    half_size: int = 0
 
 
 def file_sha256(path: Path) -> str:
@@ -130,8 +142,8 @@ class ShardWriter(ABC):
             self.abort()
 
     @abstractmethod
-    def write(self, sample: Sample) -> tuple[int, int]:
-        """Add ``sample``; returns (offset, size) of its JPEG bytes in the output."""
+    def write(self, sample: Sample) -> Stored:
+        """Add ``sample``; returns where its bytes are in the output."""
 
     @abstractmethod
     def finish(self) -> None:
@@ -143,7 +155,8 @@ class ShardWriter(ABC):
 
 
 class TarShardWriter(ShardWriter):
-    """One WebDataset tar (``<key>.jpg`` + ``<key>.cls``) and its DALI ``.idx`` file.
+    """One WebDataset tar (``<key>.jpg`` + ``<key>.cls``, then ``<key>.half.jpg``
+    where the sample has a half-scale copy) and its DALI ``.idx`` file.
 
     Tar headers are fixed (mtime 0, uid/gid 0, no user names, mode 0644), so the same
     samples always give the same bytes.
@@ -159,10 +172,13 @@ class TarShardWriter(ShardWriter):
         self.samples = 0
         self.sha256 = ""
 
-    def bytes_after(self, data_size: int) -> int:
-        """Size of the finished tar if a sample of ``data_size`` JPEG bytes were added."""
+    def bytes_after(self, data_size: int, half_size: int = 0) -> int:
+        """Size of the finished tar if a sample of ``data_size`` JPEG bytes (and a
+        half-scale copy of ``half_size``, 0: none) were added."""
         label_size = 8  # generous: a label is at most a few ASCII digits
-        return self.bytes_written + tar_member_bytes(data_size) + tar_member_bytes(label_size) + len(_END_OF_ARCHIVE)
+        half = tar_member_bytes(half_size) if half_size else 0
+        return (self.bytes_written + tar_member_bytes(data_size) + tar_member_bytes(label_size) + half
+                + len(_END_OF_ARCHIVE))
 
     def _member(self, name: str, data: bytes) -> tuple[int, int]:
         header = ustar_header(name, len(data))
@@ -176,14 +192,19 @@ class TarShardWriter(ShardWriter):
         self._hash.update(chunk)
         self.bytes_written += len(chunk)
 
-    def write(self, sample: Sample) -> tuple[int, int]:
+    def write(self, sample: Sample) -> Stored:
         label = str(sample.label).encode("ascii")
         jpg = self._member(f"{sample.key}.jpg", sample.data)
-        cls = self._member(f"{sample.key}.cls", label)
+        cls = self._member(f"{sample.key}.cls", label)  # right after .jpg: see shards.reader.label_offset
         # DALI index line: "<ext> <data offset> <size> <member name>" per component.
-        self._lines.append(f"jpg {jpg[0]} {jpg[1]} {sample.key}.jpg cls {cls[0]} {cls[1]} {sample.key}.cls")
+        line = f"jpg {jpg[0]} {jpg[1]} {sample.key}.jpg cls {cls[0]} {cls[1]} {sample.key}.cls"
+        half = (-1, 0)
+        if sample.half:
+            half = self._member(f"{sample.key}.half.jpg", sample.half)
+            line += f" half.jpg {half[0]} {half[1]} {sample.key}.half.jpg"
+        self._lines.append(line)
         self.samples += 1
-        return jpg
+        return Stored(*jpg, *half)
 
     def finish(self) -> None:
         self._put(_END_OF_ARCHIVE)
@@ -224,14 +245,14 @@ class LmdbWriter(ShardWriter):
         self._txn = self._env.begin(write=True)
         self._pending = 0
 
-    def write(self, sample: Sample) -> tuple[int, int]:
+    def write(self, sample: Sample) -> Stored:
         datum = encode_datum(sample.data, sample.label, sample.width, sample.height)
         self._txn.put(sample.key.encode("ascii"), datum, append=True)
         self._pending += 1
         if self._pending >= self._COMMIT_EVERY:
             self._txn.commit()
             self._txn, self._pending = self._env.begin(write=True), 0
-        return -1, len(sample.data)
+        return Stored(-1, len(sample.data))  # the full image only: Caffe readers know no copies
 
     def finish(self) -> None:
         self._txn.commit()

@@ -44,6 +44,7 @@ def build_sample_shards(
     seed: int = 0,
     formats: Sequence[str] = ("wds",),
     shard_size_bytes: int = 100_000,
+    half_copies: bool = False,
 ) -> Path:
     """Shard the sample tree and return the shard directory (``manifest.json`` inside).
 
@@ -52,12 +53,14 @@ def build_sample_shards(
         classes / train_per_class / val_per_class / seed: sample data options.
         formats: shard formats, e.g. ``("wds", "lmdb")``.
         shard_size_bytes: small by default so that every split has several shards.
+        half_copies: store half-scale copies (``feeder shard --half-copies``).
 
     Returns:
         The shard directory.
     """
     src = build_sample_tree(root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed)
-    out = Path(root) / f"shards-{src.name}-{'-'.join(formats)}-{shard_size_bytes}"
+    out = Path(root) / f"shards-{src.name}-{'-'.join(formats)}-{shard_size_bytes}{'-half' if half_copies else ''}"
     if not (out / "manifest.json").is_file():
-        shard(ShardConfig(src, out, formats=tuple(formats), seed=seed, shard_size_bytes=shard_size_bytes, overwrite=True))
+        shard(ShardConfig(src, out, formats=tuple(formats), seed=seed, shard_size_bytes=shard_size_bytes,
+                          half_copies=half_copies, overwrite=True))
     return out

@@ -21,8 +21,8 @@ def _hints_over_one_epoch(
         hints.append(len(indices))
         return will_need(self, indices)
 
-    def from_disk(self, indices):
-        out = read_many(self, indices)
+    def from_disk(self, indices, half=None):
+        out = read_many(self, indices, half)
         if not cached:
             self.uncached_reads += len(indices)  # as reads the page cache could not serve count
         self.uncached_reads += stray_misses

@@ -24,22 +24,26 @@ from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, writ
 def _samples(count: int) -> list[Sample]:
     rng = np.random.default_rng(0)
     # Odd sizes on purpose: member data is padded to 512-byte blocks.
-    return [Sample(f"s{i:03d}", int(rng.integers(0, 7)), rng.bytes(int(rng.integers(1, 3000))), 10 + i, 20 + i)
+    # Every third sample has a half-scale copy (``--half-copies``), so both kinds mix.
+    return [Sample(f"s{i:03d}", int(rng.integers(0, 7)), rng.bytes(int(rng.integers(1, 3000))), 10 + i, 20 + i,
+                   rng.bytes(int(rng.integers(1, 900))) if i % 3 == 0 else b"")
             for i in range(count)]
 
 
 def _write(root: Path, samples: list[Sample]) -> None:
     split = root / "train"
     split.mkdir(parents=True)
-    rows: dict[str, list] = {k: [] for k in ("key", "label", "shard", "offset", "size", "source", "width", "height")}
+    rows: dict[str, list] = {k: [] for k in ("key", "label", "shard", "offset", "size", "source", "width", "height",
+                                             "half_offset", "half_size")}
     shards = []
     for number, part in enumerate((samples[:5], samples[5:])):
         tar = split / shard_name(number)
         with TarShardWriter(tar) as writer:
             for sample in part:
-                offset, size = writer.write(sample)
-                for column, value in zip(rows, (sample.key, sample.label, f"train/{tar.name}", offset, size,
-                                                f"src/{sample.key}.jpg", sample.width, sample.height)):
+                stored = writer.write(sample)
+                for column, value in zip(rows, (sample.key, sample.label, f"train/{tar.name}", stored.offset,
+                                                stored.size, f"src/{sample.key}.jpg", sample.width, sample.height,
+                                                stored.half_offset, stored.half_size)):
                     rows[column].append(value)
             writer.finish()
         shards.append({"path": f"train/{tar.name}", "index": f"train/{tar.with_suffix('.idx').name}",
@@ -63,6 +67,8 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
     assert split.keys == [s.key for s in samples]
     assert split.labels.tolist() == [s.label for s in samples]
     assert [split.read(i).tobytes() for i in range(12)] == [s.data for s in samples]
+    assert split.half_copies.tolist() == [bool(s.half) for s in samples]
+    assert [split.read(i, half=True).tobytes() for i in range(0, 12, 3)] == [s.half for s in samples[::3]]
     assert [p.name for p in split.shard_paths] == [shard_name(0), shard_name(1)]
 
     table = read_index(tmp_path, "train")
@@ -72,12 +78,14 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
         assert idx_members(path.with_suffix(".idx")) == members
         raw = path.read_bytes()
         for key, (offset, size) in members.items():
-            if key.endswith(".jpg"):
+            if key.endswith(".half.jpg"):
+                assert raw[offset : offset + size] == samples[int(key[1:4])].half
+            elif key.endswith(".jpg"):
                 label = raw[label_offset(offset, size):].split(b"\0", 1)[0]
                 assert members[key[:-4] + ".cls"][0] == label_offset(offset, size)
                 assert int(label) == samples[int(key[1:4])].label
 
     with lmdb.open(str(tmp_path / "train" / LMDB_DIR), readonly=True, lock=False) as env:
-        for sample in samples:
+        for sample in samples:  # the images only: Caffe readers know no copies
             assert read_lmdb_sample(env, sample.key) == (sample.data, sample.label)
         assert read_lmdb_sample(env, "absent") == (b"", -1)

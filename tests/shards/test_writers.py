@@ -33,7 +33,7 @@ def test_tar_is_invisible_until_finished_and_removed_on_error(tmp_path: Path) ->
             raise RuntimeError("stop")
     assert list(tmp_path.iterdir()) == []
     with TarShardWriter(final) as writer:
-        offset, size = writer.write(Sample("00000000_a", 7, b"\xff\xd8data\xff\xd9", 1, 1))
+        offset, size, *_ = writer.write(Sample("00000000_a", 7, b"\xff\xd8data\xff\xd9", 1, 1))
         writer.finish()
     with tarfile.open(final) as tar:
         assert [(m.name, m.offset_data, m.size, m.mtime, m.uid) for m in tar] == [
