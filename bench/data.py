@@ -39,7 +39,11 @@ def _build_once(target: Path, build) -> None:
 
 def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     """The sample tree and its shards under ``cache``, made on first use (about a minute),
-    and the shards made again when the sharder's options have changed since.
+    and the shards made again when the sharder's options have changed since. The
+    shards have half-scale copies (``feeder shard --half-copies``), which feeder
+    decodes windows at least twice the output from (most 128 px windows); the other
+    loaders read the images, as feeder does at 224 px but for the rare window of 448
+    px or more.
 
     Returns:
         ``cache/sample/shards`` and ``cache/sample/src``.
@@ -48,7 +52,7 @@ def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
     _build_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
-    config = ShardConfig(src, shards, seed=seed, progress=True)
+    config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
     manifest = shards / MANIFEST_NAME
     if manifest.is_file() and json.loads(manifest.read_text()).get("options") != config.options():
         shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again

@@ -11,6 +11,8 @@ cache, output to a fresh folder on the same disk. Modes:
   markers on the workers.
 - ``decode``: the defaults (``--check decode``, restart markers): valid JPEGs are
   fully decoded on the workers, then rewritten with restart markers.
+- ``half-copies``: the defaults and ``--half-copies``: each image also decoded at
+  scale 1/2 and encoded again as its half-scale copy.
 - ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
@@ -47,6 +49,7 @@ MODES: dict[str, dict[str, Any]] = {  # ShardConfig options; "copy" is no shard 
     "passthrough": {"check": "header", "restart_interval": 0},
     "restarts": {"check": "header"},
     "decode": {"check": "decode"},
+    "half-copies": {"check": "decode", "half_copies": True},
     "reencode": {"max_side_px": 256},
 }
 
@@ -59,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
-    p.add_argument("--modes", default="copy,passthrough,restarts,decode,reencode", help=f"comma list of copy, {', '.join(MODES)}")
+    p.add_argument("--modes", default="copy,passthrough,restarts,decode,half-copies,reencode", help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
