@@ -97,10 +97,11 @@ def _stored(image: ProcessedImage, restart_interval: int, half_copy: bool, stric
 def with_half_copy(image: ProcessedImage, restart_interval: int) -> ProcessedImage:
     """``image`` with its half-scale copy: decoded at DCT scale 1/2 (libjpeg's own
     reduced IDCT, ``ceil(width / 2) x ceil(height / 2)``, as the daemon decodes a
-    window at least twice its output), re-encoded at ``HALF_COPY_QUALITY`` with
-    optimised Huffman tables and ``restart_interval``'s restart markers. A reject,
-    and an image whose copy cannot be made, stay as they are (the image without a
-    copy is still served, from itself)."""
+    window at least twice its output), encoded at ``HALF_COPY_QUALITY`` (4:2:0,
+    optimised Huffman tables) with restart intervals that tile the MCU rows, as
+    ``shards.jpeg.add_restarts`` writes them, in the same pass (``restart_interval``
+    0: none). A reject, and an image whose copy cannot be made, stay as they are (the
+    image without a copy is still served, from itself)."""
     if image.reject:
         return image
     flags = cv2.IMREAD_REDUCED_COLOR_2 | cv2.IMREAD_IGNORE_ORIENTATION  # the stored pixel grid
@@ -108,11 +109,21 @@ def with_half_copy(image: ProcessedImage, restart_interval: int) -> ProcessedIma
     expected = ((image.height + 1) // 2, (image.width + 1) // 2)
     if pixels is None or pixels.shape[:2] != expected:
         return image
-    done, encoded = cv2.imencode(".jpg", pixels, [cv2.IMWRITE_JPEG_QUALITY, HALF_COPY_QUALITY, cv2.IMWRITE_JPEG_OPTIMIZE, 1])
-    if not done:
-        return image
-    half = with_restarts(ProcessedImage(data=encoded.tobytes()), restart_interval)
-    return image if half.reject else replace(image, half=half.data)
+    options = [cv2.IMWRITE_JPEG_QUALITY, HALF_COPY_QUALITY, cv2.IMWRITE_JPEG_OPTIMIZE, 1,
+               cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
+    if restart_interval:
+        options += [cv2.IMWRITE_JPEG_RST_INTERVAL, _tiling_interval(-(-expected[1] // _MCU_420), restart_interval)]
+    done, encoded = cv2.imencode(".jpg", pixels, options)
+    return replace(image, half=encoded.tobytes()) if done else image
+
+
+_MCU_420 = 16  # px: an MCU's width in a 4:2:0 JPEG
+
+
+def _tiling_interval(per_row: int, wanted: int) -> int:
+    """The largest divisor of ``per_row`` (MCUs in a row) up to ``wanted``: restart
+    intervals of that many MCUs tile the rows (``shards.jpeg.add_restarts``'s rule)."""
+    return max(k for k in range(1, min(wanted, per_row) + 1) if per_row % k == 0)
 
 
 def with_restarts(image: ProcessedImage, restart_interval: int, strict: bool = False) -> ProcessedImage:

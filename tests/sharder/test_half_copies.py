@@ -68,8 +68,14 @@ def test_every_image_has_a_copy_at_scale_half_with_restart_markers(halves: Path)
         # markers were added losslessly.
         _, expected = cv2.imencode(".jpg", _reduced(image), [cv2.IMWRITE_JPEG_QUALITY, HALF_COPY_QUALITY])
         assert (pixels == cv2.imdecode(expected, cv2.IMREAD_COLOR)).all(), row["source"]
-        assert b"\xff\xdd" in copy[: copy.index(b"\xff\xda")], "a DRI segment"
+        assert _restart_interval(copy) >= 1 and -(-pixels.shape[1] // 16) % _restart_interval(copy) == 0, \
+            "restart intervals that tile the MCU rows (16 px wide at 4:2:0)"
     assert not verify(halves, full=True).problems
+
+
+def _restart_interval(jpeg_bytes: bytes) -> int:
+    at = jpeg_bytes.index(b"\xff\xdd", 0, jpeg_bytes.index(b"\xff\xda"))  # DRI before the scan
+    return int.from_bytes(jpeg_bytes[at + 4 : at + 6], "big")
 
 
 def test_lmdb_keeps_the_images_only(halves: Path) -> None:
