@@ -3,7 +3,8 @@
 Runs the same commands a user would, each in its own process:
 
 1. ``feeder sample-data``  — a small ILSVRC-shaped tree of real photographs;
-2. ``feeder shard``        — WebDataset + LMDB shards, Parquet index, manifest;
+2. ``feeder shard``        — WebDataset + LMDB shards, Parquet index, manifest, and
+   half-scale copies (the sample schedule's 32 and 48 px phases decode from them);
 3. ``feeder verify``       — checks the shards against the manifest;
 4. ``feeder serve``        — the daemon, on a free port;
 5. one epoch streamed through ``FeederLoader``, checked for exactly-once delivery;
@@ -68,7 +69,7 @@ def _make_shards(config: DemoConfig) -> Path:
     else:
         print(f"{src} exists; reusing it")
     _step(f"feeder shard {src} {shards}")
-    _feeder("shard", str(src), str(shards), "--format", "wds,lmdb", "--workers", "2", "--overwrite")
+    _feeder("shard", str(src), str(shards), "--format", "wds,lmdb", "--workers", "2", "--half-copies", "--overwrite")
     _step(f"feeder verify {shards}")
     _feeder("verify", str(shards))
     return shards
