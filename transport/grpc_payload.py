@@ -47,6 +47,7 @@ from transport.base import (
     check_shape,
     wrap_memory,
 )
+from transport.heap import fit_messages
 
 __all__ = ["GrpcPayloadSender", "InlineReceiver", "parse_batch"]
 
@@ -143,6 +144,7 @@ class GrpcPayloadSender(BatchSender):
         nbytes = math.prod(shape)
         prefix = _IMAGES_KEY + varint(nbytes)
         start = self._reserve + len(prefix)
+        fit_messages(start + nbytes)  # above 32 MiB: keep them on malloc's heap (transport.heap)
         data = _new_bytes(None, start + nbytes)  # >= 4 bytes: never a shared singleton
         whole = _bytes_array(data)
         whole[self._reserve:start] = np.frombuffer(prefix, dtype=np.uint8)
@@ -235,6 +237,7 @@ class InlineReceiver(BatchReceiver):
             raise DataError("batch without pixels and without a slot")
         shape = tuple(wire.message.shape)
         check_shape(shape, wire.pixels_nbytes)
+        fit_messages(len(wire.data))  # the next ones: gRPC allocates them as this one
         array = _bytes_array(wire.data, wire.pixels_offset, wire.pixels_nbytes).reshape(shape)
         return ReceivedBatch(images=torch.from_numpy(array), message=wire.message)
 
