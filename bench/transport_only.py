@@ -12,10 +12,16 @@ Paths, each a real gRPC stream over loopback from a server process:
   ``_to_host_before``: ``Batch.FromString`` + a copy into a fresh tensor);
 - ``ceiling``: grpcio's own ceiling for messages of this size: the server yields one
   serialized ``Batch`` made once, again and again, and the client only counts the
-  bytes it receives (no producer copy, no parse, no tensor): what no gRPC payload
-  through grpcio can beat on this machine;
+  bytes it receives (no producer copy, no parse, no tensor; malloc set as the gRPC
+  payload sets it): what no gRPC payload through grpcio can beat on this machine;
 - ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
   slots, in one process (upper bound).
+
+The three gRPC paths run each repeat in a server and a client process of their own,
+started for it: the gRPC payload changes malloc's settings in the processes it runs
+in (``transport.heap``, for messages over 32 MiB), which the path before did not, and
+a channel that carried other message sizes first (HTTP/2 windows, the heap) is not
+what a client sees either.
 
 Usage: ``python bench/transport_only.py [--batch-sizes 64 256] [--json out.json]``.
 """
@@ -45,6 +51,7 @@ import torch  # noqa: E402
 
 from bench.report import write_json  # noqa: E402
 from protos import feeder_pb2  # noqa: E402
+from transport.heap import fit_messages  # noqa: E402
 
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 _TODAY = "today"  # job_id that selects the current encode path
@@ -119,6 +126,7 @@ def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
             return
         if request.job_id == _CEILING:
             message = _encode_before(images, small)
+            fit_messages(len(message))  # malloc as the gRPC payload sets it
             for _ in range(request.max_samples):
                 yield message
             return
@@ -171,6 +179,7 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
         if count == config.warmup_batches:
             nbytes, started = 0, time.perf_counter()
         if path == _CEILING:
+            fit_messages(len(data))  # malloc as the gRPC payload sets it
             nbytes += batch_size * config.side_px ** 2 * 3  # the pixels it carries, as the others count
             continue
         if path == _TODAY:
@@ -202,6 +211,33 @@ def _memcpy_rate(config: BenchConfig, batch_size: int) -> float:
     return config.batches * source.nbytes / (time.perf_counter() - started)
 
 
+def _fresh_rate(config: BenchConfig, path: str, batch_size: int, shm_dir: str, rates: Any) -> None:
+    """One repeat of ``path`` from a client process of its own, against a server
+    process of its own (both exit after it); puts its bytes/s into ``rates``."""
+    context = mp.get_context("spawn")
+    ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
+    stop = context.Event()
+    server = context.Process(target=_serve, args=(config, shm_dir, ports, stop), daemon=True)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=120)}", options=_UNLIMITED) as channel:
+            rates.put(_stream_rate(channel, path, config, batch_size, Path(shm_dir)))
+    finally:
+        stop.set()
+        server.join(30)
+
+
+def _fresh_process_rate(config: BenchConfig, path: str, batch_size: int, shm_dir: Path) -> float:
+    context = mp.get_context("spawn")
+    rates: mp.Queue = context.Queue()  # type: ignore[type-arg]
+    client = context.Process(target=_fresh_rate, args=(config, path, batch_size, str(shm_dir), rates))
+    client.start()
+    try:
+        return float(rates.get(timeout=600))
+    finally:
+        client.join(60)
+
+
 def run(config: BenchConfig) -> list[dict]:
     """Every path at every batch size; one row each with the median GB/s."""
     context = mp.get_context("spawn")
@@ -231,6 +267,8 @@ def _measure_all(channel: grpc.Channel, config: BenchConfig, shm_dir: Path) -> l
             for path in _PATHS:
                 if path == "memcpy":
                     rates[path].append(_memcpy_rate(config, batch_size) / 1e9)
+                elif path in ("grpc", _TODAY, _CEILING):
+                    rates[path].append(_fresh_process_rate(config, path, batch_size, shm_dir) / 1e9)
                 else:
                     rates[path].append(_stream_rate(channel, path, config, batch_size, shm_dir) / 1e9)
         for path, gbps in rates.items():
