@@ -17,11 +17,14 @@ Paths, each a real gRPC stream over loopback from a server process:
 - ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
   slots, in one process (upper bound).
 
-The three gRPC paths run each repeat in a server and a client process of their own,
-started for it: the gRPC payload changes malloc's settings in the processes it runs
-in (``transport.heap``, for messages over 32 MiB), which the path before did not, and
-a channel that carried other message sizes first (HTTP/2 windows, the heap) is not
-what a client sees either.
+Each repeat of each path runs in a client process of its own, against a server
+process of its own (memcpy: one process), started for it: what a process did before
+changes what it measures. The gRPC payload changes malloc's settings in the
+processes it runs in (``transport.heap``, for messages over 32 MiB), which the path
+before did not; a channel that carried 64-image batches first moved 256-image ones
+at 1.3 GB/s where a fresh one moves 1.8-2.4; and shared memory against memcpy,
+measured in one long-lived process, came out between 0.44x and 0.55x at batch 64
+depending on what that process had run before.
 
 Usage: ``python bench/transport_only.py [--batch-sizes 64 256] [--json out.json]``.
 """
@@ -214,6 +217,9 @@ def _memcpy_rate(config: BenchConfig, batch_size: int) -> float:
 def _fresh_rate(config: BenchConfig, path: str, batch_size: int, shm_dir: str, rates: Any) -> None:
     """One repeat of ``path`` from a client process of its own, against a server
     process of its own (both exit after it); puts its bytes/s into ``rates``."""
+    if path == "memcpy":
+        rates.put(_memcpy_rate(config, batch_size))
+        return
     context = mp.get_context("spawn")
     ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
     stop = context.Event()
@@ -240,37 +246,20 @@ def _fresh_process_rate(config: BenchConfig, path: str, batch_size: int, shm_dir
 
 def run(config: BenchConfig) -> list[dict]:
     """Every path at every batch size; one row each with the median GB/s."""
-    context = mp.get_context("spawn")
     base = "/dev/shm" if Path("/dev/shm").is_dir() else None
     with tempfile.TemporaryDirectory(prefix="feeder-bench-", dir=base) as shm_dir:
-        ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
-        stop = context.Event()
-        server = context.Process(target=_serve, args=(config, shm_dir, ports, stop), daemon=True)
-        server.start()
-        try:
-            port = ports.get(timeout=120)
-            with grpc.insecure_channel(f"127.0.0.1:{port}", options=_UNLIMITED) as channel:
-                rows = _measure_all(channel, config, Path(shm_dir))
-        finally:
-            stop.set()
-            server.join(30)
-    return rows
+        return _measure_all(config, Path(shm_dir))
 
 
-def _measure_all(channel: grpc.Channel, config: BenchConfig, shm_dir: Path) -> list[dict]:
-    # Repeats interleave the paths, so a change of load on a shared machine falls
-    # on all of them rather than on whichever ran at that moment.
+def _measure_all(config: BenchConfig, shm_dir: Path) -> list[dict]:
+    # Repeats interleave the paths, so a change of load on a shared machine falls on
+    # all of them rather than on whichever ran at that moment.
     rows = []
     for batch_size in config.batch_sizes:
         rates: dict[str, list[float]] = {path: [] for path in _PATHS}
         for _ in range(config.repeats):
             for path in _PATHS:
-                if path == "memcpy":
-                    rates[path].append(_memcpy_rate(config, batch_size) / 1e9)
-                elif path in ("grpc", _TODAY, _CEILING):
-                    rates[path].append(_fresh_process_rate(config, path, batch_size, shm_dir) / 1e9)
-                else:
-                    rates[path].append(_stream_rate(channel, path, config, batch_size, shm_dir) / 1e9)
+                rates[path].append(_fresh_process_rate(config, path, batch_size, shm_dir) / 1e9)
         for path, gbps in rates.items():
             rows.append({"path": path, "batch_size": batch_size, "gb_per_s": statistics.median(gbps),
                          "repeats_gb_per_s": gbps, "batch_bytes": batch_size * config.side_px ** 2 * 3})
