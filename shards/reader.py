@@ -502,6 +502,7 @@ def _open_split(root: Path, split: str, info: dict[str, Any]) -> SplitIndex:
     )
     _check_extents(root, path, columns, shards)
     _check_image_sizes(path, columns)
+    _check_half_copies(path, columns)
     shard_bytes = {str(entry["path"]): int(entry["bytes"]) for entry in info.get("shards", []) if "bytes" in entry}
     return SplitIndex(root, split, columns, shards, shard_bytes)
 
@@ -523,3 +524,13 @@ def _check_image_sizes(path: Path, cols: _Columns) -> None:
     bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
     if len(bad):
         raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")
+
+
+def _check_half_copies(path: Path, cols: _Columns) -> None:
+    """A half-scale copy the index locates lies in its tar (``_check_extents`` has the
+    end); a row's columns of the copies either locate one or say there is none."""
+    bad = np.flatnonzero((cols.half_sizes < 0) | ((cols.half_sizes > 0) & (cols.half_offsets < 0)))
+    if len(bad):
+        row = int(bad[0])
+        raise DataError(f"{path}: key {cols.keys[row]!r} has half_offset {int(cols.half_offsets[row])}, "
+                        f"half_size {int(cols.half_sizes[row])} ({len(bad)} rows)")

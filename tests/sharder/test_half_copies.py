@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
+from core.errors import DataError
 from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.pipeline import PipelineRunner, PipelineSpec
 from sharder import ShardConfig, shard
@@ -107,6 +108,16 @@ def test_an_index_written_before_the_copies_reads_as_having_none(tmp_path: Path)
     assert not split.half_copies.any()
     jpegs, boxes = split.read_windows([0], np.array([[0, 0, 64, 64]]), 16)
     assert jpegs[0].tobytes() == split.read(0).tobytes() and boxes.tolist() == [[0, 0, 64, 64]]
+
+
+def test_an_index_locating_a_copy_before_the_tar_is_refused_at_open(tmp_path: Path) -> None:
+    out = build_sample_shards(tmp_path, classes=2, train_per_class=3, val_per_class=1, half_copies=True)
+    path = index_path(out, "train")
+    table = pq.read_table(path)
+    offsets = pa.array([-1] + table.column("half_offset").to_pylist()[1:], pa.int64())
+    pq.write_table(table.set_column(table.schema.get_field_index("half_offset"), "half_offset", offsets), path)
+    with pytest.raises(DataError, match=r"index.parquet: key .* has half_offset -1, half_size \d+ \(1 rows\)"):
+        ShardDataset.open("s", out)
 
 
 def test_verify_names_a_copy_the_index_does_not_locate_and_a_damaged_copy(tmp_path: Path) -> None:
