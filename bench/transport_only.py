@@ -7,8 +7,9 @@ Paths, each a real gRPC stream over loopback from a server process:
   wraps it and drops it, the slot returns through ``ReleaseSlots``);
 - ``grpc``: the new gRPC payload (producer writes into the message, raw
   deserializer, tensor is a view of the received bytes);
-- ``today``: the path before the transport package, kept here as the baseline
-  (``_encode_before``: protobuf head + pixels joined into one bytes;
+- ``today``: the path before the transport package, kept here as the baseline (the
+  producer's write into an array of its own, as DALI's ``as_array`` was;
+  ``_encode_before``: protobuf head + pixels joined into one bytes;
   ``_to_host_before``: ``Batch.FromString`` + a copy into a fresh tensor);
 - ``ceiling``: grpcio's own ceiling for messages of this size: the server yields one
   serialized ``Batch`` made once, again and again, and the client only counts the
@@ -16,6 +17,10 @@ Paths, each a real gRPC stream over loopback from a server process:
   payload sets it): what no gRPC payload through grpcio can beat on this machine;
 - ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
   slots, in one process (upper bound).
+
+As in the daemon, a producer thread writes each batch (the pipeline's output: a copy
+of the pre-made batch) ahead of the gRPC handler through a queue of 4, while the
+handler makes and sends the messages of the batches before (``_produced``).
 
 Each repeat of each path runs in a client process of its own, against a server
 process of its own (memcpy: one process), started for it: what a process did before
@@ -33,15 +38,17 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -56,6 +63,7 @@ from bench.report import write_json  # noqa: E402
 from protos import feeder_pb2  # noqa: E402
 from transport.heap import fit_messages  # noqa: E402
 
+_Batch = TypeVar("_Batch")
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 _TODAY = "today"  # job_id that selects the current encode path
 _CEILING = "ceiling"  # job_id: one pre-serialized message, sent again and again
@@ -109,9 +117,33 @@ def _to_host_before(message: feeder_pb2.Batch) -> torch.Tensor:
     return images
 
 
+_READY_BATCHES = 4  # the daemon's ready queue per stream (``ServerConfig.queue_batches``)
+
+
+def _produced(make: Callable[[], _Batch], count: int) -> Iterator[_Batch]:
+    """``count`` results of ``make()``, made on a thread of their own ahead of the
+    caller through a bounded queue, as the daemon's producer thread writes batches
+    while its gRPC handler sends the ones before."""
+    ready: queue.Queue = queue.Queue(_READY_BATCHES)
+
+    def produce() -> None:
+        try:
+            for _ in range(count):
+                ready.put(make())
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            ready.put(e)
+
+    threading.Thread(target=produce, daemon=True, name="bench-producer").start()
+    for _ in range(count):
+        item = ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
 def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
     """The daemon side, in its own process: streams the pre-made batch."""
-    from transport.base import BatchMeta, TransportConfig
+    from transport.base import BatchMeta, Slot, TransportConfig
     from transport.daemon import TransportHub, TransportRequest
 
     hub = TransportHub(TransportConfig(shm_dir=Path(shm_dir), ring_slots=config.ring_slots, slot_wait_s=30.0))
@@ -124,8 +156,10 @@ def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
     def stream(request: feeder_pb2.StreamRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         images, small = made[request.batch_size], meta(request.batch_size)
         if request.job_id == _TODAY:
-            for _ in range(request.max_samples):
-                yield _encode_before(images, small)
+            # The producer wrote each batch into an array of its own (DALI's
+            # ``as_array``); the handler joined it into the message.
+            for produced in _produced(lambda: images.copy(), request.max_samples):
+                yield _encode_before(produced, small)
             return
         if request.job_id == _CEILING:
             message = _encode_before(images, small)
@@ -134,10 +168,14 @@ def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
                 yield message
             return
         sender = hub.open_sender(TransportRequest.from_message(request), images.nbytes)
+
+        def write() -> Slot:
+            slot = sender.slot_for(images.shape)
+            np.copyto(slot.array, images)  # the producer's one copy
+            return slot
+
         try:
-            for _ in range(request.max_samples):
-                slot = sender.slot_for(images.shape)
-                np.copyto(slot.array, images)  # the producer's one copy
+            for slot in _produced(write, request.max_samples):
                 yield sender.message(slot, small)
         finally:
             hub.close_sender(sender)
