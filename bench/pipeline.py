@@ -46,7 +46,7 @@ def _jobs(split: SplitIndex, args: argparse.Namespace) -> Iterator[Job]:
             rows = piece.indices
             crops = sample_crops(AugmentKind.TRAIN, args.seed, epoch, [split.keys[int(i)] for i in rows],
                                  split.widths[rows], split.heights[rows], CropRange())
-            jpegs, boxes = split.read_windows(rows, crops.boxes, args.image_size)  # as the daemon reads
+            jpegs, boxes, _ = split.read_windows(rows, crops.boxes, args.image_size)  # as the daemon reads
             yield Job(jpegs, args.image_size, Crops(boxes=boxes, flips=crops.flips))
 
 

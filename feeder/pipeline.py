@@ -169,13 +169,16 @@ class Job:
     ``crops`` None: windows are drawn here from the JPEG headers, keyed by the bytes
     (train) or central (val) -- for callers without an index; the daemon passes them.
     ``indices``: the samples' positions in their split, for runners that look samples
-    up by them (the decoded cache); the DALI runner ignores them.
+    up by them (the decoded cache); the DALI runner ignores them. ``from_copies``:
+    bool per sample, its bytes are its half-scale copy (and its window in the copy's
+    pixels), for whoever repairs a run that fails.
     """
 
     jpegs: Sequence[np.ndarray]
     image_size: int
     crops: Crops | None = None
     indices: np.ndarray | None = None
+    from_copies: np.ndarray | None = None
 
 
 JobLike = Union[Job, tuple[Sequence[np.ndarray], int]]

@@ -8,11 +8,12 @@ producer, empties the queue and returns the pipeline to its pool.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +32,7 @@ from transport.base import BatchMeta, BatchSender, Slot, TransportClosed
 
 __all__ = ["BatchStream", "ReadyBatch"]
 
+_log = logging.getLogger(__name__)
 _POLL_S = 0.1  # how often blocked queue operations look at the stop flag
 _END = object()
 
@@ -228,6 +230,8 @@ class BatchStream:
         def repair(job: Job, error: SampleDecodeError) -> Job:
             # The runner repairs the oldest run it has not returned: pending[0]'s.
             self._metrics.decode_retried()
+            if self._drop_failed_copies(job, error.positions or ()):
+                return self._job(pending[0])  # the same samples, from their images
             pending[0] = self._filter.replace(pending[0], error.positions or (), decode_reason(str(error)))
             return self._job(pending[0])
 
@@ -293,8 +297,9 @@ class BatchStream:
         )
         uncached = split.uncached_reads
         try:
+            from_copies = None
             if ctx.runner.decodes_half_copies:
-                jpegs, boxes = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
+                jpegs, boxes, from_copies = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
                 crops = Crops(boxes=boxes, flips=crops.flips)
             else:
                 jpegs = split.read_many(batch.indices)
@@ -303,7 +308,24 @@ class BatchStream:
             raise
         # (another stream's misses count too: it is only a hint)
         self._reads_from_disk = 2 * (split.uncached_reads - uncached) > len(jpegs)
-        return Job(jpegs, ctx.image_size, crops, indices=batch.indices)
+        return Job(jpegs, ctx.image_size, crops, indices=batch.indices, from_copies=from_copies)
+
+    def _drop_failed_copies(self, job: Job, positions: Sequence[int]) -> bool:
+        """Of the samples at ``positions``, those decoded from their half-scale copies
+        are read from their images from now on (with a warning naming each): whether
+        the images decode is then tried before any sample is blamed. False when none
+        was."""
+        if job.from_copies is None or job.indices is None:
+            return False
+        failed = [int(job.indices[p]) for p in positions if job.from_copies[p]]
+        if not failed:
+            return False
+        split = self._ctx.split
+        split.drop_copies(failed)
+        for i in failed:
+            _log.warning("%s: the half-scale copy of sample %s does not decode; its image is read instead",
+                         split.root / split.shard_of(i), split.keys[i])
+        return True
 
     def _slot_array(self, slots: dict[int, tuple[Slot, Output]]) -> Callable[[tuple[int, ...]], Output]:
         """Where each batch is written: a slot of the stream's transport (waits

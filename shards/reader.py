@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import lmdb
 import numpy as np
@@ -42,6 +42,7 @@ __all__ = [
     "read_manifest",
     "half_boxes",
     "TarScan",
+    "Windows",
     "scan_tar",
     "tar_members",
 ]
@@ -94,6 +95,16 @@ class _OpenShard:
         return done, cached
 
 
+class Windows(NamedTuple):
+    """What :meth:`SplitIndex.read_windows` read: encoded bytes per sample, int32
+    ``[N, 4]`` windows in those bytes' pixels, and which samples' bytes are their
+    half-scale copies (bool ``[N]``)."""
+
+    jpegs: list[np.ndarray]
+    boxes: np.ndarray
+    from_copies: np.ndarray
+
+
 class SplitIndex:
     """One split: per-sample key, label, image size and location, and the bytes
     behind them. ``widths`` / ``heights`` (pixels, as stored) let crop windows be
@@ -118,6 +129,8 @@ class SplitIndex:
         self._cols = columns
         self._shards = shards
         self._shard_bytes = shard_bytes or {}
+        # Samples whose half-scale copy did not decode: read from the image instead.
+        self._copy_usable = columns.half_sizes > 0
         self._open: dict[int, _OpenShard] = {}
         self._retired: list[_OpenShard] = []  # replaced files: other threads may still read them
         self._lock = threading.Lock()
@@ -181,30 +194,31 @@ class SplitIndex:
             return [self.read(int(i)) for i in indices]
         return [self.read(int(i), bool(h)) for i, h in zip(indices, half)]
 
-    def read_windows(
-        self, indices: Sequence[int] | np.ndarray, boxes: np.ndarray, image_size: int
-    ) -> tuple[list[np.ndarray], np.ndarray]:
+    def read_windows(self, indices: Sequence[int] | np.ndarray, boxes: np.ndarray, image_size: int) -> Windows:
         """The bytes to decode each sample's crop window from, and the windows in
-        those bytes' pixels: the half-scale copy where the sample has one and its
-        window is at least twice ``image_size`` on both sides (where the full image
-        would be decoded at DCT scale 1/2 or less anyway), else the image itself.
+        those bytes' pixels: the half-scale copy where the sample has one (that has
+        not failed to decode, :meth:`drop_copies`) and its window is at least twice
+        ``image_size`` on both sides (where the full image would be decoded at DCT
+        scale 1/2 or less anyway), else the image itself.
 
         Args:
             indices: the samples.
             boxes: int ``[N, 4]`` windows (x, y, width, height) in the image's pixels.
             image_size: the output side they are resized to.
-
-        Returns:
-            (encoded bytes per sample, int32 ``[N, 4]`` windows in them).
         """
         rows = np.asarray(indices, dtype=np.int64)
         boxes = np.asarray(boxes).astype(np.int32)
         twice = np.array([dct_denominator(int(w), int(h), image_size) >= 2 for w, h in boxes[:, 2:]], dtype=bool)
-        half = self.half_copies[rows] & twice.reshape(len(rows))
+        half = self._copy_usable[rows] & twice.reshape(len(rows))
         if half.any():
             boxes = boxes.copy()
             boxes[half] = half_boxes(boxes[half], self.widths[rows[half]], self.heights[rows[half]])
-        return self.read_many(rows, half), boxes
+        return Windows(self.read_many(rows, half), boxes, half)
+
+    def drop_copies(self, indices: Sequence[int] | np.ndarray) -> None:
+        """Read these samples' windows from their images from now on (their half-scale
+        copies failed to decode; the images may still)."""
+        self._copy_usable[np.asarray(indices, dtype=np.int64)] = False
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
         """Ask the kernel to start reading these samples from disk now, without

@@ -4,9 +4,13 @@ image; the decoded cache always takes the images."""
 
 from __future__ import annotations
 
+import logging
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from feeder.augment import AugmentKind, CropRange, sample_crops
@@ -15,6 +19,7 @@ from feeder.metrics import ServerMetrics
 from feeder.plan import LastBatch
 from feeder.service import FeederService, StreamSpec, open_datasets
 from shards import jpeg
+from shards.layout import index_path
 from shards.reader import ShardDataset
 from tests.common.shards import build_sample_shards
 
@@ -64,3 +69,58 @@ def test_the_decoded_cache_takes_the_images_not_the_copies(both) -> None:
     half_keys, from_halves = _epoch(halves, cache_bytes=64 << 20, seed=2, epoch=3)
     assert half_keys == keys and sorted(keys) == sorted(set(keys))
     assert (from_halves == from_images).all()
+
+
+def test_a_copy_that_does_not_decode_is_replaced_by_its_image_not_the_sample(
+    both, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shards = tmp_path / "shards"
+    shutil.copytree(both[1], shards)
+    rows = pq.read_table(index_path(shards, "train")).to_pylist()
+    damaged = rows[5]
+    with open(shards / damaged["shard"], "r+b") as f:  # no JPEG any more: no SOI, no headers
+        f.seek(damaged["half_offset"])
+        f.write(bytes(64))
+    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    # Windows of at least half the area of 64-112 px images are at least twice 16 px on
+    # both sides: every sample is decoded from its copy while it can be.
+    spec = StreamSpec(dataset="sample", split="train", batch_size=8, image_size=16, last_batch=LastBatch.PAD,
+                      crop=CropRange(min_scale=0.5))
+    with caplog.at_level(logging.WARNING, logger="feeder.producer"):
+        for epoch in (0, 1):  # the second epoch reads the image straight away
+            stream = service.open_stream(replace(spec, epoch=epoch))
+            try:
+                batches = list(stream)
+            finally:
+                stream.close()
+            keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
+            assert sorted(keys) == sorted(r["key"] for r in rows), "every sample once, the damaged one too"
+            assert not [k for b in batches for k in b.failed_keys]
+    service.close()
+    warnings = [r.getMessage() for r in caplog.records if "half-scale copy" in r.getMessage()]
+    assert len(warnings) == 1 and damaged["key"] in warnings[0] and damaged["shard"] in warnings[0]
+
+
+def test_a_sample_whose_copy_and_image_both_fail_is_replaced_once(both, tmp_path: Path) -> None:
+    shards = tmp_path / "shards"
+    shutil.copytree(both[1], shards)
+    rows = pq.read_table(index_path(shards, "train")).to_pylist()
+    damaged = rows[7]
+    with open(shards / damaged["shard"], "r+b") as f:
+        for offset in (damaged["offset"], damaged["half_offset"]):
+            f.seek(offset)
+            f.write(bytes(64))
+    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    spec = StreamSpec(dataset="sample", split="train", batch_size=8, image_size=16, last_batch=LastBatch.PAD,
+                      crop=CropRange(min_scale=0.5))
+    stream = service.open_stream(spec)
+    try:
+        batches = list(stream)
+    finally:
+        stream.close()
+        service.close()
+    keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
+    assert sorted(keys) == sorted(r["key"] for r in rows if r is not damaged)
+    assert [k for b in batches for k in b.failed_keys] == [damaged["key"]]

@@ -106,7 +106,7 @@ def test_an_index_written_before_the_copies_reads_as_having_none(tmp_path: Path)
     assert read_index(out, "train").column("half_size").to_pylist() == [0] * table.num_rows
     split = ShardDataset.open("s", out).splits["train"]
     assert not split.half_copies.any()
-    jpegs, boxes = split.read_windows([0], np.array([[0, 0, 64, 64]]), 16)
+    jpegs, boxes, _ = split.read_windows([0], np.array([[0, 0, 64, 64]]), 16)
     assert jpegs[0].tobytes() == split.read(0).tobytes() and boxes.tolist() == [[0, 0, 64, 64]]
 
 
@@ -164,7 +164,8 @@ def test_windows_twice_the_output_come_from_the_copy(tmp_path: Path) -> None:
     w, h = int(split.widths[0]), int(split.heights[0])
     side = min(w, h)
     boxes = np.array([[0, 0, side, side], [1, 1, side - 1, side - 1], [0, 0, side // 2, side // 2]])
-    jpegs, mapped = split.read_windows([0, 0, 0], boxes, side // 2)
+    jpegs, mapped, from_copies = split.read_windows([0, 0, 0], boxes, side // 2)
+    assert from_copies.tolist() == [True, False, False]
     assert jpegs[0].tobytes() == split.read(0, half=True).tobytes()
     assert mapped[0].tolist() == [0, 0, (side + 1) // 2, (side + 1) // 2]
     assert jpegs[1].tobytes() == split.read(0).tobytes() and mapped[1].tolist() == boxes[1].tolist()  # under twice
@@ -179,7 +180,7 @@ def test_pipeline_pixels_from_copies_match_the_images_decoded_at_scale_half(tmp_
     rows, size = np.arange(len(plain)), 24
     crops = sample_crops(AugmentKind.TRAIN, 0, 0, [plain.keys[i] for i in rows], plain.widths, plain.heights,
                          CropRange(min_scale=0.5))
-    jpegs, boxes = halves.read_windows(rows, crops.boxes, size)
+    jpegs, boxes, _ = halves.read_windows(rows, crops.boxes, size)
     used = np.array([j.size != p.size for j, p in zip(jpegs, plain.read_many(rows))])
     assert used.sum() >= len(rows) // 2, "most windows are at least twice 24 px"
     runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, threads=1, max_batch_size=len(rows)))
