@@ -230,9 +230,10 @@ class BatchStream:
         def repair(job: Job, error: SampleDecodeError) -> Job:
             # The runner repairs the oldest run it has not returned: pending[0]'s.
             self._metrics.decode_retried()
-            if self._drop_failed_copies(job, error.positions or ()):
-                return self._job(pending[0])  # the same samples, from their images
-            pending[0] = self._filter.replace(pending[0], error.positions or (), decode_reason(str(error)))
+            # Samples that failed from their half-scale copies run again from their
+            # images first; only then are failing samples replaced.
+            if not self._drop_failed_copies(job, error.positions or ()):
+                pending[0] = self._filter.replace(pending[0], error.positions or (), decode_reason(str(error)))
             return self._job(pending[0])
 
         try:

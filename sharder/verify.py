@@ -144,11 +144,8 @@ def _decode(data: bytes, label_text: bytes | None, row: dict, max_pixels: int) -
     return None
 
 
-def _decode_half(tar: Path, row: dict) -> str | None:
-    """What is wrong with a sample's half-scale copy, or None."""
-    with open(tar, "rb") as f:
-        f.seek(row["half_offset"])
-        data = f.read(row["half_size"])
+def _decode_half(data: bytes, row: dict) -> str | None:
+    """What is wrong with a sample's half-scale copy (``data``), or None."""
     expected = ((row["width"] + 1) // 2, (row["height"] + 1) // 2)
     try:
         size = decoded_size(data)
@@ -166,9 +163,13 @@ def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: d
             data = f.read(row["size"])
             f.seek(label_offset(row["offset"], row["size"]))
             label = f.read(len(str(row["label"])) + 1).rstrip(b"\0")
+            half = b""
+            if row["half_size"] > 0:
+                f.seek(row["half_offset"])
+                half = f.read(row["half_size"])
         problem = _decode(data, label, row, max_pixels)
         if problem is None and row["half_size"] > 0:
-            problem = _decode_half(root / row["shard"], row)
+            problem = _decode_half(half, row)
         result.decoded += problem is None
         if problem is not None:
             result.problems.append(shards[row["shard"]].problem(row["key"], problem))
