@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from feeder.augment import AugmentKind, CropRange, sample_crops
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.plan import LastBatch
+from feeder.producer import ReadyBatch
 from feeder.service import FeederService, StreamSpec, open_datasets
 from shards import jpeg
 from shards.layout import index_path
@@ -32,19 +32,53 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return build_sample_shards(root), build_sample_shards(root, half_copies=True)
 
 
-def _epoch(shards: Path, cache_bytes: int = 0, **fields) -> tuple[list[str], np.ndarray]:
+def _service(shards: Path, cache_bytes: int = 0) -> FeederService:
     config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
                           decoded_cache_bytes=cache_bytes, decoded_cache_side=48)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    return FeederService(config, open_datasets(config.datasets), ServerMetrics())
+
+
+def _batches(service: FeederService, **fields) -> list[ReadyBatch]:
+    """One stream's batches (train, batches of 8 padded, ``SIZE`` px unless ``fields`` say)."""
     base = dict(dataset="sample", split="train", batch_size=8, image_size=SIZE, last_batch=LastBatch.PAD)
     stream = service.open_stream(StreamSpec(**(base | fields)))
     try:
-        batches = list(stream)
+        return list(stream)
     finally:
         stream.close()
+
+
+def _keys(batches: list[ReadyBatch]) -> list[str]:
+    return [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
+
+
+def _epoch(shards: Path, cache_bytes: int = 0, **fields) -> tuple[list[str], np.ndarray]:
+    service = _service(shards, cache_bytes)
+    try:
+        batches = _batches(service, **fields)
+    finally:
         service.close()
-    keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
-    return keys, np.concatenate([b.images[~b.padding] for b in batches]).astype(np.int16)
+    return _keys(batches), np.concatenate([b.images[~b.padding] for b in batches]).astype(np.int16)
+
+
+def _damaged(halves: Path, tmp_path: Path, row: int, *fields: str) -> tuple[Path, list[dict], dict]:
+    """A copy of ``halves`` whose ``row``-th train sample has 64 zero bytes written at
+    each of ``fields`` (``offset``: its image, ``half_offset``: its copy): no JPEG
+    headers there any more. Returns the shards, their index rows and that row."""
+    shards = tmp_path / "shards"
+    shutil.copytree(halves, shards)
+    rows = pq.read_table(index_path(shards, "train")).to_pylist()
+    damaged = rows[row]
+    with open(shards / damaged["shard"], "r+b") as f:
+        for field in fields:
+            f.seek(damaged[field])
+            f.write(bytes(64))
+    return shards, rows, damaged
+
+
+# Windows of at least half the area of 64-112 px images are at least twice 16 px on
+# both sides: every sample is decoded from its copy while it can be.
+_FROM_COPIES = dict(image_size=16, crop=CropRange(min_scale=0.5))
 
 
 def test_windows_twice_the_output_come_from_the_copies_the_rest_from_the_images(both) -> None:
@@ -74,28 +108,12 @@ def test_the_decoded_cache_takes_the_images_not_the_copies(both) -> None:
 def test_a_copy_that_does_not_decode_is_replaced_by_its_image_not_the_sample(
     both, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    shards = tmp_path / "shards"
-    shutil.copytree(both[1], shards)
-    rows = pq.read_table(index_path(shards, "train")).to_pylist()
-    damaged = rows[5]
-    with open(shards / damaged["shard"], "r+b") as f:  # no JPEG any more: no SOI, no headers
-        f.seek(damaged["half_offset"])
-        f.write(bytes(64))
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
-    # Windows of at least half the area of 64-112 px images are at least twice 16 px on
-    # both sides: every sample is decoded from its copy while it can be.
-    spec = StreamSpec(dataset="sample", split="train", batch_size=8, image_size=16, last_batch=LastBatch.PAD,
-                      crop=CropRange(min_scale=0.5))
+    shards, rows, damaged = _damaged(both[1], tmp_path, 5, "half_offset")
+    service = _service(shards)
     with caplog.at_level(logging.WARNING, logger="feeder.producer"):
         for epoch in (0, 1):  # the second epoch reads the image straight away
-            stream = service.open_stream(replace(spec, epoch=epoch))
-            try:
-                batches = list(stream)
-            finally:
-                stream.close()
-            keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
-            assert sorted(keys) == sorted(r["key"] for r in rows), "every sample once, the damaged one too"
+            batches = _batches(service, epoch=epoch, **_FROM_COPIES)
+            assert sorted(_keys(batches)) == sorted(r["key"] for r in rows), "every sample once, the damaged one too"
             assert not [k for b in batches for k in b.failed_keys]
     service.close()
     warnings = [r.getMessage() for r in caplog.records if "half-scale copy" in r.getMessage()]
@@ -103,24 +121,11 @@ def test_a_copy_that_does_not_decode_is_replaced_by_its_image_not_the_sample(
 
 
 def test_a_sample_whose_copy_and_image_both_fail_is_replaced_once(both, tmp_path: Path) -> None:
-    shards = tmp_path / "shards"
-    shutil.copytree(both[1], shards)
-    rows = pq.read_table(index_path(shards, "train")).to_pylist()
-    damaged = rows[7]
-    with open(shards / damaged["shard"], "r+b") as f:
-        for offset in (damaged["offset"], damaged["half_offset"]):
-            f.seek(offset)
-            f.write(bytes(64))
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
-    spec = StreamSpec(dataset="sample", split="train", batch_size=8, image_size=16, last_batch=LastBatch.PAD,
-                      crop=CropRange(min_scale=0.5))
-    stream = service.open_stream(spec)
+    shards, rows, damaged = _damaged(both[1], tmp_path, 7, "offset", "half_offset")
+    service = _service(shards)
     try:
-        batches = list(stream)
+        batches = _batches(service, **_FROM_COPIES)
     finally:
-        stream.close()
         service.close()
-    keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
-    assert sorted(keys) == sorted(r["key"] for r in rows if r is not damaged)
+    assert sorted(_keys(batches)) == sorted(r["key"] for r in rows if r is not damaged)
     assert [k for b in batches for k in b.failed_keys] == [damaged["key"]]
