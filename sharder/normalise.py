@@ -111,19 +111,13 @@ def with_half_copy(image: ProcessedImage, restart_interval: int) -> ProcessedIma
         return image
     options = [cv2.IMWRITE_JPEG_QUALITY, HALF_COPY_QUALITY, cv2.IMWRITE_JPEG_OPTIMIZE, 1,
                cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_420]
-    if restart_interval:
-        options += [cv2.IMWRITE_JPEG_RST_INTERVAL, _tiling_interval(-(-expected[1] // _MCU_420), restart_interval)]
+    if restart_interval:  # (non-zero only where the JPEG library is built: ShardConfig.stored_restart_interval)
+        options += [cv2.IMWRITE_JPEG_RST_INTERVAL, jpeg.tiling_interval(-(-expected[1] // _MCU_420), restart_interval)]
     done, encoded = cv2.imencode(".jpg", pixels, options)
     return replace(image, half=encoded.tobytes()) if done else image
 
 
 _MCU_420 = 16  # px: an MCU's width in a 4:2:0 JPEG
-
-
-def _tiling_interval(per_row: int, wanted: int) -> int:
-    """The largest divisor of ``per_row`` (MCUs in a row) up to ``wanted``: restart
-    intervals of that many MCUs tile the rows (``shards.jpeg.add_restarts``'s rule)."""
-    return max(k for k in range(1, min(wanted, per_row) + 1) if per_row % k == 0)
 
 
 def with_restarts(image: ProcessedImage, restart_interval: int, strict: bool = False) -> ProcessedImage:

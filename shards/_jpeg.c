@@ -312,12 +312,15 @@ int feeder_jpeg_decode_window(const unsigned char *data, size_t size, int x, int
 }
 
 /* The restart interval, in MCUs, that tiles rows of per_row MCUs: the largest divisor
- * of per_row up to wanted. */
+ * of per_row up to wanted. Exported for encoders that write restart markers
+ * themselves (the sharder's half-scale copies). */
 static int tiling_interval(int per_row, int wanted) {
   for (int k = wanted; k > 1; k--)
     if (per_row % k == 0) return k;
   return 1;
 }
+
+int feeder_jpeg_tiling_interval(int per_row, int wanted) { return tiling_interval(per_row, wanted); }
 
 static int is_app(jpeg_saved_marker_ptr marker, int n, const char *name, unsigned length) {
   return marker->marker == JPEG_APP0 + n && marker->data_length >= length &&

@@ -48,7 +48,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_RESTART_INTERVAL", "BatchDecode", "JpegError", "WindowDecodeError", "WindowDecoder", "add_restarts",
-    "available", "dct_denominator", "decode_window", "unavailable_reason",
+    "available", "dct_denominator", "decode_window", "tiling_interval", "unavailable_reason",
 ]
 
 # MCUs per restart interval that add_restarts aims at (the largest divisor of a row's
@@ -100,6 +100,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
         ctypes.POINTER(ctypes.c_ulong), ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
     ]
+    lib.feeder_jpeg_tiling_interval.restype = ctypes.c_int
+    lib.feeder_jpeg_tiling_interval.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.feeder_jpeg_free.restype = None
     lib.feeder_jpeg_free.argtypes = [ctypes.c_void_p]
     return lib
@@ -124,6 +126,16 @@ def dct_denominator(width: int, height: int, size: int) -> int:
         if width >= d * size and height >= d * size:
             return d
     return 1
+
+
+def tiling_interval(mcus_per_row: int, interval: int) -> int:
+    """The restart interval :func:`add_restarts` writes for rows of ``mcus_per_row``
+    MCUs when asked for ``interval``: the largest divisor of the row's length up to it,
+    so that restart intervals tile the rows (what :func:`decode_window` cuts by)."""
+    lib = _library()
+    if isinstance(lib, str):
+        raise RuntimeError(lib)
+    return int(lib.feeder_jpeg_tiling_interval(mcus_per_row, interval))
 
 
 class JpegError(Exception):
