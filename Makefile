@@ -33,7 +33,7 @@ test: install typecheck
 	$(BIN)/python -m pytest -q
 
 typecheck: install
-	$(BIN)/python -m mypy core shards sharder feeder clients bench
+	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench
 
 demo: install
 	$(BIN)/python -m feeder.demo --workdir $(DEMO)

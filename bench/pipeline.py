@@ -1,9 +1,9 @@
-"""The daemon's pipeline alone: images/s of ``feeder.pipeline.PipelineRunner`` on shard
+"""The daemon's pipeline alone: images/s of ``feeder.runner.PipelineRunner`` on shard
 bytes in this process, with no stream, queue or transport around it: the ceiling of
 everything above it (``bench/throughput.py``'s in-process loader and the daemon).
 
 Reads, crop windows and the plan are the daemon's (``shards.reader``,
-``feeder.augment``, ``feeder.plan``). On the GPU each batch is written device to
+``feeder.augment``, ``protocol.plan``). On the GPU each batch is written device to
 device into one of a few CUDA buffers, as into a CUDA IPC slot; on the CPU into host
 memory. After a warm-up, the median of ``--repeats`` windows is reported.
 
@@ -19,7 +19,7 @@ import itertools
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
@@ -27,9 +27,13 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
-from feeder.augment import CropRange, Crops, sample_crops  # noqa: E402
-from feeder.pipeline import Allocate, AugmentKind, Job, Output, PipelineRunner, PipelineSpec  # noqa: E402
-from feeder.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
+from feeder.augment import Crops, sample_crops  # noqa: E402
+from feeder.jobs import Allocate, Decoded, Job, Outcome  # noqa: E402
+from feeder.pipeline import PipelineSpec  # noqa: E402
+from feeder.runner import PipelineRunner  # noqa: E402
+from protocol.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
+from protocol.request import AugmentKind, CropRange  # noqa: E402
+from transport.base import Slot, host_slot  # noqa: E402
 from shards.reader import ShardDataset, SplitIndex  # noqa: E402
 
 __all__ = ["main", "parse_args"]
@@ -50,7 +54,7 @@ def _jobs(split: SplitIndex, args: argparse.Namespace) -> Iterator[Job]:
             yield Job(jpegs, args.image_size, Crops(boxes=boxes, flips=crops.flips))
 
 
-def rate(batches: Iterator[Output], warmup_s: float, seconds: float) -> float:
+def rate(batches: Iterator[Outcome[Job]], warmup_s: float, seconds: float) -> float:
     """Images/s over a window of at least ``seconds`` (whole batches) after ``warmup_s``
     of batches discarded."""
     start = time.monotonic()
@@ -58,21 +62,23 @@ def rate(batches: Iterator[Output], warmup_s: float, seconds: float) -> float:
         if time.monotonic() - start >= warmup_s:
             break
     images, begin = 0, time.monotonic()
-    for batch in batches:
-        images += len(batch)
+    for outcome in batches:
+        if not isinstance(outcome, Decoded):
+            raise outcome.error
+        images += len(outcome.job)
         elapsed = time.monotonic() - begin
         if elapsed >= seconds:
             return images / elapsed
     raise RuntimeError("pipeline ended early")
 
 
-def _device_buffers(args: argparse.Namespace) -> Callable[[tuple[int, ...]], Output]:
+def _device_buffers(args: argparse.Namespace) -> Allocate:
     import torch
 
     shape = (args.batch_size, args.image_size, args.image_size, 3)
     buffers = itertools.cycle([torch.empty(shape, dtype=torch.uint8, device="cuda:0")
                                for _ in range(_DEVICE_BUFFERS)])
-    return lambda wanted: next(buffers)[: wanted[0]]
+    return lambda wanted: Slot(tensor=next(buffers)[: wanted[0]])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -96,12 +102,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     shards = args.shards or prepare_sample(args.cache).shards
     split = ShardDataset.open("bench", shards).splits["train"]
-    spec = PipelineSpec(AugmentKind.TRAIN, device=args.device, max_batch_size=args.batch_size,
-                        threads=args.threads, prefetch=args.prefetch)
-    runner = PipelineRunner(spec, seed=args.seed)
-    allocate: Allocate | None = _device_buffers(args) if args.device == "gpu" else None
-    batches: Iterator[Output] = (runner.run_many(_jobs(split, args), None, allocate) if allocate is not None
-                                 else runner.run_many(_jobs(split, args)))
+    spec = PipelineSpec(device=args.device, max_batch_size=args.batch_size, threads=args.threads,
+                        prefetch=args.prefetch)
+    runner = PipelineRunner(spec)
+    allocate = _device_buffers(args) if args.device == "gpu" else host_slot
+    batches = runner.run_many(_jobs(split, args), allocate)
     rates = []
     for repeat in range(args.repeats):
         rates.append(rate(batches, args.warmup_s if repeat == 0 else 0.0, args.seconds))

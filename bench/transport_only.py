@@ -143,7 +143,8 @@ def _produced(make: Callable[[], _Batch], count: int) -> Iterator[_Batch]:
 
 def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
     """The daemon side, in its own process: streams the pre-made batch."""
-    from transport.base import BatchMeta, Slot, TransportConfig
+    from protocol.batch import BatchMeta
+    from transport.base import Slot, TransportConfig
     from transport.daemon import TransportHub, TransportRequest
 
     hub = TransportHub(TransportConfig(shm_dir=Path(shm_dir), ring_slots=config.ring_slots, slot_wait_s=30.0))

@@ -22,6 +22,7 @@ import grpc
 import torch
 
 from core.errors import FeederError, ServiceUnavailable, error_for_code
+from protocol.batch import BatchMeta
 from protos import feeder_pb2
 from transport.base import ReceivedBatch, ReleaseSink, TransportKind, TransportUnavailable
 from transport.client import StreamReceiver
@@ -56,18 +57,12 @@ class HostBatch:
     Attributes:
         images: uint8 ``[N, H, W, 3]``: in host memory (pinned when the consumer is
             on CUDA), or a view of the daemon's device slot on the consumer's GPU.
-        labels: int64 ``[N]``.
-        padding: bool ``[N]``, True for samples repeated to fill the last batch or
-            standing in for a sample the daemon could not serve.
-        keys: Sample keys, in batch order.
-        epoch: Epoch the batch belongs to.
-        cursor: Sample cursor after this batch.
-        samples_per_rank: Length of this rank's part of the epoch, in samples.
+        labels: int64 ``[N]`` (``meta.labels`` as a tensor, pinned like ``images``).
+        padding: bool ``[N]`` (``meta.padding`` as a tensor).
+        meta: Every small field of the batch (epoch, cursor, keys, ...), as sent.
         release: Hands the transport's memory back once ``images`` has been copied
             elsewhere (optionally after a CUDA event); without a call it goes back
             when ``images`` is no longer referenced.
-        failed_keys: Keys of samples the daemon could not serve (undecodable, or over
-            its pixel cap), replaced in this batch by repeats marked in ``padding``.
         ready: For device ``images``: recorded once they may be read (after the
             daemon's write); the consumer's stream waits on it. None in host memory.
     """
@@ -75,12 +70,8 @@ class HostBatch:
     images: torch.Tensor
     labels: torch.Tensor
     padding: torch.Tensor
-    keys: list[str]
-    epoch: int
-    cursor: int
-    samples_per_rank: int
+    meta: BatchMeta
     release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
-    failed_keys: list[str] = field(default_factory=list)
     ready: torch.cuda.Event | None = None
 
 
@@ -104,7 +95,7 @@ def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
     them (a shared-memory slot, the received message, a device slot) unless ``pin``
     and in host memory: a CUDA consumer copies from pinned memory without blocking, so
     they are copied there once and the slot goes back at once."""
-    message, images = received.message, received.images
+    meta, images = received.meta, received.images
     release, ready = received.release, None
     if images.device.type == "cuda":
         # The receiver made this thread's stream wait for the daemon's write; the
@@ -116,22 +107,10 @@ def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
         pinned.copy_(images)
         received.release()
         images, release = pinned, _no_release
-    labels = torch.tensor(list(message.labels), dtype=torch.int64)
-    padding = torch.tensor(list(message.padding) or [False] * images.shape[0], dtype=torch.bool)
+    labels, padding = torch.from_numpy(meta.labels), torch.from_numpy(meta.padding)
     if pin:
         labels, padding = labels.pin_memory(), padding.pin_memory()
-    return HostBatch(
-        images=images,
-        labels=labels,
-        padding=padding,
-        keys=list(message.keys),
-        epoch=message.epoch,
-        cursor=message.cursor,
-        samples_per_rank=message.samples_per_rank,
-        release=release,
-        failed_keys=list(message.failed_keys),
-        ready=ready,
-    )
+    return HostBatch(images=images, labels=labels, padding=padding, meta=meta, release=release, ready=ready)
 
 
 class StreamFetcher:
@@ -309,7 +288,7 @@ class StreamFetcher:
             try:
                 for message in self._messages(self._stream_from(self.epoch, self.cursor)):
                     batch = _to_host(self._receiver.receive(parse_batch(message)), self._pin)
-                    self.epoch, self.cursor = batch.epoch, batch.cursor
+                    self.epoch, self.cursor = batch.meta.epoch, batch.meta.cursor
                     self._failing_since, delay_s = None, _FIRST_DELAY_S
                     if not self._put(batch):
                         return

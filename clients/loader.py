@@ -458,7 +458,7 @@ class FeederLoader(Positioned):
             fetcher = self._fetcher_here()
             host = fetcher.get()
             self._open_successor(fetcher)
-        if host is not None and host.epoch != self.position.epoch:
+        if host is not None and host.meta.epoch != self.position.epoch:
             self._pending = host
             return None
         return host
@@ -497,16 +497,17 @@ class FeederLoader(Positioned):
             self._connection.successor = self._start_fetcher(fetcher.end_epoch, 0, planned)
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
-        self.position.cursor = host.cursor
-        self._skipped += len(host.failed_keys)
-        if host.samples_per_rank:
-            self._samples_per_rank = host.samples_per_rank
+        meta = host.meta
+        self.position.cursor = meta.cursor
+        self._skipped += len(meta.failed_keys)
+        if meta.samples_per_rank:
+            self._samples_per_rank = meta.samples_per_rank
         images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)
         out: tuple[Any, ...] = (images, labels)
         if self.return_keys:
-            out += (host.keys,)
+            out += (meta.keys,)
         if self.return_padding:
             out += (padding,)
         return out

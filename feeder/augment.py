@@ -16,20 +16,17 @@ the central crop with the ratio clamped to the range. Boxes are integer
 
 from __future__ import annotations
 
-import enum
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import ConfigError
+from protocol.request import AugmentKind, CropRange
 
 __all__ = [
-    "AugmentKind",
-    "CropRange",
-    "Crops",
     "VAL_CROP_FRACTION",
+    "Crops",
     "centre_crops",
     "key_hashes",
     "philox4x32",
@@ -50,31 +47,6 @@ _ROUNDS = 10
 # Draws per sample, as Philox blocks of four 32-bit words: TRIES (area, ratio) pairs,
 # then one block with the x offset, the y offset and the flip.
 _BLOCKS = TRIES // 2 + 1
-
-
-class AugmentKind(str, enum.Enum):
-    """Which transform a stream applies."""
-
-    TRAIN = "train"
-    VAL = "val"
-
-
-@dataclass(frozen=True)
-class CropRange:
-    """RandomResizedCrop limits: area fraction and aspect ratio (width / height)."""
-
-    min_scale: float = 0.08
-    max_scale: float = 1.0
-    min_ratio: float = 3 / 4
-    max_ratio: float = 4 / 3
-
-    def __post_init__(self) -> None:
-        if not 0 < self.min_scale <= self.max_scale <= 1:
-            raise ConfigError(
-                f"min_scale/max_scale: need 0 < {self.min_scale} <= {self.max_scale} <= 1"
-            )
-        if not 0 < self.min_ratio <= self.max_ratio < float("inf"):
-            raise ConfigError(f"min_ratio/max_ratio: need 0 < {self.min_ratio} <= {self.max_ratio} < inf")
 
 
 @dataclass(frozen=True)

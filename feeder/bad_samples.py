@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import enum
 import logging
-import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from core.errors import DataError
-from feeder.plan import BatchSlice
+from protocol.plan import BatchSlice
 from shards.reader import SplitIndex
 
 log = logging.getLogger(__name__)
@@ -35,24 +34,14 @@ __all__ = [
     "SampleFilter",
     "Screened",
     "UnservableSample",
-    "decode_reason",
 ]
+
 
 class OnError(str, enum.Enum):
     """What a stream does with a sample it cannot serve."""
 
     SKIP = "skip"
     FAIL = "fail"
-
-
-_DALI_POSITION = re.compile(r"\s*Failed to decode sample #\d+\s*:?\s*")
-
-
-def decode_reason(message: str) -> str:
-    """Why a sample failed to decode, from the runner's message, without the
-    position in its batch that DALI's message carries (it means nothing later)."""
-    detail = _DALI_POSITION.sub(" ", message.removeprefix("decode failed:")).strip(" :")
-    return f"does not decode ({detail})" if detail else "does not decode"
 
 
 class UnservableSample(DataError):
@@ -152,16 +141,16 @@ class SampleFilter:
             raise UnservableSample(f"{self.bad.split.split}/{self.bad.split.keys[int(batch.indices[pos])]}: {reason}")
         return self._replaced(Screened(batch), list(known), known)
 
-    def replace(self, screened: Screened, positions: Sequence[int], reason: str) -> Screened:
-        """``screened`` after the samples at ``positions`` failed to decode: they are
-        remembered as bad and replaced."""
-        return self._replaced(screened, list(positions), {pos: reason for pos in positions})
+    def replace(self, screened: Screened, reasons: Mapping[int, str]) -> Screened:
+        """``screened`` after the samples at the positions of ``reasons`` failed to
+        decode: they are remembered as bad (with the reason each) and replaced."""
+        return self._replaced(screened, list(reasons), reasons)
 
     def delivered(self, screened: Screened) -> None:
         """``screened`` decoded: its samples can stand in for bad ones later."""
         self._good = int(screened.batch.indices[0])
 
-    def _replaced(self, screened: Screened, positions: list[int], reasons: dict[int, str]) -> Screened:
+    def _replaced(self, screened: Screened, positions: list[int], reasons: Mapping[int, str]) -> Screened:
         if not positions:
             return screened
         batch = screened.batch

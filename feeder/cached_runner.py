@@ -26,12 +26,13 @@ from typing import TypeVar
 import numpy as np
 
 from core.errors import ConfigError
-from feeder.augment import Crops
 from feeder.decoded_cache import DecodedCache, cached_windows, decode_downscaled
+from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Allocate, Job, Output, PipelineRunner, Repair, SampleDecodeError
 from feeder.resize import BatchResizer
+from feeder.runner import PipelineRunner
 from shards.reader import SplitIndex
+from transport.base import Slot, host_slot
 
 __all__ = ["CachedRunner"]
 
@@ -39,26 +40,26 @@ _Item = TypeVar("_Item")
 _Result = TypeVar("_Result")
 
 
-def _written(dst: Output, fill: Callable[[np.ndarray], object]) -> Output:
-    """``dst`` filled by ``fill`` (which writes a host array): directly when ``dst`` is
-    in host memory, else through a host array copied to the device (cache hits are
+def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
+    """``slot`` filled by ``fill`` (which writes a host array): directly when the slot
+    is in host memory, else through a host array copied to the device (cache hits are
     resized on the CPU)."""
-    if isinstance(dst, np.ndarray):
-        fill(dst)
-        return dst
+    if slot.tensor.device.type == "cpu":
+        fill(slot.array)
+        return slot
     import torch
 
-    host = np.empty(tuple(dst.shape), dtype=np.uint8)
+    host = np.empty(tuple(slot.tensor.shape), dtype=np.uint8)
     fill(host)
-    dst.copy_(torch.from_numpy(host))
-    return dst
+    slot.tensor.copy_(torch.from_numpy(host))
+    return slot
 
 
 class CachedRunner:
     """Serves a stream's jobs from the decoded cache, its own runner doing the rest.
 
-    Same use as :class:`feeder.pipeline.PipelineRunner` (``run_many``, ``drain``,
-    ``close``); jobs must carry sample indices and crop windows.
+    Same use as :class:`feeder.runner.PipelineRunner` (``run_many``, ``run_alone``,
+    ``close``); jobs must carry sample indices.
 
     Args:
         inner: the stream's pipeline (for misses once the cache is full); the caller
@@ -84,36 +85,24 @@ class CachedRunner:
         self._resizer = BatchResizer(self.spec.threads)
         self._pool = ThreadPoolExecutor(self.spec.threads, thread_name_prefix="feeder-cache-fill")
 
-    def run_many(
-        self, batches: Iterable[Job], repair: Repair | None = None, allocate: Allocate | None = None
-    ) -> Iterator[Output]:
-        """One uint8 ``[n, size, size, 3]`` batch per job, in order; ``repair`` and
-        ``allocate`` as for :meth:`PipelineRunner.run_many`.
+    def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
+        """One outcome per job, in order (as :meth:`PipelineRunner.run_many`)."""
+        for job in jobs:
+            yield self.run_alone(job, allocate)
+
+    def run_alone(self, job: JobT, allocate: Allocate = host_slot) -> Outcome[JobT]:
+        """The outcome of ``job``: cached samples resized from the cache, the others
+        decoded (and admitted while the cache admits), a sample that does not decode
+        named in a :class:`Failed`.
 
         Raises:
-            ConfigError: a job without indices or crops.
-            SampleDecodeError: a sample the cache could not take failed to decode in
-                DALI too (and ``repair`` is None).
+            ConfigError: a job without indices.
         """
-        for job in batches:
-            yield self._run_repaired(job, repair, allocate)
-
-    def _run_repaired(self, job: Job, repair: Repair | None, allocate: Allocate | None) -> Output:
-        for _ in range(len(job.jpegs) + 1):  # each round replaces at least one sample
-            try:
-                return self._run(job, allocate)
-            except SampleDecodeError as e:
-                if repair is None or not e.positions:
-                    raise
-                job = repair(job, e)
-        raise ConfigError("decoded cache: a batch still failed after every sample was replaced")
-
-    def _run(self, job: Job, allocate: Allocate | None = None) -> Output:
-        if job.indices is None or job.crops is None:
-            raise ConfigError("decoded cache: every job needs its sample indices and crop windows")
+        if job.indices is None:
+            raise ConfigError("decoded cache: every job needs its sample indices")
         if job.image_size > self._cache.side:
-            self._metrics.decoded_cache(bypassed=len(job.jpegs), usage=self._cache.usage())
-            return next(self.inner.run_many([job], allocate=allocate))
+            self._metrics.decoded_cache(bypassed=len(job), usage=self._cache.usage())
+            return self.inner.run_alone(job, allocate)
         keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
         images = [self._cache.get(key) for key in keys]
         missing = [k for k, image in enumerate(images) if image is None]
@@ -138,53 +127,28 @@ class CachedRunner:
                 self._cache.admit(keys[k], image)
 
     def _assemble(
-        self, job: Job, images: list[np.ndarray | None], missing: list[int], allocate: Allocate | None
-    ) -> Output:
-        crops = job.crops
-        if crops is None:  # checked in _run; narrows the type
-            raise ConfigError("decoded cache: a job without crop windows")
+        self, job: JobT, images: list[np.ndarray | None], missing: list[int], allocate: Allocate
+    ) -> Outcome[JobT]:
         size = job.image_size
         shape = (len(images), size, size, 3)
         ready = [k for k, image in enumerate(images) if image is not None]
         if not missing:  # every sample cached: resized straight into the output
-            if allocate is None:
-                return self._from_cached(job, images, ready)
-            return _written(allocate(shape), lambda out: self._from_cached(job, images, ready, out))
-        decoded = self._decode_missing(job, crops, missing)  # first: it may fail
+            return Decoded(job, _written(allocate(shape), lambda out: self._from_cached(job, images, ready, out)))
+        decoded = self.inner.run_alone(job.only(missing))  # first: it may fail
+        if isinstance(decoded, Failed):
+            failures = {missing[p]: reason for p, reason in (decoded.error.failures or {}).items()}
+            return Failed(job, SampleDecodeError(decoded.error.detail, failures))
         out = np.empty(shape, dtype=np.uint8)
         if ready:
             out[ready] = self._from_cached(job, images, ready)
-        out[missing] = decoded
-        return out if allocate is None else _written(allocate(shape), lambda dst: np.copyto(dst, out))
-
-    def _decode_missing(self, job: Job, crops: Crops, missing: list[int]) -> np.ndarray:
-        """The samples the cache does not hold, through the stream's DALI runner; a
-        failure names positions in ``job``."""
-        subset = Crops(boxes=crops.boxes[missing], flips=crops.flips[missing])
-        try:
-            return self.inner.run([job.jpegs[k] for k in missing], job.image_size, subset)
-        except SampleDecodeError as e:
-            if e.positions is None:  # DALI did not say which: find them one by one
-                positions = tuple(k for k in missing if not self._decodes_alone(job, crops, k))
-            else:
-                positions = tuple(missing[p] for p in e.positions)
-            raise SampleDecodeError(str(e), positions or None) from e
-
-    def _decodes_alone(self, job: Job, crops: Crops, k: int) -> bool:
-        one = Crops(boxes=crops.boxes[k : k + 1], flips=crops.flips[k : k + 1])
-        try:
-            self.inner.run([job.jpegs[k]], job.image_size, one)
-        except SampleDecodeError:
-            return False
-        return True
+        out[missing] = decoded.slot.array
+        return Decoded(job, _written(allocate(shape), lambda dst: np.copyto(dst, out)))
 
     def _from_cached(
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None
     ) -> np.ndarray:
         """Crop, resize and mirror cached images ``ready`` (positions in the job)."""
         crops = job.crops
-        if crops is None:
-            raise ConfigError("decoded cache: a job without crop windows")
         chosen = [images[k] for k in ready]
         cached = [image for image in chosen if image is not None]
         rows = np.asarray(job.indices)[ready]
@@ -211,10 +175,6 @@ class CachedRunner:
     @property
     def host_copies(self) -> int:
         return self.inner.host_copies
-
-    def drain(self) -> None:
-        """Collect and drop whatever the inner runner still has in flight."""
-        self.inner.drain()
 
     def close(self) -> None:
         """Stop this runner's threads (the inner runner stays with its owner)."""

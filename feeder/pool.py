@@ -1,10 +1,9 @@
 """A bounded pool of built DALI pipelines keyed by what fixes them, so streams reuse
 pipelines instead of building one per stream (a build takes ~100 ms and a few MB).
 
-Crop ranges, image size and batch size are per-run inputs, not part of a pipeline's
-identity (:class:`PipelineSpec`); what remains is the transform kind, the batch-size
-bucket, the resize filter and the daemon's device, threads and prefetch: a few dozen
-specs at most. Each open stream holds a runner of its own, so the pool bounds the
+Crop ranges, image size, transform and batch size are per-run inputs, not part of a
+pipeline's identity (:class:`PipelineSpec`); what remains is the batch-size bucket,
+the resize filter and the device, threads and prefetch: a few dozen specs at most. Each open stream holds a runner of its own, so the pool bounds the
 runners alive at once (lent plus idle, ``max_pipelines``), drops an idle one, oldest
 first, when a new one must be built at the bound, and drops idle ones after
 ``idle_s`` with their threads and buffers (DALI keeps a pipeline's peak buffers while
@@ -13,14 +12,14 @@ it lives).
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import ServiceUnavailable
-from feeder.pipeline import PipelineRunner, PipelineSpec
+from feeder.pipeline import PipelineSpec
+from feeder.runner import PipelineRunner
 
 __all__ = ["PipelinePool", "batch_bucket"]
 
@@ -70,7 +69,6 @@ class PipelinePool:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._reaper: threading.Thread | None = None
-        self._seeds = itertools.count(1)  # only for runs without windows; streams bring theirs
         self._closed = False
 
     def acquire(self, spec: PipelineSpec) -> PipelineRunner:
@@ -94,19 +92,20 @@ class PipelinePool:
                 evicted = self._idle.pop(0).runner
             else:
                 self._alive += 1
-            seed = next(self._seeds)
         if evicted is not None:
             evicted.close()  # its slot passes to the new runner
         try:
-            runner = PipelineRunner(spec, seed=seed)
+            runner = PipelineRunner(spec)
         except BaseException:
             self._dropped(1)
             raise
         self._on_change(self.alive_count())
         return runner
 
-    def release(self, runner: PipelineRunner, healthy: bool = True) -> None:
-        """Return ``runner``; a runner that failed, or one too many, is dropped."""
+    def release(self, runner: PipelineRunner) -> None:
+        """Return ``runner``; a broken runner, one that cannot drain, or one too many
+        is dropped."""
+        healthy = not runner.broken
         if healthy:
             try:
                 runner.drain()

@@ -8,15 +8,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from contextlib import ExitStack
 from pathlib import Path
 
-from core.errors import (
-    ConfigError,
-    FeederError,
-    InvalidArgument,
-    NotFound,
-)
+from core.errors import ConfigError, FeederError, InvalidArgument, NotFound
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
 from feeder.bad_samples import BadSamples, OnError, SampleFilter
 from feeder.cached_runner import CachedRunner
@@ -24,69 +19,21 @@ from feeder.config import ServerConfig
 from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import AugmentKind, CropRange, PipelineRunner, PipelineSpec
-from feeder.plan import (
-    BatchSlice,
-    LastBatch,
-    RankPart,
-    epoch_order,
-    iter_batches,
-    rank_part,
-    tail_skipped,
-    validate_window,
-)
+from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
-from feeder.producer import BatchRunner, BatchStream, StreamContext
+from feeder.producer import BatchRunner, StreamContext
+from feeder.runner import PipelineRunner
+from feeder.stream import BatchStream, StreamOutcome
+from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, tail_skipped
+from protocol.plan import validate_window
+from protocol.request import AugmentKind, StreamSpec
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
 from transport.daemon import TransportHub, TransportRequest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeederService", "StreamSpec", "cuda_devices", "open_datasets", "resolve_device"]
-
-MIN_IMAGE_SIZE = 16
-MAX_IMAGE_SIZE = 1024
-# protobuf refuses messages of 2 GiB or more; keep a batch's pixels well below.
-MAX_BATCH_BYTES = 1 << 30
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """A request for one rank's batches (fields as in ``StreamRequest``).
-
-    ``augment`` None means: train augmentation for the split named ``train``,
-    validation transform otherwise. Train augmentation also shuffles the order.
-    ``epochs`` > 1 streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
-    ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share it)
-    and ``peer`` the client's address, both for the daemon's log.
-    """
-
-    dataset: str
-    split: str
-    rank: int = 0
-    world_size: int = 1
-    batch_size: int = 32
-    image_size: int = 224
-    seed: int = 0
-    epoch: int = 0
-    start_cursor: int = 0
-    max_samples: int = 0
-    epochs: int = 1
-    last_batch: LastBatch = LastBatch.DROP
-    augment: AugmentKind | None = None
-    crop: CropRange = field(default_factory=CropRange)
-    job_id: str = ""
-    peer: str = ""
-    antialias: bool | None = None  # resize filter; None: the daemon's default
-    local_world_size: int = 0  # the job's ranks on the client's node (0: not said)
-
-    @property
-    def kind(self) -> AugmentKind:
-        if self.augment is not None:
-            return self.augment
-        return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
-
+__all__ = ["FeederService", "cuda_devices", "open_datasets", "resolve_device"]
 
 def cuda_devices() -> int:
     """CUDA devices DALI can use (0 without a driver)."""
@@ -159,14 +106,17 @@ class FeederService:
         threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
 
     def open_stream(
-        self, spec: StreamSpec, cancel: Callable[[], None] = lambda: None,
+        self, spec: StreamSpec, peer: str = "", cancel: Callable[[], None] = lambda: None,
         transport: TransportRequest = _IN_PROCESS,
     ) -> BatchStream:
-        """Check ``spec``, admit it against the daemon's limits, plan its batches and
-        start a producer.
+        """Check ``spec`` against the daemon and its dataset, admit it against the
+        daemon's limits, plan its batches and start a producer.
 
         Args:
-            spec: the request.
+            spec: the request (checked on its own already: see
+                :class:`protocol.request.StreamSpec`).
+            peer: the client's address (``context.peer()``; "" for a caller without
+                gRPC), for the per-peer limit and the log.
             cancel: ends the client's call; used when the daemon ends the stream on
                 its own (idle timeout).
             transport: what the client asked for and where it runs (shared memory
@@ -174,41 +124,51 @@ class FeederService:
 
         Raises:
             NotFound: unknown dataset or split.
-            InvalidArgument: a field out of range (the message names it).
+            InvalidArgument: a batch larger than ``max_batch_size``, a cursor past the
+                rank's part.
             ServiceUnavailable: shutting down, or ``max_streams`` already open, or
                 ``max_pipelines`` all lent to open streams.
             ResourceExhausted: its peer's stream limit or the memory budget is reached.
+            FeederError: DALI could not build the pipeline.
         """
         split = self._split(spec)
-        self._check_sizes(spec)
+        if spec.batch_size > self.config.max_batch_size:
+            raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
         part = self._part(spec, split, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
-        slices = self._slices(spec, split, part)
-        peer, need = peer_key(spec.peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
-        self._admission.check(peer, need)  # before building anything for a refused stream
-        placement = self.devices.place(transport.gpu_uuid)
-        try:
-            runner = self.pool.acquire(self._pipeline_spec(spec, placement))
-        except RuntimeError as e:  # DALI could not build the pipeline
-            raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
-        # On the client's own GPU the batches can stay there (CUDA IPC).
-        sender = self.transports.open_sender(transport, spec.batch_size * spec.image_size**2 * 3,
-                                             batch_gpu_uuid=placement.gpu_uuid)
-        batch_runner = self._cached(runner, spec.dataset, split)
-        context = StreamContext(
-            split, batch_runner, sender, spec.image_size, len(part),
-            self.config.queue_batches, self.config.queue_bytes,
-            kind=spec.kind, seed=spec.seed, crop=spec.crop,
-            samples=SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
-        )
-        stream = BatchStream(context, slices, self.metrics, self._released)
-        name = f"stream {next(self._numbers)} ({spec.peer or 'local'}, job {spec.job_id or '-'})"
-        self._admit(stream, batch_runner, Ticket(name, peer, need, cancel))
+        key, need = peer_key(peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
+        self._admission.check(key, need)  # before building anything for a refused stream
+        name = f"stream {next(self._numbers)} ({peer or 'local'}, job {spec.job_id or '-'})"
+        with ExitStack() as parts:
+            placement = self.devices.place(transport.gpu_uuid)
+            runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
+            # On the client's own GPU the batches can stay there (CUDA IPC).
+            sender = self.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid)
+            parts.callback(self.transports.close_sender, sender)
+            context = StreamContext(
+                split, self._cached(runner, spec.dataset, split, parts), spec.image_size, len(part),
+                SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
+                self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
+            )
+            stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics)
+            self._admission.admit(stream, Ticket(name, key, need, cancel))
+            parts.callback(self._ended, stream)
+            self.metrics.stream_opened()
+            stream.own(parts.pop_all())
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
                  "on %s with %d threads", name, spec.dataset, spec.split, spec.rank, spec.world_size, spec.batch_size,
                  spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1,
-                 stream.transport, _where(runner.spec.device, runner.spec.device_id), runner.spec.threads)
+                 sender.kind.name.lower(), _where(runner.spec.device, runner.spec.device_id), runner.spec.threads)
         return stream.start()
+
+    def _lend_runner(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
+        """A pooled runner for ``spec``, given back when ``parts`` closes."""
+        try:
+            runner = self.pool.acquire(spec)
+        except RuntimeError as e:  # DALI could not build the pipeline
+            raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
+        parts.callback(self.pool.release, runner)
+        return runner
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
         shuffle = spec.kind is AugmentKind.TRAIN
@@ -236,22 +196,6 @@ class FeederService:
             raise NotFound(f"split: {spec.dataset!r} has no split {spec.split!r} (has {sorted(dataset.splits)})")
         return split
 
-    def _check_sizes(self, spec: StreamSpec) -> None:
-        if spec.epochs < 1:
-            raise InvalidArgument(f"epochs: must be >= 1, got {spec.epochs}")
-        limit = self.config.max_batch_size
-        if not 1 <= spec.batch_size <= limit:
-            raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{limit}")
-        if not MIN_IMAGE_SIZE <= spec.image_size <= MAX_IMAGE_SIZE:
-            raise InvalidArgument(
-                f"image_size: {spec.image_size} is not in {MIN_IMAGE_SIZE}..{MAX_IMAGE_SIZE}"
-            )
-        if spec.batch_size * spec.image_size**2 * 3 > MAX_BATCH_BYTES:
-            raise InvalidArgument(
-                f"batch_size: {spec.batch_size} images of {spec.image_size} px exceed "
-                f"{MAX_BATCH_BYTES >> 20} MiB per message"
-            )
-
     def _pipeline_spec(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
         """The pipeline of a new stream: on its placement's device, with its share of
         the ``threads`` budget (see :func:`feeder.devices.thread_share`)."""
@@ -260,7 +204,6 @@ class FeederService:
         if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
             pipelines = max(pipelines, self.devices.gpu_count)
         return PipelineSpec(
-            kind=spec.kind,
             device=placement.device,
             device_id=placement.device_id,
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
@@ -270,36 +213,23 @@ class FeederService:
             cpu_decoder=self.config.cpu_decoder,
         )
 
-    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:
-        """``runner`` behind the decoded cache, when the daemon has one."""
+    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex, parts: ExitStack) -> BatchRunner:
+        """``runner`` behind the decoded cache, when the daemon has one (closed with
+        ``parts``; the runner itself goes back to the pool)."""
         if self.decoded_cache is None:
             return runner
-        return CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
+        cached = CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
+        parts.callback(cached.close)
+        return cached
 
-    def _admit(self, stream: BatchStream, runner: BatchRunner, ticket: Ticket) -> None:
-        try:
-            self._admission.admit(stream, ticket)
-        except FeederError:
-            if isinstance(runner, CachedRunner):  # its own threads; the pipeline is pooled
-                runner.close()
-                runner = runner.inner
-            if isinstance(runner, PipelineRunner):
-                self.pool.release(runner)
-            self.transports.close_sender(stream.sender)
-            raise
-        self.metrics.stream_opened()
-
-    def _released(self, stream: BatchStream, runner: BatchRunner, healthy: bool) -> None:
+    def _ended(self, stream: BatchStream) -> None:
+        """A stream's last part to go: its admission, and the line that says how it ended."""
         ticket = self._admission.release(stream)
-        self.transports.close_sender(stream.sender)
-        level = logging.WARNING if stream.outcome.startswith(("failed", "idle")) else logging.INFO
-        log.log(level, "%s closed, %s: %d samples in %d batches, %.1f s", ticket.name if ticket else "stream",
-                stream.outcome, stream.samples_sent, stream.batches_sent, time.monotonic() - stream.opened_s)
-        if isinstance(runner, CachedRunner):
-            runner.close()
-            runner = runner.inner
-        if isinstance(runner, PipelineRunner):
-            self.pool.release(runner, healthy)
+        failed = stream.outcome in (StreamOutcome.FAILED, StreamOutcome.IDLE)
+        detail = f": {stream.detail}" if stream.detail else ""
+        log.log(logging.WARNING if failed else logging.INFO, "%s closed, %s%s: %d samples in %d batches, %.1f s",
+                ticket.name if ticket else "stream", stream.outcome.value, detail, stream.samples_sent,
+                stream.batches_sent, time.monotonic() - stream.opened_s)
         self.metrics.stream_closed()
 
     def _cancel_idle_streams(self) -> None:
@@ -309,8 +239,7 @@ class FeederService:
             for stream, ticket in self._admission.open():
                 idle_s = stream.idle_s()
                 if idle_s > timeout_s:
-                    stream.outcome = (f"idle: no batch taken for {idle_s:.1f} s "
-                                      f"(idle timeout {timeout_s:g} s), cancelled")
+                    stream.mark_idle(f"no batch taken for {idle_s:.1f} s (idle timeout {timeout_s:g} s), cancelled")
                     self.metrics.stream_idle_cancelled()
                     ticket.cancel()
                     stream.close()

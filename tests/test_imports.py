@@ -8,11 +8,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "protos", "shards", "transport", "sharder", "clients", "feeder", "bench")
+PACKAGES = ("core", "protos", "protocol", "shards", "transport", "sharder", "clients", "feeder", "bench")
 # Bottom to top. A module may import its own package and the layers below its own.
 LAYERS = {
     "core": 0, "protos": 0,
-    "shards": 1,
+    "shards": 1, "protocol": 1,
     "transport": 2, "sharder": 2,
     "clients": 3, "feeder": 3,
     "feeder.cli": 4, "feeder.demo": 4, "feeder.__main__": 4,

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from core.errors import ConfigError, DataError, FeederError
+from protocol.batch import BatchMeta, from_message
 from protos import feeder_pb2
 
 __all__ = [
-    "BatchMeta",
     "BatchReceiver",
     "BatchSender",
     "HostIdentity",
@@ -52,6 +52,7 @@ __all__ = [
     "TransportKind",
     "TransportUnavailable",
     "WireBatch",
+    "host_slot",
 ]
 
 
@@ -104,32 +105,6 @@ class TransportConfig:
             raise ConfigError(f"slot_wait_s: must be > 0, got {self.slot_wait_s}")
 
 
-@dataclass(frozen=True)
-class BatchMeta:
-    """A batch's small fields: everything but the pixels."""
-
-    epoch: int
-    cursor: int
-    samples_per_rank: int
-    keys: list[str]
-    labels: np.ndarray
-    padding: np.ndarray
-    failed_keys: list[str] = field(default_factory=list)
-
-    def to_message(self, shape: tuple[int, ...]) -> feeder_pb2.Batch:
-        """A ``Batch`` with these fields and ``shape``, without pixels."""
-        return feeder_pb2.Batch(
-            epoch=self.epoch,
-            cursor=self.cursor,
-            keys=self.keys,
-            labels=self.labels.tolist(),
-            shape=list(shape),
-            padding=self.padding.tolist(),
-            samples_per_rank=self.samples_per_rank,
-            failed_keys=self.failed_keys,
-        )
-
-
 @dataclass
 class Slot:
     """Where the producer writes one batch: lent by :meth:`BatchSender.slot_for`,
@@ -153,6 +128,21 @@ class Slot:
         if self.tensor.device.type != "cpu":
             raise TypeError(f"slot on {self.tensor.device} has no numpy view")
         return self.tensor.numpy()
+
+    @property
+    def images(self) -> np.ndarray | torch.Tensor:
+        """The pixels: a numpy array in host memory, the tensor on a GPU."""
+        return self.array if self.tensor.device.type == "cpu" else self.tensor
+
+    def ref(self, stream_id: str) -> feeder_pb2.SlotRef:
+        """How the client names this loan when it hands the slot back."""
+        return feeder_pb2.SlotRef(stream_id=stream_id, index=self.index, generation=self.generation)
+
+
+def host_slot(shape: tuple[int, ...]) -> Slot:
+    """A slot of fresh host memory for a uint8 batch of ``shape`` (no transport: a
+    batch decoded in this process)."""
+    return Slot(tensor=torch.empty(shape, dtype=torch.uint8))
 
 
 class BatchSender(ABC):
@@ -230,12 +220,17 @@ class ReceivedBatch:
     Attributes:
         images: uint8 ``[N, H, W, C]``, in host memory (shm, gRPC) or on the
             client's GPU (CUDA IPC).
-        message: The batch's small fields (epoch, cursor, keys, labels, padding).
+        message: The received message (its pixels cut out).
     """
 
     images: torch.Tensor
     message: feeder_pb2.Batch
     _release: Callable[[torch.cuda.Event | None], None] | None = field(default=None, repr=False)
+
+    @property
+    def meta(self) -> BatchMeta:
+        """The batch's small fields (epoch, cursor, keys, labels, padding, ...)."""
+        return from_message(self.message)
 
     def release(self, after: torch.cuda.Event | None = None) -> None:
         """Hands the slot back now (once ``after`` has completed): call it as soon

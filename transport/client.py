@@ -110,11 +110,11 @@ class StreamReceiver(BatchReceiver):
         self.kind: TransportKind | None = None  # of the last batch
 
     def receive(self, wire: WireBatch) -> ReceivedBatch:
-        message = wire.message
-        if message.HasField("cuda_ring"):
+        where = wire.message.WhichOneof("pixels")
+        if where == "cuda":
             self.kind = TransportKind.CUDA_IPC
             return self._cuda_receiver().receive(wire)
-        if message.shm_segment:
+        if where == "shm":
             self.kind = TransportKind.SHM
             return self._shm.receive(wire)
         self.kind = TransportKind.GRPC

@@ -14,28 +14,27 @@ after the copy/convert), exactly like a shared-memory slot.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 
 import torch
 
-from core.errors import DataError, InvalidArgument
+from core.errors import DataError
+from protocol.batch import BatchMeta, to_message
 from protos import feeder_pb2
 from transport.base import (
-    BatchMeta,
     BatchReceiver,
     BatchSender,
     OnceRelease,
     ReceivedBatch,
     ReleaseSink,
     Slot,
-    TransportClosed,
     TransportConfig,
     TransportKind,
     TransportUnavailable,
     WireBatch,
     check_shape,
 )
+from transport.ring import SlotRing
 
 __all__ = [
     "CudaIpcReceiver",
@@ -94,44 +93,6 @@ def device_index(uuid: str) -> int:
     return index
 
 
-class _Loans:
-    """Which slots are lent, with generations (as ``transport.shm.ShmRing`` keeps them)."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self._generation = [0] * slots
-        self._lent = [False] * slots
-        self._cond = threading.Condition()
-        self.closed = False
-
-    def acquire(self, timeout_s: float) -> tuple[int, int] | None:
-        with self._cond:
-            if not self._cond.wait_for(lambda: not all(self._lent) or self.closed, timeout_s):
-                return None
-            if self.closed:
-                raise TransportClosed("CUDA IPC ring closed")
-            index = self._lent.index(False)
-            self._lent[index] = True
-            self._generation[index] += 1
-            return index, self._generation[index]
-
-    def release(self, index: int, generation: int, where: str) -> None:
-        with self._cond:
-            if self.closed:
-                return
-            if not 0 <= index < self.slots or not self._lent[index]:
-                raise InvalidArgument(f"{where} slot {index}: not lent (released twice?)")
-            if generation != self._generation[index]:
-                raise InvalidArgument(f"{where} slot {index}: stale generation {generation}")
-            self._lent[index] = False
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
-
-
 class CudaIpcSender(BatchSender):
     """Daemon half: ``ring_slots`` device slots of ``slot_bytes`` on ``gpu_uuid``.
 
@@ -150,7 +111,7 @@ class CudaIpcSender(BatchSender):
         self.device = torch.device("cuda", device_index(gpu_uuid))
         self.slot_bytes = slot_bytes
         self._wait_s = config.slot_wait_s
-        self._loans = _Loans(config.ring_slots)
+        self._loans = SlotRing(config.ring_slots, stream_id)
         try:
             self._ring = torch.empty(config.ring_slots * slot_bytes, dtype=torch.uint8, device=self.device)
         except torch.OutOfMemoryError as e:
@@ -185,16 +146,13 @@ class CudaIpcSender(BatchSender):
 
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
         self._events[slot.index].record(torch.cuda.current_stream(self.device))
-        message = meta.to_message(tuple(slot.tensor.shape))
-        message.slot.stream_id = self.stream_id
-        message.slot.index = slot.index
-        message.slot.generation = slot.generation
-        message.slot_offset = slot.index * self.slot_bytes
-        message.cuda_ring.CopyFrom(self._ring_message)
+        message = to_message(meta, tuple(slot.tensor.shape))
+        message.cuda.CopyFrom(feeder_pb2.CudaSlot(
+            slot=slot.ref(self.stream_id), offset=slot.index * self.slot_bytes, ring=self._ring_message))
         return message.SerializeToString()
 
     def release(self, index: int, generation: int) -> None:
-        self._loans.release(index, generation, f"stream {self.stream_id}")
+        self._loans.release(index, generation)
 
     def close(self) -> None:
         self._loans.close()
@@ -216,16 +174,19 @@ class CudaIpcReceiver(BatchReceiver):
 
     def receive(self, wire: WireBatch) -> ReceivedBatch:
         message = wire.message
+        if message.WhichOneof("pixels") != "cuda":
+            raise DataError("CUDA IPC batch without a CUDA slot")
+        where = message.cuda
         shape = tuple(message.shape)
         nbytes = math.prod(shape) if shape else 0
         check_shape(shape, nbytes)
-        ring = self._open(message.cuda_ring)
-        if message.slot_offset + nbytes > ring.numel() or message.slot.index >= len(self._events):
-            raise DataError(f"CUDA IPC slot {message.slot.index} outside the ring")
-        torch.cuda.current_stream(ring.device).wait_event(self._events[message.slot.index])
-        images = ring[message.slot_offset : message.slot_offset + nbytes].view(shape)
+        ring = self._open(where.ring)
+        if where.offset + nbytes > ring.numel() or not 0 <= where.slot.index < len(self._events):
+            raise DataError(f"CUDA IPC slot {where.slot.index} outside the ring")
+        torch.cuda.current_stream(ring.device).wait_event(self._events[where.slot.index])
+        images = ring[where.offset : where.offset + nbytes].view(shape)
         ref = feeder_pb2.SlotRef()
-        ref.CopyFrom(message.slot)
+        ref.CopyFrom(where.slot)
         return ReceivedBatch(images=images, message=message, _release=OnceRelease(self._release, ref))
 
     def close(self) -> None:

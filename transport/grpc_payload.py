@@ -36,8 +36,8 @@ import torch
 from core.errors import DataError, InvalidArgument
 from core.wire import read_varint, varint
 from protos import feeder_pb2
+from protocol.batch import BatchMeta, to_message
 from transport.base import (
-    BatchMeta,
     BatchReceiver,
     BatchSender,
     ReceivedBatch,
@@ -155,7 +155,7 @@ class GrpcPayloadSender(BatchSender):
         if not isinstance(slot.keep, _Message):
             raise TypeError("slot was not lent by this sender")
         data, whole = slot.keep.data, slot.keep.whole
-        head = meta.to_message(tuple(slot.tensor.shape)).SerializeToString()
+        head = to_message(meta, tuple(slot.tensor.shape)).SerializeToString()
         filler = _filler(self._reserve - len(head))
         if filler is None:  # head too large for the room: pay one copy
             self.joined_messages += 1

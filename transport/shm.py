@@ -31,25 +31,22 @@ import mmap
 import os
 import re
 import secrets
-import threading
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from core.errors import DataError, InvalidArgument
+from core.errors import DataError
+from protocol.batch import BatchMeta, to_message
 from protos import feeder_pb2
 from transport.base import (
-    BatchMeta,
     BatchReceiver,
     BatchSender,
     OnceRelease,
     ReceivedBatch,
     ReleaseSink,
     Slot,
-    TransportClosed,
     TransportConfig,
     TransportKind,
     TransportUnavailable,
@@ -58,6 +55,7 @@ from transport.base import (
     wrap_memory,
 )
 from transport.grpc_payload import GrpcPayloadSender
+from transport.ring import SlotRing
 
 __all__ = ["ShmReceiver", "ShmRing", "ShmSender", "instance_prefix", "sweep_stale"]
 
@@ -76,15 +74,14 @@ def instance_prefix() -> str:
     return f"feeder-{os.getpid()}-{secrets.token_hex(4)}-"
 
 
-class ShmRing:
-    """``slots`` slots of ``slot_bytes`` in one segment at ``path``, with their loans.
+class ShmRing(SlotRing):
+    """``slots`` slots of ``slot_bytes`` in one segment at ``path``, with their loans
+    (:class:`transport.ring.SlotRing`).
 
-    Each loan of a slot has a generation; a release must name the slot's current
-    one, so a stale or repeated release is refused instead of freeing a slot that
-    holds another batch. After the slots, the segment ends with one release word
-    per slot (little-endian uint64 at ``release_offset``): a client that writes a
-    loan's generation there gives the slot back without a call (the daemon reads the
-    words when it needs a slot); a word holding anything else frees nothing.
+    After the slots, the segment ends with one release word per slot (little-endian
+    uint64 at ``release_offset``): a client that writes a loan's generation there
+    gives the slot back without a call (the ring reads the words while a producer
+    waits for a slot); a word holding anything else frees nothing.
 
     Raises:
         TransportUnavailable: the segment cannot be made or its space reserved.
@@ -93,90 +90,30 @@ class ShmRing:
     def __init__(self, path: Path, slots: int, slot_bytes: int) -> None:
         if slots < 1 or slot_bytes < 1:
             raise ValueError(f"ring of {slots} slots of {slot_bytes} bytes")
+        super().__init__(slots, Path(path).name, poll_s=_WORD_POLL_S)
         self.path = Path(path)
-        self.slots = slots
         self.slot_bytes = slot_bytes
         self.release_offset = slots * slot_bytes
         self.nbytes = self.release_offset + _WORD * slots
         self._fd, self._map = _create_segment(self.path, self.nbytes)
         self._memory = np.frombuffer(self._map, dtype=np.uint8)
         self._words = self._memory[self.release_offset :].view("<u8")
-        self._generation = [0] * slots
-        self._lent = [False] * slots
-        self._free = deque(range(slots))
-        self._cond = threading.Condition()
-        self._closed = False
 
-    def acquire(self, timeout_s: float | None) -> tuple[int, int] | None:
-        """Lends a free slot: ``(index, generation)``, or None after ``timeout_s``.
-
-        Raises:
-            TransportClosed: the ring was closed meanwhile.
-        """
-        with self._cond:
-            if not self._cond.wait_for(self._has_free, self._poll_s(timeout_s)):
-                deadline = None if timeout_s is None else time.monotonic() + timeout_s
-                while not self._has_free():
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        return None
-                    self._cond.wait(_WORD_POLL_S if left is None else min(_WORD_POLL_S, left))
-            if self._closed:
-                raise TransportClosed(f"{self.path.name}: ring closed")
-            index = self._free.popleft()
-            self._generation[index] += 1
-            self._lent[index] = True
-            return index, self._generation[index]
-
-    @staticmethod
-    def _poll_s(timeout_s: float | None) -> float:
-        return _WORD_POLL_S if timeout_s is None else min(_WORD_POLL_S, timeout_s)
-
-    def _has_free(self) -> bool:
-        """True when a slot is free, after taking back every slot whose release word
-        names its current loan (caller holds the lock)."""
-        if self._closed or self._free:
-            return True
-        for index, lent in enumerate(self._lent):
-            if lent and int(self._words[index]) == self._generation[index]:
-                self._lent[index] = False
-                self._free.append(index)
-        return bool(self._free)
+    def reclaim(self, index: int, generation: int) -> bool:
+        return int(self._words[index]) == generation
 
     def view(self, index: int, nbytes: int) -> np.ndarray:
         """The first ``nbytes`` of slot ``index`` (writable, no copy)."""
         start = index * self.slot_bytes
         return self._memory[start : start + nbytes]
 
-    def release(self, index: int, generation: int) -> None:
-        """Takes back the loan ``generation`` of slot ``index``.
-
-        Raises:
-            InvalidArgument: no such slot, not lent, or another loan's generation.
-        """
-        with self._cond:
-            if self._closed:
-                return  # the stream is over; nothing left to protect
-            where = f"stream {self.path.name} slot {index}"
-            if not 0 <= index < self.slots:
-                raise InvalidArgument(f"{where}: no such slot ({self.slots} slots)")
-            current = self._generation[index]
-            if not self._lent[index] or generation > current:
-                raise InvalidArgument(f"{where} generation {generation}: not lent (released twice?)")
-            if generation != current:
-                raise InvalidArgument(f"{where}: stale generation {generation} (current {current})")
-            self._lent[index] = False
-            self._free.append(index)
-            self._cond.notify()
-
-    def close(self) -> None:
+    def close(self) -> bool:
         """Unlinks the segment and wakes waiting producers. Idempotent."""
         with self._cond:
-            if self._closed:
-                return
-            self._closed = True
+            if self.closed:
+                return False
             _unlink(self.path)  # before a woken producer can see the ring closed
-            self._cond.notify_all()
+            super().close()
         os.close(self._fd)  # drops the lock
         self._memory = np.empty(0, dtype=np.uint8)
         self._words = np.zeros(self.slots, dtype="<u8")
@@ -184,6 +121,7 @@ class ShmRing:
             self._map.close()
         except BufferError:
             pass  # slot views still alive: unmapped when the last one goes
+        return True
 
 
 def _create_segment(path: Path, nbytes: int) -> tuple[int, mmap.mmap]:
@@ -253,14 +191,10 @@ class ShmSender(BatchSender):
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
         if slot.index < 0:
             return self._inline.message(slot, meta)
-        message = meta.to_message(tuple(slot.tensor.shape))
-        message.slot.stream_id = self.stream_id
-        message.slot.index = slot.index
-        message.slot.generation = slot.generation
-        message.slot_offset = slot.index * self.ring.slot_bytes
-        message.shm_segment = self.stream_id
-        message.shm_segment_bytes = self.ring.nbytes
-        message.release_offset = self.ring.release_offset
+        message = to_message(meta, tuple(slot.tensor.shape))
+        message.shm.CopyFrom(feeder_pb2.ShmSlot(
+            slot=slot.ref(self.stream_id), offset=slot.index * self.ring.slot_bytes, segment=self.stream_id,
+            segment_bytes=self.ring.nbytes, release_offset=self.ring.release_offset))
         return message.SerializeToString()
 
     def release(self, index: int, generation: int) -> None:
@@ -289,22 +223,22 @@ class ShmReceiver(BatchReceiver):
 
     def receive(self, wire: WireBatch) -> ReceivedBatch:
         message = wire.message
-        if not message.HasField("slot"):
+        if message.WhichOneof("pixels") != "shm" or not message.shm.HasField("slot"):
             raise DataError("shared-memory batch without a slot reference")
+        where = message.shm
         shape = tuple(message.shape)
         nbytes = math.prod(shape) if shape else 0
         check_shape(shape, nbytes)
-        segment = self._segment(message.shm_segment, message.shm_segment_bytes)
-        if message.slot_offset + nbytes > segment.nbytes:
-            raise DataError(f"{message.shm_segment}: slot at {message.slot_offset}+{nbytes} "
-                            f"outside {segment.nbytes} bytes")
+        segment = self._segment(where.segment, where.segment_bytes)
+        if where.offset + nbytes > segment.nbytes:
+            raise DataError(f"{where.segment}: slot at {where.offset}+{nbytes} outside {segment.nbytes} bytes")
         ref = feeder_pb2.SlotRef()
-        ref.CopyFrom(message.slot)
+        ref.CopyFrom(where.slot)
         sink = self._release
-        if message.release_offset:  # in-band: the slot's word in the segment
-            sink = _word_release(segment, message.release_offset, self._release)
+        if where.release_offset:  # in-band: the slot's word in the segment
+            sink = _word_release(segment, where.release_offset, self._release)
         once = OnceRelease(sink, ref)
-        address = segment.ctypes.data + message.slot_offset
+        address = segment.ctypes.data + where.offset
         pixels = wrap_memory(address, nbytes, owner=segment, on_free=once).reshape(shape)
         return ReceivedBatch(images=torch.from_numpy(pixels), message=message, _release=once)
 

@@ -14,12 +14,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import Output
-from feeder.producer import BatchStream
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from feeder.stream import BatchStream
+from protocol.request import StreamSpec
 from transport.base import HostIdentity, TransportKind
 from transport.daemon import TransportRequest
 
@@ -32,7 +35,7 @@ _EPOCHS = 1_000_000  # one stream, epochs back to back: endless for a benchmark
 def daemon_batches(
     shards: Path, split: str, request: StreamSpec, *, device: str = "cpu", threads: int = 2, prefetch: int = 2,
     decoded_cache_bytes: int = 0, decoded_cache_side: int = 256,
-) -> Iterator[Iterator[Output]]:
+) -> Iterator[Iterator[np.ndarray | torch.Tensor]]:
     """Yields an endless iterator of the uint8 NHWC image batches the daemon would send
     for ``request`` (its ``dataset`` is ignored), produced in this process: numpy
     arrays, or CUDA tensors on GPU 0 for ``device="gpu"``."""
@@ -61,14 +64,12 @@ def _transport(device: str) -> TransportRequest:
     return TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(), device_uuid(0))
 
 
-def _images(stream: BatchStream) -> Iterator[Output]:
+def _images(stream: BatchStream) -> Iterator[np.ndarray | torch.Tensor]:
     """Each batch's images; a device slot goes back to its ring once the batch's
     writes have finished and the consumer has asked for the next one."""
     for batch in stream:
-        yield batch.images
-        if batch.slot is not None and batch.slot.tensor.device.type == "cuda":
-            import torch
-
+        yield batch.slot.images
+        if batch.slot.tensor.device.type == "cuda":
             torch.cuda.current_stream(batch.slot.tensor.device).synchronize()
             stream.sender.release(batch.slot.index, batch.slot.generation)
 

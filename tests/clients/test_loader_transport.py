@@ -95,12 +95,13 @@ def test_a_stale_or_twice_released_slot_is_invalid_and_the_daemon_goes_on(shards
                 transport=feeder_pb2.TRANSPORT_SHM, client_host=HostIdentity.of_this_process().to_message())
             call = stub.StreamBatches(request)  # kept open: slots of ended streams are moot
             first = next(call)
-            assert first.shm_segment and first.HasField("slot")
-            stub.ReleaseSlots(feeder_pb2.ReleaseRequest(slots=[first.slot]))
-            for bad in (first.slot,  # released twice
-                        feeder_pb2.SlotRef(stream_id=first.slot.stream_id, index=99, generation=1),
-                        feeder_pb2.SlotRef(stream_id=first.slot.stream_id, index=first.slot.index,
-                                           generation=first.slot.generation + 7)):
+            assert first.WhichOneof("pixels") == "shm" and first.shm.segment
+            lent = first.shm.slot
+            stub.ReleaseSlots(feeder_pb2.ReleaseRequest(slots=[lent]))
+            for bad in (lent,  # released twice
+                        feeder_pb2.SlotRef(stream_id=lent.stream_id, index=99, generation=1),
+                        feeder_pb2.SlotRef(stream_id=lent.stream_id, index=lent.index,
+                                           generation=lent.generation + 7)):
                 with pytest.raises(grpc.RpcError) as caught:
                     stub.ReleaseSlots(feeder_pb2.ReleaseRequest(slots=[bad]))
                 assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT

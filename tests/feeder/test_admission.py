@@ -18,8 +18,11 @@ from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.producer import ReadyBatch
 from feeder.ready_queue import ReadyQueue
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from protocol.batch import BatchMeta
+from protocol.request import StreamSpec
 from protos import feeder_pb2_grpc
+from transport.base import host_slot
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request
 
@@ -102,8 +105,7 @@ def test_one_peer_cannot_take_every_stream(shards):
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     try:
         def open_from(peer: str):
-            return service.open_stream(StreamSpec(dataset="sample", split="val", batch_size=4,
-                                                  image_size=16, peer=peer))
+            return service.open_stream(StreamSpec(dataset="sample", split="val", batch_size=4, image_size=16), peer)
 
         streams = [open_from("ipv4:10.0.0.1:1000"), open_from("ipv4:10.0.0.1:1001")]
         with pytest.raises(ResourceExhausted, match=r"max_streams_per_peer: ipv4:10\.0\.0\.1 .*2"):
@@ -171,8 +173,9 @@ def test_a_slow_but_steady_reader_is_not_idle(private_server):
 # -- ready queue in bytes ---------------------------------------------------------
 
 def _batch(nbytes: int) -> ReadyBatch:
-    return ReadyBatch(epoch=0, cursor=0, samples_per_rank=1, keys=["k"], labels=np.zeros(1, np.int64),
-                      images=np.zeros(nbytes, np.uint8), padding=np.zeros(1, bool))
+    meta = BatchMeta(epoch=0, cursor=0, samples_per_rank=1, keys=["k"], labels=np.zeros(1, np.int64),
+                     padding=np.zeros(1, bool))
+    return ReadyBatch(meta, host_slot((nbytes,)))
 
 
 def test_ready_queue_is_bounded_in_bytes_as_well_as_batches():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.errors import ConfigError
-from feeder.augment import CropRange, centre_crops, key_hashes, philox4x32, random_resized_crops
+from feeder.augment import centre_crops, key_hashes, philox4x32, random_resized_crops
+from protocol.request import CropRange
 
 KEYS = [f"n0144{i:04d}_{i * 7}" for i in range(400)]
 RNG = np.random.default_rng(0)
@@ -76,9 +76,3 @@ def test_centre_crops_match_resize_then_centre_crop():
     assert crops.boxes.tolist() == [[69, 19, 262, 262], [16, 144, 224, 224]]
     assert not crops.flips.any()
 
-
-def test_bad_ranges_are_config_errors():
-    with pytest.raises(ConfigError, match="min_scale"):
-        CropRange(min_scale=0.0)
-    with pytest.raises(ConfigError, match="max_ratio"):
-        CropRange(max_ratio=float("inf"))

@@ -16,8 +16,9 @@ from core.errors import DataError
 from feeder.config import ServerConfig
 from feeder.decoded_cache import ENTRY_OVERHEAD_BYTES
 from feeder.metrics import ServerMetrics
-from feeder.plan import LastBatch
-from feeder.service import FeederService, StreamSpec, open_datasets
+from protocol.plan import LastBatch
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
 from tests.feeder.conftest import connect, start
@@ -40,8 +41,8 @@ def _epoch(service: FeederService, **fields) -> tuple[list[str], np.ndarray]:
         batches = list(stream)
     finally:
         stream.close()
-    keys = [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
-    images = np.concatenate([b.images[~b.padding] for b in batches])
+    keys = [k for b in batches for k, pad in zip(b.meta.keys, b.meta.padding) if not pad]
+    images = np.concatenate([b.images[~b.meta.padding] for b in batches])
     return keys, images
 
 

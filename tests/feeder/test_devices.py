@@ -11,8 +11,9 @@ from core.errors import ConfigError
 from feeder.config import ServerConfig
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import AugmentKind, PipelineSpec
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.pipeline import PipelineSpec
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 
 # As torch prints them (no prefix) and as NVML / nvidia-smi do.
 UUIDS = ("GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-0a1b2c3d-0000-4000-8000-000000000001")
@@ -54,8 +55,8 @@ def test_the_thread_budget_is_split_evenly_at_least_one_each(budget, pipelines, 
 
 def test_cpu_spec_has_no_device_index():
     with pytest.raises(ConfigError, match="device_id"):
-        PipelineSpec(AugmentKind.VAL, device="cpu", device_id=1)
-    assert PipelineSpec(AugmentKind.VAL, device="gpu", device_id=1).device_id == 1
+        PipelineSpec(device="cpu", device_id=1)
+    assert PipelineSpec(device="gpu", device_id=1).device_id == 1
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import pytest
 
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 from transport.base import HostIdentity, TransportKind
 from transport.daemon import TransportRequest
 

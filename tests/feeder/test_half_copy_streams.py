@@ -12,12 +12,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from feeder.augment import AugmentKind, CropRange, sample_crops
+from feeder.augment import sample_crops
+from protocol.request import AugmentKind, CropRange
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.plan import LastBatch
+from protocol.plan import LastBatch
 from feeder.producer import ReadyBatch
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 from shards import jpeg
 from shards.layout import index_path
 from shards.reader import ShardDataset
@@ -49,7 +51,7 @@ def _batches(service: FeederService, **fields) -> list[ReadyBatch]:
 
 
 def _keys(batches: list[ReadyBatch]) -> list[str]:
-    return [k for b in batches for k, pad in zip(b.keys, b.padding) if not pad]
+    return [k for b in batches for k, pad in zip(b.meta.keys, b.meta.padding) if not pad]
 
 
 def _epoch(shards: Path, cache_bytes: int = 0, **fields) -> tuple[list[str], np.ndarray]:
@@ -58,7 +60,7 @@ def _epoch(shards: Path, cache_bytes: int = 0, **fields) -> tuple[list[str], np.
         batches = _batches(service, **fields)
     finally:
         service.close()
-    return _keys(batches), np.concatenate([b.images[~b.padding] for b in batches]).astype(np.int16)
+    return _keys(batches), np.concatenate([b.images[~b.meta.padding] for b in batches]).astype(np.int16)
 
 
 def _damaged(halves: Path, tmp_path: Path, row: int, *fields: str) -> tuple[Path, list[dict], dict]:
@@ -114,7 +116,7 @@ def test_a_copy_that_does_not_decode_is_replaced_by_its_image_not_the_sample(
         for epoch in (0, 1):  # the second epoch reads the image straight away
             batches = _batches(service, epoch=epoch, **_FROM_COPIES)
             assert sorted(_keys(batches)) == sorted(r["key"] for r in rows), "every sample once, the damaged one too"
-            assert not [k for b in batches for k in b.failed_keys]
+            assert not [k for b in batches for k in b.meta.failed_keys]
     service.close()
     warnings = [r.getMessage() for r in caplog.records if "half-scale copy" in r.getMessage()]
     assert len(warnings) == 1 and damaged["key"] in warnings[0] and damaged["shard"] in warnings[0]
@@ -128,4 +130,4 @@ def test_a_sample_whose_copy_and_image_both_fail_is_replaced_once(both, tmp_path
     finally:
         service.close()
     assert sorted(_keys(batches)) == sorted(r["key"] for r in rows if r is not damaged)
-    assert [k for b in batches for k in b.failed_keys] == [damaged["key"]]
+    assert [k for b in batches for k in b.meta.failed_keys] == [damaged["key"]]

@@ -20,8 +20,9 @@ import pytest
 from core.errors import ConfigError, DataError, NotFound
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.producer import BatchStream
-from feeder.service import FeederService, StreamSpec, cuda_devices, open_datasets
+from feeder.stream import BatchStream
+from feeder.service import FeederService, cuda_devices, open_datasets
+from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
 from tests.common.waiting import wait_for
@@ -127,7 +128,7 @@ def test_undecodable_sample_ends_its_stream_with_data_loss_naming_the_key(shards
             assert caught.value.code() == grpc.StatusCode.DATA_LOSS
             assert key in caught.value.details()
             assert stub.GetStats(feeder_pb2.StatsRequest()).errors == 1
-            assert server.metrics.registry.get_sample_value("feeder_errors_total", {"kind": "DataError"}) == 1
+            assert server.metrics.registry.get_sample_value("feeder_errors_total", {"kind": "UnservableSample"}) == 1
             assert len(list(stub.StreamBatches(request(dataset="bad", batch_size=8)))) == 8
     finally:
         server.stop(0).wait(10)

@@ -9,10 +9,11 @@ import threading
 import pytest
 
 from core.errors import ServiceUnavailable
-from feeder.augment import CropRange
+from protocol.request import CropRange
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 
 STREAMS = 250
 from tests.common.waiting import wait_for
@@ -64,6 +65,6 @@ def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(ser
     finally:
         held.close()
     other = service.open_stream(StreamSpec("sample", "val", batch_size=4, image_size=16))
-    assert len(next(iter(other)).keys) == 4  # the idle train pipeline made way
+    assert len(next(iter(other)).meta) == 4  # the train stream's pipeline, idle now, serves val too
     other.close()
     assert service.pool.alive_count() == 1

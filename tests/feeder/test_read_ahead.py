@@ -7,7 +7,8 @@ import pytest
 
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, StreamSpec, open_datasets
+from feeder.service import FeederService, open_datasets
+from protocol.request import StreamSpec
 from shards.reader import SplitIndex
 
 

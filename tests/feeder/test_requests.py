@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgument
-from feeder.servicer import stream_spec
+from protocol.request import from_request
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.feeder.conftest import connect, request, start
 from transport.base import HostIdentity
@@ -56,7 +56,7 @@ OUT_OF_RANGE = [
 @pytest.mark.parametrize("fields,name", OUT_OF_RANGE)
 def test_out_of_range_fields_are_refused_naming_the_field(fields, name):
     with pytest.raises(InvalidArgument) as caught:
-        stream_spec(request(**fields))
+        from_request(request(**fields))
     assert str(caught.value).startswith(f"{name}:")
 
 

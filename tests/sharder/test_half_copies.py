@@ -15,8 +15,11 @@ import pytest
 from PIL import Image
 
 from core.errors import DataError
-from feeder.augment import AugmentKind, CropRange, sample_crops
-from feeder.pipeline import PipelineRunner, PipelineSpec
+from feeder.augment import Crops, sample_crops
+from feeder.jobs import Job
+from protocol.request import AugmentKind, CropRange
+from feeder.pipeline import PipelineSpec
+from feeder.runner import PipelineRunner
 from sharder import ShardConfig, shard
 from sharder.normalise import HALF_COPY_QUALITY
 from sharder.verify import verify
@@ -183,10 +186,10 @@ def test_pipeline_pixels_from_copies_match_the_images_decoded_at_scale_half(tmp_
     jpegs, boxes, _ = halves.read_windows(rows, crops.boxes, size)
     used = np.array([j.size != p.size for j, p in zip(jpegs, plain.read_many(rows))])
     assert used.sum() >= len(rows) // 2, "most windows are at least twice 24 px"
-    runner = PipelineRunner(PipelineSpec(AugmentKind.TRAIN, threads=1, max_batch_size=len(rows)))
+    runner = PipelineRunner(PipelineSpec(threads=1, max_batch_size=len(rows)))
     try:
-        from_copies = runner.run(jpegs, size, type(crops)(boxes=boxes, flips=crops.flips)).astype(np.int16)
-        from_images = runner.run(plain.read_many(rows), size, crops).astype(np.int16)
+        from_copies = runner.run(Job(jpegs, size, Crops(boxes=boxes, flips=crops.flips))).astype(np.int16)
+        from_images = runner.run(Job(plain.read_many(rows), size, crops)).astype(np.int16)
     finally:
         runner.close()
     assert (from_copies[~used] == from_images[~used]).all()

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from transport.base import BatchMeta, TransportConfig
+from protocol.batch import BatchMeta
+from transport.base import TransportConfig
 
 
 @pytest.fixture

@@ -135,7 +135,7 @@ def test_bad_release_is_invalid_argument_and_the_daemon_keeps_serving(shm_dir):
         release = _release_stub(channel)
         call = channel.unary_stream(STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
         stream = call(_request(shm_dir), timeout=60)
-        first = parse_batch(next(stream)).message.slot
+        first = parse_batch(next(stream)).message.shm.slot
         assert release(feeder_pb2.ReleaseRequest(slots=[first]), timeout=10).released == 1
         with pytest.raises(grpc.RpcError) as raised:
             release(feeder_pb2.ReleaseRequest(slots=[first]), timeout=10)

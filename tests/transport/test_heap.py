@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transport import heap
-from transport.base import BatchMeta
+from protocol.batch import BatchMeta
 from transport.grpc_payload import GrpcPayloadSender, InlineReceiver, parse_batch
 
 

@@ -79,7 +79,7 @@ def test_a_slot_released_in_band_is_lent_again(shm_dir):
     receiver = ShmReceiver(Sink(), shm_dir)
     for expected in range(1, 4):  # one slot: each batch needs the last one back
         batch = receiver.receive(parse_batch(_send(sender, pixels, meta)))
-        assert batch.message.slot.generation == expected
+        assert batch.message.shm.slot.generation == expected
         batch.release()
     assert sender.inline_batches == 0
     sender.close()
@@ -149,7 +149,7 @@ def test_ring_that_stays_full_sends_the_batch_inline(config, shm_dir):
         sender.slot_for(pixels.shape)  # the consumer keeps both
     data = _send(sender, pixels, meta)
     wire = parse_batch(data)
-    assert not wire.message.shm_segment and sender.inline_batches == 1
+    assert wire.message.WhichOneof("pixels") is None and sender.inline_batches == 1
     assert bytes(wire.pixels) == pixels.tobytes()
     sender.close()
 
@@ -186,8 +186,8 @@ def test_segment_larger_than_shm_fails_at_reservation(config, shm_dir):
 def test_receiver_refuses_a_name_that_is_not_a_segment(shm_dir):
     from protos import feeder_pb2
 
-    message = feeder_pb2.Batch(shape=[1, 1, 1, 3], shm_segment="../etc/passwd", shm_segment_bytes=3)
-    message.slot.index = 0
+    message = feeder_pb2.Batch(shape=[1, 1, 1, 3], shm=feeder_pb2.ShmSlot(
+        slot=feeder_pb2.SlotRef(index=0), segment="../etc/passwd", segment_bytes=3))
     with pytest.raises(DataError):
         ShmReceiver(Sink(), shm_dir).receive(parse_batch(message.SerializeToString()))
 

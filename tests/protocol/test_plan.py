@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidArgument
-from feeder.plan import (
+from protocol.plan import (
     LastBatch,
     epoch_order,
     iter_batches,

@@ -1,0 +1,236 @@
+"""One rank's request for batches, :class:`StreamSpec`, checked once: the loader
+builds one and checks it when it is constructed, the daemon reads one from each
+``StreamRequest`` (:func:`from_request`) and checks it the same way, so a client
+learns at construction, with the daemon's own message, what the daemon would refuse.
+
+The checks here depend on nothing but the request. What depends on the daemon (its
+``--max-batch-size``) or on the dataset (the rank's part, for the cursor) is checked
+by the daemon when the stream opens.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import InvalidArgument
+from protocol.plan import LastBatch
+from protos import feeder_pb2
+
+__all__ = [
+    "CROP_RATIOS",
+    "MAX_BATCH_BYTES",
+    "MAX_EPOCH",
+    "MAX_IMAGE_SIZE",
+    "MAX_WORLD_SIZE",
+    "MIN_CROP_SCALE",
+    "MIN_IMAGE_SIZE",
+    "AugmentKind",
+    "CropRange",
+    "StreamSpec",
+    "from_request",
+    "to_request",
+]
+
+MIN_IMAGE_SIZE = 16
+MAX_IMAGE_SIZE = 1024
+# protobuf refuses messages of 2 GiB or more; keep a batch's pixels well below.
+MAX_BATCH_BYTES = 1 << 30
+# Epochs stay far below int64 so that ``epoch + epochs`` and the per-epoch seeds
+# cannot overflow.
+MAX_EPOCH = 2**31 - 1
+MAX_WORLD_SIZE = 1 << 20
+_MAX_INT32 = 2**31 - 1
+_MAX_INT64 = 2**63 - 1
+# RandomResizedCrop limits a request may set. Below 1 % of the area a crop of a
+# typical photo is a few pixels wide; ratios past 10:1 are slivers.
+MIN_CROP_SCALE = 0.01
+CROP_RATIOS = (0.1, 10.0)
+
+
+class AugmentKind(str, enum.Enum):
+    """Which transform a stream applies: RandomResizedCrop and flips (and a shuffled
+    order), or the validation centre crop (in stored order)."""
+
+    TRAIN = "train"
+    VAL = "val"
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 (as it is where out of float32's range)."""
+    return value if abs(value) > _FLOAT32_MAX else struct.unpack("f", struct.pack("f", value))[0]
+
+
+_CROP_LIMITS: dict[str, tuple[float, float]] = {
+    "min_scale": (MIN_CROP_SCALE, 1.0),
+    "max_scale": (MIN_CROP_SCALE, 1.0),
+    "min_ratio": CROP_RATIOS,
+    "max_ratio": CROP_RATIOS,
+}
+
+
+@dataclass(frozen=True)
+class CropRange:
+    """RandomResizedCrop limits: area fraction and aspect ratio (width / height).
+
+    Raises:
+        InvalidArgument: a limit outside :data:`MIN_CROP_SCALE`..1 (scales) or
+            :data:`CROP_RATIOS` (ratios), or a minimum above its maximum (the message
+            starts with the field's name).
+    """
+
+    min_scale: float = 0.08
+    max_scale: float = 1.0
+    min_ratio: float = 3 / 4
+    max_ratio: float = 4 / 3
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in _CROP_LIMITS.items():
+            value = getattr(self, name)
+            # As float32, the request's type: a limit passes however it was rounded.
+            if not (math.isfinite(value) and _f32(low) <= _f32(value) <= _f32(high)):
+                raise InvalidArgument(f"{name}: {value:g} is not in {low:g}..{high:g}")
+        for lower, upper in (("min_scale", "max_scale"), ("min_ratio", "max_ratio")):
+            if getattr(self, lower) > getattr(self, upper):
+                raise InvalidArgument(f"{lower}: {getattr(self, lower):g} is above {upper} {getattr(self, upper):g}")
+
+
+# Inclusive ranges of the integer fields (batch_size is also checked against the
+# daemon's limit, start_cursor against the rank's part).
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "epoch": (0, MAX_EPOCH),
+    "epochs": (1, MAX_EPOCH),
+    "rank": (0, MAX_WORLD_SIZE - 1),
+    "world_size": (1, MAX_WORLD_SIZE),
+    "local_world_size": (0, MAX_WORLD_SIZE),
+    "batch_size": (1, _MAX_INT32),
+    "image_size": (MIN_IMAGE_SIZE, MAX_IMAGE_SIZE),
+    "start_cursor": (0, _MAX_INT64),
+    "max_samples": (0, _MAX_INT64),
+}
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """A request for one rank's batches (fields as in ``StreamRequest``).
+
+    ``augment`` None means: train augmentation for the split named ``train``,
+    validation transform otherwise. Train augmentation also shuffles the order.
+    ``epochs`` streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
+    ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share
+    it). ``antialias`` None: the daemon's default resize filter.
+
+    Raises:
+        InvalidArgument: a field out of range (the message starts with its name).
+    """
+
+    dataset: str
+    split: str
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 32
+    image_size: int = 224
+    seed: int = 0
+    epoch: int = 0
+    start_cursor: int = 0
+    max_samples: int = 0
+    epochs: int = 1
+    last_batch: LastBatch = LastBatch.DROP
+    augment: AugmentKind | None = None
+    crop: CropRange = field(default_factory=CropRange)
+    job_id: str = ""
+    antialias: bool | None = None
+    local_world_size: int = 0  # the job's ranks on the client's node (0: not said)
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in _INT_RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise InvalidArgument(f"{name}: {value} is not in {low}..{high}")
+        if self.epoch + self.epochs - 1 > MAX_EPOCH:
+            raise InvalidArgument(f"epochs: {self.epochs} epochs from epoch {self.epoch} pass {MAX_EPOCH}")
+        if self.rank >= self.world_size:
+            raise InvalidArgument(f"rank: {self.rank} is not in 0..{self.world_size - 1} "
+                                  f"(world_size {self.world_size})")
+        if self.batch_size * self.image_size**2 * 3 > MAX_BATCH_BYTES:
+            raise InvalidArgument(f"batch_size: {self.batch_size} images of {self.image_size} px exceed "
+                                  f"{MAX_BATCH_BYTES >> 20} MiB per message")
+
+    @property
+    def kind(self) -> AugmentKind:
+        """The transform applied (``augment``, or the split's default)."""
+        if self.augment is not None:
+            return self.augment
+        return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
+
+    @property
+    def batch_bytes(self) -> int:
+        """Bytes of one full batch's uint8 pixels."""
+        return self.batch_size * self.image_size**2 * 3
+
+
+_LAST_BATCH = {feeder_pb2.LAST_BATCH_DROP: LastBatch.DROP, feeder_pb2.LAST_BATCH_PAD: LastBatch.PAD}
+_AUGMENT = {
+    feeder_pb2.AUGMENT_AUTO: None,
+    feeder_pb2.AUGMENT_TRAIN: AugmentKind.TRAIN,
+    feeder_pb2.AUGMENT_VAL: AugmentKind.VAL,
+}
+# Fields copied as they are between StreamSpec and StreamRequest.
+_SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "batch_size", "image_size",
+         "start_cursor", "max_samples", "local_world_size")
+
+
+def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
+    default = CropRange()
+    values = {name: getattr(request, name) for name in _CROP_LIMITS}
+    return CropRange(**{name: value or getattr(default, name) for name, value in values.items()})
+
+
+def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
+    """The checked spec of a ``StreamRequest`` (0 in a crop limit means the default,
+    ``epochs`` 0 means 1).
+
+    Raises:
+        InvalidArgument: an unknown enum value or a field out of range (the message
+            starts with the field's name).
+    """
+    if request.last_batch not in _LAST_BATCH:
+        raise InvalidArgument(f"last_batch: unknown value {request.last_batch}")
+    if request.augment not in _AUGMENT:
+        raise InvalidArgument(f"augment: unknown value {request.augment}")
+    if request.epochs < 0:
+        raise InvalidArgument(f"epochs: {request.epochs} is not in 0..{MAX_EPOCH}")
+    return StreamSpec(
+        **{name: getattr(request, name) for name in _SAME},
+        epochs=max(1, request.epochs),
+        last_batch=_LAST_BATCH[request.last_batch],
+        augment=_AUGMENT[request.augment],
+        crop=_crop(request),
+        antialias=request.antialias if request.HasField("antialias") else None,
+    )
+
+
+# The tables read backwards, for requests the loader sends.
+_LAST_BATCH_WIRE: dict[LastBatch, Any] = {value: number for number, value in _LAST_BATCH.items()}
+_AUGMENT_WIRE: dict[AugmentKind | None, Any] = {value: number for number, value in _AUGMENT.items()}
+
+
+def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
+    """The ``StreamRequest`` of ``spec`` (transport and client host not set)."""
+    request = feeder_pb2.StreamRequest(
+        **{name: getattr(spec, name) for name in _SAME},
+        epochs=spec.epochs,
+        last_batch=_LAST_BATCH_WIRE[spec.last_batch],
+        augment=_AUGMENT_WIRE[spec.augment],
+        min_scale=spec.crop.min_scale, max_scale=spec.crop.max_scale,
+        min_ratio=spec.crop.min_ratio, max_ratio=spec.crop.max_ratio,
+    )
+    if spec.antialias is not None:
+        request.antialias = spec.antialias
+    return request

@@ -1,0 +1,69 @@
+"""The stream request: one spec, checked once, the same on both sides of the wire."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.errors import InvalidArgument
+from protocol.plan import LastBatch
+from protocol.request import AugmentKind, CropRange, StreamSpec, from_request, to_request
+from protos import feeder_pb2
+
+
+def _request(**fields) -> feeder_pb2.StreamRequest:
+    return feeder_pb2.StreamRequest(**(dict(world_size=1, batch_size=4, image_size=32) | fields))
+
+
+def test_from_request_maps_enums_and_crop_defaults():
+    spec = from_request(_request(
+        dataset="d", split="val", last_batch=feeder_pb2.LAST_BATCH_PAD, augment=feeder_pb2.AUGMENT_TRAIN,
+        min_scale=0.25,
+    ))
+    assert spec.last_batch is LastBatch.PAD and spec.kind is AugmentKind.TRAIN
+    assert spec.crop == CropRange(min_scale=0.25)
+    assert from_request(_request(split="train")).kind is AugmentKind.TRAIN
+    assert from_request(_request(split="val")).kind is AugmentKind.VAL
+    assert from_request(_request(epochs=0)).epochs == 1
+    with pytest.raises(InvalidArgument, match="augment"):
+        from_request(_request(augment=9))
+
+
+def test_a_spec_survives_the_wire():
+    spec = StreamSpec(dataset="d", split="train", rank=2, world_size=3, batch_size=5, image_size=48, seed=-7,
+                      epoch=4, start_cursor=10, max_samples=20, epochs=3, last_batch=LastBatch.PAD,
+                      augment=AugmentKind.VAL, crop=CropRange(0.25, 0.5, 0.5, 2.0), job_id="j",
+                      antialias=True, local_world_size=2)
+    assert from_request(to_request(spec)) == spec
+    assert from_request(to_request(StreamSpec(dataset="d", split="val"))).antialias is None
+
+
+@pytest.mark.parametrize("fields,name", [
+    (dict(image_size=8), "image_size"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(rank=3, world_size=3), "rank"),
+    (dict(epochs=0), "epochs"),
+    (dict(batch_size=1 << 20, image_size=1024), "batch_size"),
+])
+def test_a_spec_out_of_range_is_refused_naming_the_field(fields, name):
+    with pytest.raises(InvalidArgument) as caught:
+        StreamSpec(dataset="d", split="val", **fields)
+    assert str(caught.value).startswith(f"{name}:")
+
+
+@pytest.mark.parametrize("crop,name", [
+    (dict(min_scale=0.005), "min_scale"),
+    (dict(max_scale=1.5), "max_scale"),
+    (dict(min_ratio=0.05), "min_ratio"),
+    (dict(min_scale=0.9, max_scale=0.5), "min_scale"),
+    (dict(min_ratio=2.0, max_ratio=1.5), "min_ratio"),
+])
+def test_a_crop_out_of_range_is_refused_naming_the_field(crop, name):
+    with pytest.raises(InvalidArgument) as caught:
+        CropRange(**crop)
+    assert str(caught.value).startswith(f"{name}:")
+
+
+def test_limits_pass_as_float32_whichever_side_rounded_them():
+    crop = CropRange(min_scale=0.01, min_ratio=0.1, max_ratio=10.0)
+    assert from_request(to_request(StreamSpec(dataset="d", split="val", crop=crop))).crop.min_scale == \
+        pytest.approx(0.01)
