@@ -20,7 +20,6 @@ Hits, misses and bypassed samples, entries and bytes go to the daemon's metrics.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import numpy as np
@@ -58,8 +57,8 @@ def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
 class CachedRunner:
     """Serves a stream's jobs from the decoded cache, its own runner doing the rest.
 
-    Same use as :class:`feeder.runner.PipelineRunner` (``run_many``, ``run_alone``,
-    ``close``); jobs must carry sample indices.
+    Same use as :class:`feeder.runner.PipelineRunner` (``run_many``, ``run_alone``);
+    jobs must carry sample indices. Its work runs on the inner runner's lane.
 
     Args:
         inner: the stream's pipeline (for misses once the cache is full); the caller
@@ -82,8 +81,8 @@ class CachedRunner:
         self._prefix = (dataset, split.split)
         self._split = split
         self._metrics = metrics
-        self._resizer = BatchResizer(self.spec.threads)
-        self._pool = ThreadPoolExecutor(self.spec.threads, thread_name_prefix="feeder-cache-fill")
+        self._lane = inner.lane  # the stream's share of the daemon's workers
+        self._resizer = BatchResizer(self._lane)
 
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
         """One outcome per job, in order (as :meth:`PipelineRunner.run_many`)."""
@@ -158,15 +157,14 @@ class CachedRunner:
         return self._resizer.resize(views, job.image_size, crops.flips[ready], self.spec.antialias, out=out)
 
     def _parallel(self, work: Callable[[_Item], _Result], items: list[_Item]) -> list[_Result]:
-        """``[work(x) for x in items]`` in contiguous slices on the pool and this thread
-        (the decoder releases the GIL)."""
-        bounds = np.linspace(0, len(items), self.spec.threads + 1).astype(int)
-        slices = [items[a:b] for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        futures = [self._pool.submit(lambda part: [work(x) for x in part], part) for part in slices[1:]]
-        results = [work(x) for x in slices[0]] if slices else []
-        for future in futures:
-            results.extend(future.result())
-        return results
+        """``[work(x) for x in items]`` on the stream's lane (the decoder releases the GIL)."""
+        results: list[_Result | None] = [None] * len(items)
+
+        def one(i: int) -> None:
+            results[i] = work(items[i])
+
+        self._lane.run(one, len(items))
+        return results  # type: ignore[return-value]
 
     @property
     def device_copies(self) -> int:
@@ -175,8 +173,3 @@ class CachedRunner:
     @property
     def host_copies(self) -> int:
         return self.inner.host_copies
-
-    def close(self) -> None:
-        """Stop this runner's threads (the inner runner stays with its owner)."""
-        self._resizer.close()
-        self._pool.shutdown(wait=False)

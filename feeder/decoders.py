@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.errors import FeederError
+from core.workers import Lane
 from feeder.jobs import Allocate, Job, SampleDecodeError
 from feeder.pipeline import ANCHORS, FLIPS, JPEGS, SHAPES, SIZES, PipelineSpec, build_dali, dali_decode_error
 from feeder.resize import BatchResizer
@@ -58,13 +59,14 @@ class Decoder(Protocol):
         """Frees threads and buffers now; the decoder cannot run after this."""
 
 
-def make_decoder(spec: PipelineSpec) -> Decoder:
-    """The decoder ``spec`` asks for (see the module doc)."""
+def make_decoder(spec: PipelineSpec, lane: Lane) -> Decoder:
+    """The decoder ``spec`` asks for (see the module doc); its CPU work runs on
+    ``lane`` (DALI's own decoding on DALI's ``spec.threads`` threads)."""
     if spec.device == "gpu":
         return DaliGpuDecoder(spec)
     if spec.decoder == "libjpeg-turbo":
-        return TurboDecoder(spec)
-    return DaliCpuDecoder(spec)
+        return TurboDecoder(spec, lane)
+    return DaliCpuDecoder(spec, lane)
 
 
 def _shape(job: Job) -> tuple[int, int, int, int]:
@@ -72,14 +74,14 @@ def _shape(job: Job) -> tuple[int, int, int, int]:
 
 
 class TurboDecoder:
-    """The libjpeg-turbo window decoder and OpenCV's resize, on ``spec.threads``."""
+    """The libjpeg-turbo window decoder and OpenCV's resize, both on ``lane``."""
 
     device_copies = host_copies = 0
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         # Buffers of the runs in flight and of the one being resized.
-        self._windows = jpeg.WindowDecoder(spec.threads, arenas=spec.prefetch + 1)
-        self._resizer = BatchResizer(spec.threads)
+        self._windows = jpeg.WindowDecoder(lane, arenas=spec.prefetch + 1)
+        self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
 
     def start(self, job: Job) -> tuple[Job, jpeg.BatchDecode]:
@@ -101,8 +103,7 @@ class TurboDecoder:
         return slot
 
     def close(self) -> None:
-        self._resizer.close()
-        self._windows.close()
+        pass  # buffers only: the threads are the lane's
 
 
 def _feed(pipe: Any, job: Job, gpu: bool) -> None:
@@ -131,13 +132,14 @@ def _shutdown(pipe: Any) -> None:
 
 
 class DaliCpuDecoder:
-    """DALI's CPU ROI decode and OpenCV's resize."""
+    """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and OpenCV's resize
+    (on ``lane``)."""
 
     device_copies = host_copies = 0
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         self._pipe = build_dali(spec)
-        self._resizer = BatchResizer(spec.threads)
+        self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
 
     def start(self, job: Job) -> Job:
@@ -154,7 +156,6 @@ class DaliCpuDecoder:
         return slot
 
     def close(self) -> None:
-        self._resizer.close()
         _shutdown(self._pipe)
 
 

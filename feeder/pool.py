@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import ServiceUnavailable
+from core.workers import FairPool
 from feeder.pipeline import PipelineSpec
 from feeder.runner import PipelineRunner
 
@@ -51,6 +52,8 @@ class PipelinePool:
         idle_s: an idle runner is dropped after this many seconds.
         on_change: called with the number of runners alive whenever it changes.
         idle_per_spec: idle runners kept per spec; more are dropped on return.
+        workers: the threads runners work on (each gets a lane of its own); None:
+            each runner on threads of its own (``spec.threads``).
     """
 
     def __init__(
@@ -59,7 +62,9 @@ class PipelinePool:
         idle_s: float = 30.0,
         on_change: Callable[[int], None] = lambda _: None,
         idle_per_spec: int = 2,
+        workers: FairPool | None = None,
     ) -> None:
+        self._workers = workers
         self.max_pipelines = max_pipelines
         self.idle_s = idle_s
         self._on_change = on_change
@@ -95,7 +100,7 @@ class PipelinePool:
         if evicted is not None:
             evicted.close()  # its slot passes to the new runner
         try:
-            runner = PipelineRunner(spec)
+            runner = PipelineRunner(spec, None if self._workers is None else self._workers.lane())
         except BaseException:
             self._dropped(1)
             raise

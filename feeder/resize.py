@@ -14,17 +14,19 @@ fastest that passes the pixel check against its reference (tests/feeder/test_res
   ``BILINEAR`` resize, which torchvision's RandomResizedCrop applies to PIL images.
   ``INTER_AREA`` (a box filter) misses it by up to 11 levels.
 
-Both libraries release the GIL while they work, so the pool's threads run in parallel;
-each thread takes a contiguous slice of the batch (a few Python calls per image).
+Both libraries release the GIL while they work, so the workers run in parallel; each
+image is one item of the stream's lane on the daemon's shared workers
+(:mod:`core.workers`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
+
+from core.workers import Lane
 
 __all__ = ["BatchResizer"]
 
@@ -34,7 +36,7 @@ def _resize_linear(src: np.ndarray, dst: np.ndarray) -> None:
 
 
 def _resize_antialiased(src: np.ndarray, dst: np.ndarray) -> None:
-    import torch  # only this filter needs it; the daemon imports torch lazily
+    import torch
 
     image = torch.from_numpy(np.ascontiguousarray(src)).permute(2, 0, 1).unsqueeze(0)
     out = torch.nn.functional.interpolate(image, size=dst.shape[:2], mode="bilinear", antialias=True)
@@ -45,13 +47,12 @@ class BatchResizer:
     """Resizes uint8 HWC images into ``[N, size, size, 3]`` and mirrors flagged ones.
 
     Args:
-        threads: worker threads (the CPUs this stage may use).
+        lane: where the work runs (the stream's lane on the daemon's workers).
     """
 
-    def __init__(self, threads: int) -> None:
-        self.threads = max(1, threads)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="feeder-resize")
-        cv2.setNumThreads(1)  # parallel over images in our pool, not inside one image
+    def __init__(self, lane: Lane) -> None:
+        self._lane = lane
+        cv2.setNumThreads(1)  # parallel over images on the workers, not inside one image
 
     def resize(
         self, images: Sequence[np.ndarray], size: int, flips: np.ndarray, antialias: bool = False,
@@ -73,21 +74,10 @@ class BatchResizer:
             out = np.empty((len(images), size, size, 3), dtype=np.uint8)
         one = _resize_antialiased if antialias else _resize_linear
 
-        def work(rows: range) -> None:
-            for i in rows:
-                one(images[i], out[i])
-                if flips[i]:
-                    cv2.flip(out[i], 1, dst=out[i])
+        def work(i: int) -> None:
+            one(images[i], out[i])
+            if flips[i]:
+                cv2.flip(out[i], 1, dst=out[i])
 
-        bounds = np.linspace(0, len(images), self.threads + 1).astype(int)
-        chunks = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        futures = [self._pool.submit(work, c) for c in chunks[1:]]
-        if chunks:
-            work(chunks[0])  # this thread takes the first slice itself
-        for future in futures:
-            future.result()
+        self._lane.run(work, len(images))
         return out
-
-    def close(self) -> None:
-        """Stop the worker threads."""
-        self._pool.shutdown(wait=False)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import ConfigError
+from core.workers import FairPool, Lane
 from feeder.decoders import make_decoder
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
 from feeder.pipeline import PipelineSpec
@@ -32,14 +33,21 @@ class PipelineRunner:
 
     Args:
         spec: what to build.
+        lane: where its CPU work runs (the daemon's shared workers); None: on
+            ``spec.threads`` workers of its own.
     """
 
     # Decodes windows only: a job may bring a half-scale copy (shards.reader.SplitIndex.read_windows).
     decodes_half_copies = True
 
-    def __init__(self, spec: PipelineSpec) -> None:
+    def __init__(self, spec: PipelineSpec, lane: Lane | None = None) -> None:
         self.spec = spec
-        self._decoder = make_decoder(spec)
+        self._own_workers: FairPool | None = None
+        if lane is None:
+            self._own_workers = FairPool(spec.threads)
+            lane = self._own_workers.lane("runner")
+        self.lane = lane
+        self._decoder = make_decoder(spec, lane)
         self._in_flight: deque[tuple[Job, Any]] = deque()  # oldest first
         # Set when a run failed for another reason than its samples, or the decoder
         # raised: the pool builds a new runner rather than trust this one again.
@@ -156,4 +164,7 @@ class PipelineRunner:
         """Release the decoder's threads and buffers now, not whenever the runner is
         collected. The runner cannot run after this."""
         self._decoder.close()
+        self.lane.close()
+        if self._own_workers is not None:
+            self._own_workers.close()
 

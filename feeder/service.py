@@ -8,14 +8,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound
+from core.workers import FairPool
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
 from feeder.bad_samples import BadSamples, OnError, SampleFilter
 from feeder.cached_runner import CachedRunner
-from feeder.config import ServerConfig
+from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
@@ -89,7 +90,10 @@ class FeederService:
         self.metrics = metrics
         self.device = resolve_device(config.device)
         self.devices = DevicePlacer.of_this_process(self.device)
-        self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held)
+        # The node's decode threads (``--threads``), shared fairly by every stream.
+        self.workers = FairPool(config.threads)
+        self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held,
+                                 workers=self.workers)
         self.transports = TransportHub(config.transport)
         self._bad = {
             (name, split): BadSamples(name, index, config.max_pixels, metrics.bad_sample_found)
@@ -102,6 +106,8 @@ class FeederService:
             self.decoded_cache = DecodedCache(config.decoded_cache_bytes, config.decoded_cache_side)
             metrics.decoded_cache(usage=self.decoded_cache.usage())
         self._numbers = itertools.count(1)
+        self._opening = 0  # streams being opened now (guarded by _lock)
+        self._lock = threading.Lock()
         self._closed = threading.Event()
         threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
 
@@ -139,14 +145,14 @@ class FeederService:
         key, need = peer_key(peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(key, need)  # before building anything for a refused stream
         name = f"stream {next(self._numbers)} ({peer or 'local'}, job {spec.job_id or '-'})"
-        with ExitStack() as parts:
+        with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
             # On the client's own GPU the batches can stay there (CUDA IPC).
             sender = self.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid)
             parts.callback(self.transports.close_sender, sender)
             context = StreamContext(
-                split, self._cached(runner, spec.dataset, split, parts), spec.image_size, len(part),
+                split, self._cached(runner, spec.dataset, split), spec.image_size, len(part),
                 SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
                 self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
@@ -160,6 +166,18 @@ class FeederService:
                  spec.image_size, len(part), spec.start_cursor, spec.epoch, spec.epoch + spec.epochs - 1,
                  sender.kind.name.lower(), _where(runner.spec.device, runner.spec.device_id), runner.spec.threads)
         return stream.start()
+
+    @contextmanager
+    def _counted_opening(self) -> Iterator[None]:
+        """Counts a stream as opening while it is built (its thread share counts it
+        and every other stream being opened at the same moment)."""
+        with self._lock:
+            self._opening += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._opening -= 1
 
     def _lend_runner(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
         """A pooled runner for ``spec``, given back when ``parts`` closes."""
@@ -197,30 +215,33 @@ class FeederService:
         return split
 
     def _pipeline_spec(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
-        """The pipeline of a new stream: on its placement's device, with its share of
-        the ``threads`` budget (see :func:`feeder.devices.thread_share`)."""
-        # The node's other ranks are likely on their way: each gets an equal share.
-        pipelines = max(self.open_streams() + 1, spec.local_world_size)
-        if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
-            pipelines = max(pipelines, self.devices.gpu_count)
+        """The pipeline of a new stream, on its placement's device. Its CPU work runs
+        on the daemon's shared workers (``--threads`` in all); only where DALI decodes
+        (a GPU, or a CPU without the window decoder) does the pipeline get threads of
+        its own, DALI's: a share of the budget among the streams open or opening
+        (see :func:`feeder.devices.thread_share`), fixed when DALI builds it."""
+        threads = 1  # the window decoder: no threads of its own, one spec for every stream
+        if placement.device == "gpu" or cpu_decoder_in_use(self.config.cpu_decoder) == "dali":
+            # The node's other ranks are likely on their way: each gets an equal share.
+            pipelines = max(self.open_streams() + self._opening, spec.local_world_size)
+            if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
+                pipelines = max(pipelines, self.devices.gpu_count)
+            threads = thread_share(self.config.threads, pipelines)
         return PipelineSpec(
             device=placement.device,
             device_id=placement.device_id,
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
-            threads=thread_share(self.config.threads, pipelines),
+            threads=threads,
             prefetch=self.config.prefetch,
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
             cpu_decoder=self.config.cpu_decoder,
         )
 
-    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex, parts: ExitStack) -> BatchRunner:
-        """``runner`` behind the decoded cache, when the daemon has one (closed with
-        ``parts``; the runner itself goes back to the pool)."""
+    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:
+        """``runner`` behind the decoded cache, when the daemon has one."""
         if self.decoded_cache is None:
             return runner
-        cached = CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
-        parts.callback(cached.close)
-        return cached
+        return CachedRunner(runner, self.decoded_cache, dataset, split, self.metrics)
 
     def _ended(self, stream: BatchStream) -> None:
         """A stream's last part to go: its admission, and the line that says how it ended."""
@@ -260,3 +281,4 @@ class FeederService:
             stream.close()
         self.transports.close_all()
         self.pool.close()
+        self.workers.close()

@@ -38,13 +38,14 @@ import ctypes
 import importlib.machinery
 import itertools
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from core.workers import Lane, Loop
 
 __all__ = [
     "DEFAULT_RESTART_INTERVAL", "BatchDecode", "JpegError", "WindowDecodeError", "WindowDecoder", "add_restarts",
@@ -247,33 +248,32 @@ class BatchDecode:
 
     windows: list[np.ndarray | None]
     errors: dict[int, str] = field(default_factory=dict)
-    futures: list[Future[None]] = field(default_factory=list)
+    loop: Loop | None = None
 
     def result(self) -> tuple[list[np.ndarray], dict[int, str]]:
         """The windows (in batch order) and the failures (position -> reason); a
         failed position's window is an empty array."""
-        for future in self.futures:
-            future.result()
+        if self.loop is not None:
+            self.loop.wait()
         empty = np.empty((0, 0, 3), dtype=np.uint8)
         return [w if w is not None else empty for w in self.windows], dict(sorted(self.errors.items()))
 
 
 class WindowDecoder:
-    """Decodes batches of windows on ``threads`` worker threads, each taking the next
-    sample of the batch when it is free (samples differ in cost), into buffers reused
-    from batch to batch.
+    """Decodes batches of windows on the workers of ``lane`` (a lane of a pool shared
+    with other decoders: see :mod:`core.workers`), each worker taking the next sample
+    when it is free (samples differ in cost), into buffers reused from batch to batch.
 
     Args:
-        threads: worker threads.
+        lane: where the work runs.
         arenas: batches whose buffers may be in use at once (decoding or waiting to
             be resized); a batch's buffers are reused by the batch ``arenas`` later.
     """
 
-    def __init__(self, threads: int, arenas: int) -> None:
+    def __init__(self, lane: Lane, arenas: int) -> None:
         if not available():
             raise RuntimeError(unavailable_reason())
-        self.threads = max(1, threads)
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="feeder-decode")
+        self._lane = lane
         self._arenas: list[list[np.ndarray]] = [[] for _ in range(max(1, arenas))]
         self._next_arena = itertools.cycle(range(len(self._arenas)))
 
@@ -283,25 +283,17 @@ class WindowDecoder:
         arena = self._arenas[next(self._next_arena)]
         arena.extend(np.empty(0, dtype=np.uint8) for _ in range(n - len(arena)))
         batch = BatchDecode(windows=[None] * n)
-        positions = itertools.count()  # shared by the workers: next() is atomic
 
-        def work() -> None:
-            for i in positions:
-                if i >= n:
-                    return
-                box = boxes[i]
-                d = int(denominators[i])
-                need = _capacity(int(box[2]), int(box[3]), d)
-                if arena[i].size < need:
-                    arena[i] = np.empty(need + need // 4, dtype=np.uint8)
-                try:
-                    batch.windows[i] = decode_window(jpegs[i], box, d, arena[i])
-                except WindowDecodeError as e:
-                    batch.errors[i] = str(e)
+        def work(i: int) -> None:
+            box = boxes[i]
+            d = int(denominators[i])
+            need = _capacity(int(box[2]), int(box[3]), d)
+            if arena[i].size < need:
+                arena[i] = np.empty(need + need // 4, dtype=np.uint8)
+            try:
+                batch.windows[i] = decode_window(jpegs[i], box, d, arena[i])
+            except WindowDecodeError as e:
+                batch.errors[i] = str(e)
 
-        batch.futures = [self._pool.submit(work) for _ in range(min(self.threads, n))]
+        batch.loop = self._lane.parallel(work, n)
         return batch
-
-    def close(self) -> None:
-        """Stop the worker threads (after the batches submitted)."""
-        self._pool.shutdown(wait=False)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import logging
 
 import pytest
@@ -12,6 +13,7 @@ from feeder.config import ServerConfig
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
+from shards import jpeg
 from feeder.service import FeederService, open_datasets
 from protocol.request import StreamSpec
 
@@ -59,17 +61,48 @@ def test_cpu_spec_has_no_device_index():
     assert PipelineSpec(device="gpu", device_id=1).device_id == 1
 
 
+def _service(shards, **config) -> FeederService:
+    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=4, **config)
+    return FeederService(config, open_datasets({"s": shards}), ServerMetrics())
+
+
 @pytest.fixture
 def service(shards):
-    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=4),
-                            open_datasets({"s": shards}), ServerMetrics())
+    service = _service(shards)
     yield service
     service.close()
 
 
-def test_open_streams_share_the_thread_budget(service):
-    first = service.open_stream(StreamSpec(dataset="s", split="val", batch_size=4, image_size=32))
-    second = service.open_stream(StreamSpec(dataset="s", split="val", batch_size=4, image_size=32))
+@pytest.fixture
+def dali_service(shards):
+    """A daemon whose CPU pipelines decode with DALI (threads of their own)."""
+    service = _service(shards, cpu_decoder="dali")
+    yield service
+    service.close()
+
+
+def _open(service: FeederService, **fields):
+    return service.open_stream(StreamSpec(**(dict(dataset="s", split="val", batch_size=4, image_size=32) | fields)))
+
+
+def test_window_decoder_streams_work_on_the_daemons_threads_alone(service):
+    if not jpeg.available():
+        pytest.skip(str(jpeg.unavailable_reason()))
+    streams = [_open(service, seed=i) for i in range(6)]
+    try:
+        assert {stream.pipeline.threads for stream in streams} == {1}  # one spec: no threads of their own
+        for stream in streams:
+            next(iter(stream))
+        workers = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
+        assert len(workers) == service.config.threads
+    finally:
+        for stream in streams:
+            stream.close()
+
+
+def test_dali_pipelines_share_the_thread_budget(dali_service):
+    first = _open(dali_service)
+    second = _open(dali_service)
     try:
         assert (first.pipeline.threads, second.pipeline.threads) == (4, 2)
         assert first.pipeline.device == second.pipeline.device == "cpu"
@@ -78,9 +111,8 @@ def test_open_streams_share_the_thread_budget(service):
         second.close()
 
 
-def test_the_ranks_of_a_node_get_equal_shares_whichever_opens_first(service):
-    ranks = [service.open_stream(StreamSpec(dataset="s", split="val", rank=r, world_size=2, batch_size=4,
-                                            image_size=32, local_world_size=2)) for r in range(2)]
+def test_the_ranks_of_a_node_get_equal_shares_whichever_opens_first(dali_service):
+    ranks = [_open(dali_service, rank=r, world_size=2, local_world_size=2) for r in range(2)]
     try:
         assert [stream.pipeline.threads for stream in ranks] == [2, 2]
     finally:

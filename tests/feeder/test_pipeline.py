@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.workers import FairPool
 from feeder.decoders import DaliCpuDecoder
 from feeder.jobs import SampleDecodeError
 from feeder.pipeline import PipelineSpec, dali_decode_error
@@ -50,10 +51,12 @@ def test_a_message_without_a_traceback_keeps_its_first_line():
 ])
 def test_real_dali_errors_read_as_their_shape(bad, named):
     good = jpeg_bytes(64, 48, 0)
-    decoder = DaliCpuDecoder(PipelineSpec(cpu_decoder="dali", max_batch_size=4, threads=1))
+    workers = FairPool(1)
+    decoder = DaliCpuDecoder(PipelineSpec(cpu_decoder="dali", max_batch_size=4, threads=1), workers.lane())
     try:
         with pytest.raises(SampleDecodeError) as caught:
             decoder.finish(decoder.start(header_job([good, bad(good), good], 16)), None)
     finally:
         decoder.close()
+        workers.close()
     assert (caught.value.failures == {1: "DALI gave no reason"}) if named else caught.value.failures is None

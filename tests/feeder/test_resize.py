@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.workers import FairPool
 from feeder.resize import BatchResizer
 
 
@@ -37,9 +38,9 @@ IMAGES = [_photo_like(h, w, i) for i, (h, w) in enumerate([(250, 280), (97, 300)
 
 @pytest.fixture(scope="module")
 def resizer():
-    r = BatchResizer(threads=2)
-    yield r
-    r.close()
+    workers = FairPool(2)
+    yield BatchResizer(workers.lane())
+    workers.close()
 
 
 @pytest.mark.parametrize("size", [224, 128, 32])

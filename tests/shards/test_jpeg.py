@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from core.workers import FairPool
 from shards import jpeg
 
 pytestmark = pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason()))
@@ -132,7 +133,8 @@ def test_a_batch_reports_its_failures_by_position_and_decodes_the_rest() -> None
     bad = np.frombuffer(b"\xff\xd8" + b"\x00" * 100, np.uint8)
     samples = [good[0], bad, good[1], good[2], bad, good[3], good[4]]
     boxes = np.array([[4, 4, 40, 30]] * len(samples))
-    decoder = jpeg.WindowDecoder(threads=2, arenas=2)
+    workers = FairPool(2)
+    decoder = jpeg.WindowDecoder(workers.lane(), arenas=2)
     try:
         for _ in range(3):  # arenas are reused from batch to batch
             windows, failed = decoder.submit(samples, boxes, np.ones(len(samples), int)).result()
@@ -141,7 +143,7 @@ def test_a_batch_reports_its_failures_by_position_and_decodes_the_rest() -> None
                 if i not in failed:
                     assert np.array_equal(windows[i], _full_decode(sample)[4:34, 4:44])
     finally:
-        decoder.close()
+        workers.close()
 
 
 # --- restart markers ------------------------------------------------------------
