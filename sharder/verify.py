@@ -23,7 +23,8 @@ from tqdm import tqdm
 
 from core.errors import DataError
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
-from shards.reader import TarScan, idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, scan_tar
+from shards.index import read_index, read_manifest
+from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]

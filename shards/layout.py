@@ -50,7 +50,9 @@ manifests written before them lack the two keys; the reader and ``feeder verify`
 do not use them. So did the index columns of the half-scale copies
 (``options.half_copies`` says whether they were made).
 
-Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`.
+Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`
+(the manifest and indexes through :mod:`shards.index`, the members of tars, ``.idx`` files and
+LMDB values through :mod:`shards.members`, open tars through :mod:`shards.tars`).
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class TarShardWriter(ShardWriter):
     def write(self, sample: Sample) -> Stored:
         label = str(sample.label).encode("ascii")
         jpg = self._member(f"{sample.key}.jpg", sample.data)
-        cls = self._member(f"{sample.key}.cls", label)  # right after .jpg: see shards.reader.label_offset
+        cls = self._member(f"{sample.key}.cls", label)  # right after .jpg: see shards.members.label_offset
         # DALI index line: "<ext> <data offset> <size> <member name>" per component.
         line = f"jpg {jpg[0]} {jpg[1]} {sample.key}.jpg cls {cls[0]} {cls[1]} {sample.key}.cls"
         half = (-1, 0)

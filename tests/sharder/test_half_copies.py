@@ -20,8 +20,10 @@ from feeder.pipeline import PipelineRunner, PipelineSpec
 from sharder import ShardConfig, shard
 from sharder.normalise import HALF_COPY_QUALITY
 from sharder.verify import verify
+from shards.index import read_index
 from shards.layout import HALF_COLUMNS, index_path
-from shards.reader import ShardDataset, half_boxes, read_index, read_lmdb_sample
+from shards.members import read_lmdb_sample
+from shards.reader import ShardDataset, half_boxes
 from shards.writers import file_sha256
 from tests.common.shards import build_sample_shards
 from tests.sharder.odd_files import encode, odd_inputs, write_tree

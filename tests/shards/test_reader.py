@@ -8,11 +8,10 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from core.errors import ConfigError, DataError, NotFound
-from shards.reader import ShardDataset, _OpenShard
+from shards.reader import ShardDataset
 from tests.common.shards import build_sample_shards
 
 
@@ -97,18 +96,3 @@ def test_a_shard_replaced_by_a_complete_copy_is_reopened(shards, tmp_path):
     assert split.read(late).tobytes() == expected
     split.will_need([late, 0])
     assert split.read(0).tobytes() == (ShardDataset.open("y", copy).splits["train"].read(0).tobytes())
-
-
-def test_reads_tell_the_page_cache_from_the_disk(tmp_path):
-    # A file just written is in the page cache: every read is served from it.
-    data = np.arange(1 << 16, dtype=np.uint8).tobytes()
-    path = tmp_path / "f"
-    path.write_bytes(data)
-    opened = _OpenShard(path)
-    buffer = np.empty(4096, np.uint8)
-    done, cached = opened.read_into(buffer, 1000)
-    assert done == 4096 and buffer.tobytes() == data[1000:5096]
-    assert cached == hasattr(os, "RWF_NOWAIT")
-    # At the end of the file: a short read, still from the cache.
-    done, cached = opened.read_into(buffer, len(data) - 100)
-    assert done == 100 and buffer[:100].tobytes() == data[-100:]

@@ -9,15 +9,9 @@ import lmdb
 import numpy as np
 
 from shards.layout import FORMAT_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, shard_name
-from shards.reader import (
-    ShardDataset,
-    idx_members,
-    label_offset,
-    read_index,
-    read_lmdb_sample,
-    read_manifest,
-    tar_members,
-)
+from shards.index import read_index, read_manifest
+from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
+from shards.reader import ShardDataset
 from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, write_index, write_json_atomic
 
 
