@@ -22,6 +22,7 @@ from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
 from shards.layout import (
     FORMAT_VERSION,
+    INDEX_VERSION,
     LMDB_DIR,
     MANIFEST_NAME,
     index_path,
@@ -145,6 +146,7 @@ def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRec
         "inputs": accepted + len(rejects),
         "per_class": per_class,
         "index": f"{split.name}/{index_path(Path(), split.name).name}",
+        "index_version": INDEX_VERSION,
         "shards": shards if wds else [],
         "rejects": rejects,
         "skipped_links": [{"source": s, "reason": r} for s, r in split.skipped_links],

@@ -21,11 +21,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError, NotFound
-from shards.layout import FORMAT_VERSION, HALF_COLUMNS, INDEX_SCHEMA, MANIFEST_NAME, index_path
+from shards.layout import (
+    FORMAT_VERSION,
+    HALF_COLUMNS,
+    INDEX_SCHEMA,
+    INDEX_VERSION,
+    INDEX_VERSION_KEY,
+    MANIFEST_NAME,
+    index_path,
+    index_schema,
+)
 
 __all__ = [
     "IndexColumns",
     "check_split_shards",
+    "index_version",
     "read_columns",
     "read_index",
     "read_manifest",
@@ -41,11 +51,13 @@ class IndexColumns:
     """A split's index as arrays, one entry per sample, and its tars.
 
     Attributes:
+        version: the index's format version (:mod:`shards.layout`).
         shards: the split's tars relative to the shard directory, in the order the
             index first names them; ``shard_ids`` are positions in this list.
         half_sizes: 0 where a sample has no half-scale copy.
     """
 
+    version: int
     shards: list[str]
     keys: list[str]
     labels: np.ndarray
@@ -115,40 +127,75 @@ def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
 
 
-def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
-    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all). The
-    columns of the half-scale copies, where an index lacks them (written before
-    them), come as ``-1`` / ``0``: no copies.
+def index_version(path: Path) -> int:
+    """The format version of the index at ``path`` (:mod:`shards.layout`): the one in
+    its schema metadata, or, where there is none, 2 when it has the columns of the
+    half-scale copies, else 1.
 
     Raises:
-        DataError: the file is missing, unreadable, or a column has another type than
-            ``INDEX_SCHEMA`` says.
+        DataError: the file is unreadable, or its version is not a number, later
+            than ``INDEX_VERSION`` (names the file and both versions) or lacks one of
+            that version's columns.
+    """
+    try:
+        schema = pq.read_schema(path)
+    except Exception as e:  # pyarrow raises several unrelated types for bad files
+        raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
+    recorded = (schema.metadata or {}).get(INDEX_VERSION_KEY)
+    if recorded is None:
+        return 2 if set(HALF_COLUMNS) <= set(schema.names) else 1
+    text = recorded.decode("ascii", "replace")
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"{path}: index format version {text!r} is not a version number")
+    version = int(text)
+    if version > INDEX_VERSION:
+        raise DataError(f"{path}: index format version {version}; this reader reads versions 1 to {INDEX_VERSION}")
+    missing = [name for name in index_schema(version).names if name not in schema.names]
+    if missing:
+        raise DataError(f"{path}: index format version {version} without its column {missing[0]!r}")
+    return version
+
+
+def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all those of
+    ``INDEX_SCHEMA``), from an index of any version this code reads, with that
+    version in the table's schema metadata (``INDEX_VERSION_KEY``). Columns the
+    version lacks come as "none": the half-scale copies' as ``-1`` / ``0`` (no copy).
+
+    Raises:
+        DataError: the file is missing or unreadable, of a version this code does not
+            read, or a column has another type than ``INDEX_SCHEMA`` says.
     """
     path = index_path(root, split)
     if not path.is_file():
         raise DataError(f"{path}: missing index of split {split!r}")
     names = list(columns) if columns is not None else INDEX_SCHEMA.names
+    version = index_version(path)
+    stored = index_schema(version).names
     try:
-        present = set(pq.read_schema(path).names)
-        absent = [c for c in HALF_COLUMNS if c in names and c not in present]
-        table = pq.read_table(path, columns=[c for c in names if c not in absent])
+        table = pq.read_table(path, columns=[c for c in names if c in stored])
     except Exception as e:  # pyarrow raises several unrelated types for bad files
         raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
-    for column in absent:
-        fill = -1 if column == "half_offset" else 0
-        table = table.append_column(INDEX_SCHEMA.field(column), pa.array(np.full(table.num_rows, fill, np.int64)))
+    for column in (c for c in names if c not in stored):
+        table = table.append_column(INDEX_SCHEMA.field(column), _absent(INDEX_SCHEMA.field(column), table.num_rows))
     table = table.select(names)
     for column in names:
         if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
             raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
-    return table
+    return table.replace_schema_metadata({INDEX_VERSION_KEY: str(version).encode("ascii")})
+
+
+def _absent(field: pa.Field, rows: int) -> pa.Array:
+    """The values of a column an index's version lacks: what says "none"."""
+    fill = -1 if field.name == "half_offset" else 0
+    return pa.array(np.full(rows, fill), field.type)
 
 
 def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
-    and the tars: the row count, every sample inside its tar, an image size on every
-    row, and the columns of the half-scale copies either locating one or saying
-    there is none.
+    and the tars: the row count and format version, every sample inside its tar, an
+    image size on every row, and the columns of the half-scale copies either locating
+    one or saying there is none.
 
     Raises:
         DataError: the index is missing, unreadable or disagrees (names the file, and
@@ -158,8 +205,12 @@ def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
     table = read_index(root, split, _SERVED)
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
+    version = int(table.schema.metadata[INDEX_VERSION_KEY])
+    if info.get("index_version", version) != version:
+        raise DataError(f"{path}: index format version {version}, manifest says {info['index_version']!r}")
     shard_col = table.column("shard").dictionary_encode().combine_chunks()
     columns = IndexColumns(
+        version=version,
         shards=[str(s) for s in shard_col.dictionary.to_pylist()],
         keys=table.column("key").to_pylist(),
         labels=table.column("label").to_numpy().astype(np.int64),

@@ -64,6 +64,7 @@ class SplitIndex:
         self.labels = columns.labels
         self.widths = columns.widths
         self.heights = columns.heights
+        self.index_version = columns.version
         self._cols = columns
         self._shards = columns.shards
         self._shard_bytes = shard_bytes or {}

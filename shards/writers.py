@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
-from shards.layout import INDEX_SCHEMA
+from shards.layout import INDEX_VERSION, index_schema
 
 __all__ = [
     "LmdbWriter",
@@ -288,11 +288,24 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
     fsync_dir(path.parent)
 
 
-def write_index(path: Path, columns: dict[str, list[Any]]) -> None:
-    """Write a split's ``index.parquet`` (``INDEX_SCHEMA`` columns) durably: a
-    temporary file, fsync, rename."""
+def write_index(path: Path, columns: dict[str, list[Any]], version: int = INDEX_VERSION) -> None:
+    """Write a split's ``index.parquet`` durably (a temporary file, fsync, rename),
+    its format version in the schema metadata.
+
+    Args:
+        path: final file name.
+        columns: column name -> one value per sample; the columns of
+            ``index_schema(version)`` (others are left out).
+        version: the index format (:mod:`shards.layout`); an older one only for a
+            reader that knows no later one.
+
+    Raises:
+        ValueError: a version this code does not know.
+        KeyError: a column of that version is missing.
+    """
+    schema = index_schema(version)
     temp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table(columns, schema=INDEX_SCHEMA), temp)
+    pq.write_table(pa.table({name: columns[name] for name in schema.names}, schema=schema), temp)
     with open(temp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(temp, path)

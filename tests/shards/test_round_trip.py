@@ -7,8 +7,9 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
+import pytest
 
-from shards.layout import FORMAT_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, shard_name
+from shards.layout import FORMAT_VERSION, INDEX_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, shard_name
 from shards.index import read_index, read_manifest
 from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
 from shards.reader import ShardDataset
@@ -24,7 +25,7 @@ def _samples(count: int) -> list[Sample]:
             for i in range(count)]
 
 
-def _write(root: Path, samples: list[Sample]) -> None:
+def _write(root: Path, samples: list[Sample], version: int = INDEX_VERSION) -> None:
     split = root / "train"
     split.mkdir(parents=True)
     rows: dict[str, list] = {k: [] for k in ("key", "label", "shard", "offset", "size", "source", "width", "height",
@@ -46,7 +47,7 @@ def _write(root: Path, samples: list[Sample]) -> None:
         for sample in samples:
             lmdb_writer.write(sample)
         lmdb_writer.finish()
-    write_index(index_path(root, "train"), rows)
+    write_index(index_path(root, "train"), rows, version)
     write_json_atomic(root / MANIFEST_NAME, {
         "format_version": FORMAT_VERSION, "classes": [str(c) for c in range(7)],
         "splits": {"train": {"num_samples": len(samples), "shards": shards}}})
@@ -83,3 +84,18 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
         for sample in samples:  # the images only: Caffe readers know no copies
             assert read_lmdb_sample(env, sample.key) == (sample.data, sample.label)
         assert read_lmdb_sample(env, "absent") == (b"", -1)
+
+
+@pytest.mark.parametrize("version", range(1, INDEX_VERSION + 1))
+def test_an_index_of_each_version_reads_back(tmp_path: Path, version: int) -> None:
+    samples = _samples(12)
+    _write(tmp_path, samples, version)
+    split = ShardDataset.open("t", tmp_path).splits["train"]
+    assert split.index_version == version
+    assert split.keys == [s.key for s in samples]
+    assert [split.read(i).tobytes() for i in range(12)] == [s.data for s in samples]
+    copies = version >= 2  # version 1 has no columns for them: no sample has a copy
+    assert split.half_copies.tolist() == [bool(s.half) and copies for s in samples]
+    table = read_index(tmp_path, "train")
+    assert table.column("height").to_pylist() == [s.height for s in samples]
+    assert table.column("half_offset").to_pylist()[1] == -1
