@@ -120,6 +120,8 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
         "height": [r[6] for r, _ in rows],
         "half_offset": [-1 if lmdb_only else r[7] for r, _ in rows],
         "half_size": [0 if lmdb_only else r[8] for r, _ in rows],
+        "checksum": [r[9] for r, _ in rows],
+        "half_checksum": [0 if lmdb_only else r[10] for r, _ in rows],
     }
     write_index(index_path(out, split), columns)
 

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError, NotFound
 from shards.layout import (
+    CHECKSUM_COLUMNS,
     FORMAT_VERSION,
     HALF_COLUMNS,
     INDEX_SCHEMA,
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 # The columns the daemon serves from (``source`` stays on disk).
-_SERVED = ("key", "label", "shard", "offset", "size", "width", "height", *HALF_COLUMNS)
+_SERVED = ("key", "label", "shard", "offset", "size", "width", "height", *HALF_COLUMNS, *CHECKSUM_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ class IndexColumns:
         shards: the split's tars relative to the shard directory, in the order the
             index first names them; ``shard_ids`` are positions in this list.
         half_sizes: 0 where a sample has no half-scale copy.
+        checksums: uint64 ``sample_checksum`` of each sample's bytes, and
+            ``half_checksums`` of its half-scale copy's; None for an index without
+            them (version 1 or 2): its samples are not checked.
     """
 
     version: int
@@ -68,6 +72,8 @@ class IndexColumns:
     heights: np.ndarray
     half_offsets: np.ndarray
     half_sizes: np.ndarray
+    checksums: np.ndarray | None
+    half_checksums: np.ndarray | None
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
@@ -160,7 +166,8 @@ def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> 
     """The rows of ``<split>/index.parquet`` (``columns`` of them, or all those of
     ``INDEX_SCHEMA``), from an index of any version this code reads, with that
     version in the table's schema metadata (``INDEX_VERSION_KEY``). Columns the
-    version lacks come as "none": the half-scale copies' as ``-1`` / ``0`` (no copy).
+    version lacks come as "none": the half-scale copies' as ``-1`` / ``0`` (no copy),
+    the checksums as nulls (unchecked).
 
     Raises:
         DataError: the file is missing or unreadable, of a version this code does not
@@ -187,6 +194,8 @@ def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> 
 
 def _absent(field: pa.Field, rows: int) -> pa.Array:
     """The values of a column an index's version lacks: what says "none"."""
+    if field.name in CHECKSUM_COLUMNS:
+        return pa.nulls(rows, field.type)
     fill = -1 if field.name == "half_offset" else 0
     return pa.array(np.full(rows, fill), field.type)
 
@@ -221,11 +230,22 @@ def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
         heights=table.column("height").to_numpy().astype(np.int32),
         half_offsets=table.column("half_offset").to_numpy().astype(np.int64),
         half_sizes=table.column("half_size").to_numpy().astype(np.int64),
+        checksums=_checksums(path, table, "checksum", version),
+        half_checksums=_checksums(path, table, "half_checksum", version),
     )
     _check_extents(root, path, columns)
     _check_image_sizes(path, columns)
     _check_half_copies(path, columns)
     return columns
+
+
+def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.ndarray | None:
+    if version < 3:
+        return None
+    values = table.column(column)
+    if values.null_count:
+        raise DataError(f"{path}: {values.null_count} rows without a {column!r}")
+    return values.to_numpy().astype(np.uint64)
 
 
 def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:

@@ -25,16 +25,29 @@ copy: a quarter of the entropy decoding for the same output resolution (see
 Index format versions (``INDEX_VERSION``), each adding columns to the one before:
 
 1. ``key, label, shard, offset, size, source, width, height``;
-2. ``+ half_offset, half_size``.
+2. ``+ half_offset, half_size``;
+3. ``+ checksum, half_checksum``: the xxh3_64 hash (``sample_checksum``, an unsigned
+   64-bit integer) of the sample's stored JPEG bytes, and of its half-scale copy's
+   (``0`` where it has none). The reader checks it on every read and refuses bytes
+   that differ (:class:`core.errors.SampleCorrupt`, naming the tar and the key), so a
+   tar changed in place after sharding (``dd conv=notrunc``, ``rsync --inplace``) is
+   never served as another image. xxh3_64 over CRC32C (``google-crc32c``, hardware
+   CRC instructions): on 50 / 100 / 150 KB buffers it takes 1.1 / 2.2 / 3.1 us in
+   cache (45-49 GB/s) against 2.3 / 4.4 / 6.4 us (22-24 GB/s), and 1.6 / 4.0 / 8.2
+   us against 3.6 / 7.2 / 11.2 us out of cache (2 vCPUs, AMD EPYC); 64 bits also
+   make a chance match of damaged bytes negligible. Checking costs the daemon 1.5 to
+   3 CPU us per image of the sample data (41.5 KB on average; reads alone 8-10 us),
+   0.4 to 1 % of the 0.3-0.4 ms its CPU path spends on a 224 px image.
 
 The version is in the Arrow schema metadata of ``index.parquet`` (key
 ``INDEX_VERSION_KEY``, ASCII digits) and, for people and tools reading the manifest
 only, in the split's ``index_version``; the two must agree. An index without it
 (written before versions were recorded) is version 2 when it has the columns of the
 half-scale copies, else 1. The reader reads every version up to ``INDEX_VERSION``
-(columns a version lacks come as "none": no copy) and refuses a later one, naming the
-file and both versions: its columns may mean what this reader would get wrong.
-(``FORMAT_VERSION`` below is the manifest's own, apart from the index's.)
+(columns a version lacks come as "none": no copy, no checksum, so such samples are
+served unchecked, as before) and refuses a later one, naming the file and both
+versions: its columns may mean what this reader would get wrong. (``FORMAT_VERSION``
+below is the manifest's own, apart from the index's.)
 
 ``manifest.json`` says what a shard directory holds; it is written last.
 
@@ -74,9 +87,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import xxhash
 
 __all__ = [
+    "CHECKSUM_COLUMNS",
     "FORMAT_VERSION",
     "HALF_COLUMNS",
     "INDEX_NAME",
@@ -87,6 +103,7 @@ __all__ = [
     "MANIFEST_NAME",
     "index_path",
     "index_schema",
+    "sample_checksum",
     "shard_name",
 ]
 
@@ -95,7 +112,7 @@ MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.parquet"
 LMDB_DIR = "lmdb"
 
-INDEX_VERSION = 2  # the index format this code writes, and the latest it reads
+INDEX_VERSION = 3  # the index format this code writes, and the latest it reads
 INDEX_VERSION_KEY = b"feeder.index_version"  # in the Arrow schema metadata of index.parquet
 
 _BASE_FIELDS = [
@@ -110,7 +127,12 @@ _BASE_FIELDS = [
 ]
 # Columns an index may lack (version 1): no sample has a half-scale copy.
 HALF_COLUMNS = ("half_offset", "half_size")
-_ADDED_FIELDS = {2: [("half_offset", pa.int64()), ("half_size", pa.int64())]}
+# Columns an index may lack (versions 1 and 2): its samples are served unchecked.
+CHECKSUM_COLUMNS = ("checksum", "half_checksum")
+_ADDED_FIELDS = {
+    2: [("half_offset", pa.int64()), ("half_size", pa.int64())],
+    3: [("checksum", pa.uint64()), ("half_checksum", pa.uint64())],
+}
 
 
 def index_schema(version: int = INDEX_VERSION) -> pa.Schema:
@@ -127,6 +149,11 @@ def index_schema(version: int = INDEX_VERSION) -> pa.Schema:
 
 
 INDEX_SCHEMA = index_schema()
+
+
+def sample_checksum(data: bytes | np.ndarray) -> int:
+    """The ``checksum`` of stored bytes ``data`` (xxh3_64, seed 0, as an unsigned int)."""
+    return xxhash.xxh3_64_intdigest(data if isinstance(data, bytes) else data.data)
 
 
 def shard_name(number: int, suffix: str = ".tar") -> str:

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from core.errors import DataError
+from core.errors import DataError, SampleCorrupt
 from shards.index import IndexColumns, check_split_shards, read_columns, read_served_manifest
 from shards.jpeg import dct_denominator
+from shards.layout import sample_checksum
 from shards.tars import OpenTar
 
 __all__ = [
@@ -52,7 +53,10 @@ class SplitIndex:
     memory map: a tar that is truncated while it is served (``cp`` over it, ``rsync
     --inplace``, a network file system losing it) then gives a short read, raised as
     a :class:`DataError` naming the tar and the sample, instead of a SIGBUS that would
-    end the whole process. Thread-safe for reads; tars are opened once, on first use.
+    end the whole process. Where the index has checksums (version 3), every read is
+    checked against them: bytes changed in place (same size) are a
+    :class:`SampleCorrupt`, never served. Thread-safe for reads; tars are opened once,
+    on first use.
     """
 
     def __init__(
@@ -107,6 +111,8 @@ class SplitIndex:
         half-scale copy.
 
         Raises:
+            SampleCorrupt: the bytes differ from their checksum in the index (a
+                :class:`DataError` with the tar, key and index as fields).
             DataError: the tar is missing or shorter than the index says (names the
                 tar and the sample key); a tar replaced under the same name by a
                 complete one (the size the manifest records) is reopened instead.
@@ -120,12 +126,21 @@ class SplitIndex:
         done, cached = opened.read_into(buffer, offset)
         if not cached:
             self.uncached_reads += 1
-        if done == size:
+        if done == size and self._intact(buffer, index, half):
             return buffer
-        if self._reopen_if_replaced(shard, opened) and self._file(shard).read_into(buffer, offset)[0] == size:
-            return buffer
+        if self._reopen_if_replaced(shard, opened):
+            done = self._file(shard).read_into(buffer, offset)[0]
+            if done == size and self._intact(buffer, index, half):
+                return buffer
         path = self.root / self._shards[shard]
+        if done == size:
+            raise SampleCorrupt(path, self.keys[index], index, half)
         raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
+
+    def _intact(self, data: np.ndarray, index: int, half: bool) -> bool:
+        """True when ``data`` match their checksum in the index, or it has none."""
+        checksums = self._cols.half_checksums if half else self._cols.checksums
+        return checksums is None or sample_checksum(data) == int(checksums[index])
 
     def read_many(self, indices: Sequence[int] | np.ndarray, half: np.ndarray | None = None) -> list[np.ndarray]:
         """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th)."""

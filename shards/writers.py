@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
-from shards.layout import INDEX_VERSION, index_schema
+from shards.layout import INDEX_VERSION, index_schema, sample_checksum
 
 __all__ = [
     "LmdbWriter",
@@ -60,12 +60,15 @@ class Sample:
 
 class Stored(NamedTuple):
     """Where a writer put a sample's JPEG bytes (and its half-scale copy's: offset
-    -1 and size 0 where it has none or the format keeps none)."""
+    -1 and size 0 where it has none or the format keeps none), and their checksums
+    (``shards.layout.sample_checksum``; 0 for no copy)."""
 
     offset: int
     size: int
     half_offset: int = -1
     half_size: int = 0
+    checksum: int = 0
+    half_checksum: int = 0
 
 
 def file_sha256(path: Path) -> str:
@@ -204,7 +207,8 @@ class TarShardWriter(ShardWriter):
             line += f" half.jpg {half[0]} {half[1]} {sample.key}.half.jpg"
         self._lines.append(line)
         self.samples += 1
-        return Stored(*jpg, *half)
+        half_checksum = sample_checksum(sample.half) if sample.half else 0
+        return Stored(*jpg, *half, sample_checksum(sample.data), half_checksum)
 
     def finish(self) -> None:
         self._put(_END_OF_ARCHIVE)
@@ -252,7 +256,8 @@ class LmdbWriter(ShardWriter):
         if self._pending >= self._COMMIT_EVERY:
             self._txn.commit()
             self._txn, self._pending = self._env.begin(write=True), 0
-        return Stored(-1, len(sample.data))  # the full image only: Caffe readers know no copies
+        # The full image only: Caffe readers know no copies.
+        return Stored(-1, len(sample.data), checksum=sample_checksum(sample.data))
 
     def finish(self) -> None:
         self._txn.commit()

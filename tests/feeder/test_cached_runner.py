@@ -20,6 +20,7 @@ from feeder.plan import LastBatch
 from feeder.service import FeederService, StreamSpec, open_datasets
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
+from tests.common.bad_samples import index_as_stored
 from tests.feeder.conftest import connect, start
 
 SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is downscaled
@@ -137,6 +138,7 @@ def _corrupt_copy(shards: Path, dest: Path, split: str, row: int) -> int:
     with open(copy / table[row]["shard"], "r+b") as f:
         f.seek(table[row]["offset"])
         f.write(b"\x00" * table[row]["size"])
+    index_as_stored(copy, split)  # undecodable as sharded, not changed since
     return row
 
 

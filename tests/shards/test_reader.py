@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError, DataError, NotFound
+import numpy as np
+import pyarrow.parquet as pq
+
+from core.errors import ConfigError, DataError, NotFound, SampleCorrupt
+from shards.index import read_index
+from shards.layout import CHECKSUM_COLUMNS, INDEX_VERSION_KEY, index_path, sample_checksum
 from shards.reader import ShardDataset
 from tests.common.shards import build_sample_shards
 
@@ -96,3 +101,66 @@ def test_a_shard_replaced_by_a_complete_copy_is_reopened(shards, tmp_path):
     assert split.read(late).tobytes() == expected
     split.will_need([late, 0])
     assert split.read(0).tobytes() == (ShardDataset.open("y", copy).splits["train"].read(0).tobytes())
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` over the bytes of ``path`` at ``offset``, in place (same inode,
+    same size: ``dd conv=notrunc``, ``rsync --inplace``)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_every_sample_is_read_against_its_checksum_in_the_index(shards):
+    split = ShardDataset.open("x", shards).splits["val"]
+    table = read_index(shards, "val")
+    assert table.column("checksum").to_pylist() == [sample_checksum(split.read(i)) for i in range(len(split))]
+    assert table.column("half_checksum").to_pylist() == [0] * len(split)  # no copies
+
+
+def test_bytes_changed_in_place_are_refused_naming_tar_and_key_until_restored(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]
+    row = 5
+    original = split.read(row).tobytes()  # the tar is open, as a serving daemon has it
+    tar, (offset, size) = copy / split.shard_of(row), split.location(row)
+    other = next(i for i in range(len(split)) if split.location(i)[1] >= size and i != row)
+    _overwrite(tar, offset, split.read(other).tobytes()[:size])  # another image's bytes, same size
+    with pytest.raises(SampleCorrupt, match=rf"^{tar}: sample {split.keys[row]} differs from its checksum") as caught:
+        split.read(row)
+    assert (caught.value.path, caught.value.key, caught.value.index, caught.value.half) == (tar, split.keys[row], row, False)
+    with pytest.raises(SampleCorrupt, match=split.keys[row]):
+        split.read_many([other, row])
+    with pytest.raises(SampleCorrupt, match=split.keys[row]):
+        split.read_windows([row], np.array([[0, 0, 8, 8]]), 16)
+    split.read(other)  # the other samples still read
+
+    _overwrite(tar, offset, original)  # the right bytes again: read as they are, no reopening
+    assert split.read(row).tobytes() == original
+    assert split.read_many([row])[0].tobytes() == original
+
+
+def test_a_half_scale_copy_changed_in_place_is_refused_as_the_copy(tmp_path):
+    halves = build_sample_shards(tmp_path, classes=2, train_per_class=3, val_per_class=1, half_copies=True)
+    split = ShardDataset.open("x", halves).splits["train"]
+    offset, size = split.location(0, half=True)
+    _overwrite(halves / split.shard_of(0), offset + size // 2, b"\0" * 16)
+    with pytest.raises(SampleCorrupt, match=f"the half-scale copy of sample {split.keys[0]} differs") as caught:
+        split.read(0, half=True)
+    assert caught.value.half and caught.value.index == 0
+    assert sample_checksum(split.read(0)) == read_index(halves, "train").column("checksum")[0].as_py()
+
+
+def test_an_index_without_checksums_is_served_unchecked_as_before(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    path = index_path(copy, "val")
+    pq.write_table(pq.read_table(path).drop_columns(list(CHECKSUM_COLUMNS))
+                   .replace_schema_metadata({INDEX_VERSION_KEY: b"2"}), path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["splits"]["val"]["index_version"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    split = ShardDataset.open("x", copy).splits["val"]
+    assert read_index(copy, "val").column("checksum").null_count == len(split)
+    offset, size = split.location(1)
+    _overwrite(copy / split.shard_of(1), offset, b"\xff" * size)
+    assert split.read(1).tobytes() == b"\xff" * size

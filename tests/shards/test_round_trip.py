@@ -9,7 +9,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from shards.layout import FORMAT_VERSION, INDEX_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, shard_name
+from shards.layout import FORMAT_VERSION, INDEX_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, sample_checksum, shard_name
 from shards.index import read_index, read_manifest
 from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
 from shards.reader import ShardDataset
@@ -29,7 +29,7 @@ def _write(root: Path, samples: list[Sample], version: int = INDEX_VERSION) -> N
     split = root / "train"
     split.mkdir(parents=True)
     rows: dict[str, list] = {k: [] for k in ("key", "label", "shard", "offset", "size", "source", "width", "height",
-                                             "half_offset", "half_size")}
+                                             "half_offset", "half_size", "checksum", "half_checksum")}
     shards = []
     for number, part in enumerate((samples[:5], samples[5:])):
         tar = split / shard_name(number)
@@ -38,7 +38,8 @@ def _write(root: Path, samples: list[Sample], version: int = INDEX_VERSION) -> N
                 stored = writer.write(sample)
                 for column, value in zip(rows, (sample.key, sample.label, f"train/{tar.name}", stored.offset,
                                                 stored.size, f"src/{sample.key}.jpg", sample.width, sample.height,
-                                                stored.half_offset, stored.half_size)):
+                                                stored.half_offset, stored.half_size, stored.checksum,
+                                                stored.half_checksum)):
                     rows[column].append(value)
             writer.finish()
         shards.append({"path": f"train/{tar.name}", "index": f"train/{tar.with_suffix('.idx').name}",
@@ -68,6 +69,8 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
 
     table = read_index(tmp_path, "train")
     assert table.column("width").to_pylist() == [s.width for s in samples]
+    assert table.column("checksum").to_pylist() == [sample_checksum(s.data) for s in samples]
+    assert table.column("half_checksum").to_pylist() == [sample_checksum(s.half) if s.half else 0 for s in samples]
     for path in split.shard_paths:
         members = tar_members(path)
         assert idx_members(path.with_suffix(".idx")) == members
@@ -99,3 +102,5 @@ def test_an_index_of_each_version_reads_back(tmp_path: Path, version: int) -> No
     table = read_index(tmp_path, "train")
     assert table.column("height").to_pylist() == [s.height for s in samples]
     assert table.column("half_offset").to_pylist()[1] == -1
+    checked = version >= 3  # earlier versions have no checksums: their samples are served unchecked
+    assert table.column("checksum").to_pylist() == [sample_checksum(s.data) if checked else None for s in samples]
