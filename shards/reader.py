@@ -11,12 +11,10 @@ tars, ``.idx`` files and LMDB values.
 from __future__ import annotations
 
 import os
-import threading
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -24,7 +22,7 @@ from core.errors import DataError, SampleCorrupt
 from shards.index import IndexColumns, check_split_shards, read_columns, read_served_manifest
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
-from shards.tars import OpenTar
+from shards.tars import DEFAULT_RECHECK_S, TarFiles
 
 __all__ = [
     "ShardDataset",
@@ -55,13 +53,19 @@ class SplitIndex:
     a :class:`DataError` naming the tar and the sample, instead of a SIGBUS that would
     end the whole process. Where the index has checksums (version 3), every read is
     checked against them: bytes changed in place (same size) are a
-    :class:`SampleCorrupt`, never served. Thread-safe for reads; tars are opened once,
-    on first use.
+    :class:`SampleCorrupt`, never served, and bytes put back read again at once. A tar
+    changed under its name (another file, or the same one written) is noticed and
+    reopened (:meth:`shard_generation`). Thread-safe for reads; tars are opened on
+    first use.
+
+    Args:
+        root: the shard directory.
+        split: the split's name.
+        columns: its index (:func:`shards.index.read_columns`).
+        recheck_s: the most time between two looks at a served tar's path.
     """
 
-    def __init__(
-        self, root: Path, split: str, columns: IndexColumns, shard_bytes: dict[str, int] | None = None
-    ) -> None:
+    def __init__(self, root: Path, split: str, columns: IndexColumns, recheck_s: float = DEFAULT_RECHECK_S) -> None:
         self.root = root
         self.split = split
         self.keys = columns.keys
@@ -71,16 +75,13 @@ class SplitIndex:
         self.index_version = columns.version
         self._cols = columns
         self._shards = columns.shards
-        self._shard_bytes = shard_bytes or {}
         # Samples whose half-scale copy did not decode: read from the image instead.
         self._copy_usable = columns.half_sizes > 0
-        self._open: dict[int, OpenTar] = {}
-        self._retired: list[OpenTar] = []  # replaced files: other threads may still read them
-        self._lock = threading.Lock()
+        self._shard_ids = {shard: i for i, shard in enumerate(self._shards)}
+        self._tars = TarFiles(root, self._shards, recheck_s)
         # Reads not served from the page cache alone (disk, or unknown), all threads
         # together: what read-ahead can help (see ``will_need``).
         self.uncached_reads = 0
-        weakref.finalize(self, _close_all, self._open, self._retired)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -114,25 +115,27 @@ class SplitIndex:
             SampleCorrupt: the bytes differ from their checksum in the index (a
                 :class:`DataError` with the tar, key and index as fields).
             DataError: the tar is missing or shorter than the index says (names the
-                tar and the sample key); a tar replaced under the same name by a
-                complete one (the size the manifest records) is reopened instead.
+                tar and the sample key). A read that comes up short or fails its
+                checksum first looks at the tar's path: a tar changed under its name
+                is reopened and the read tried once more there.
         """
         shard = int(self._cols.shard_ids[index])
         offset, size = self.location(index, half)
         if size <= 0:
-            raise DataError(f"{self.root / self._shards[shard]}: sample {self.keys[index]} has no half-scale copy")
+            raise DataError(f"{self._tars.path(shard)}: sample {self.keys[index]} has no half-scale copy")
         buffer = np.empty(size, dtype=np.uint8)
-        opened = self._file(shard)
+        opened = self._tars.get(shard)
         done, cached = opened.read_into(buffer, offset)
         if not cached:
             self.uncached_reads += 1
         if done == size and self._intact(buffer, index, half):
             return buffer
-        if self._reopen_if_replaced(shard, opened):
-            done = self._file(shard).read_into(buffer, offset)[0]
+        current = self._tars.recheck(shard)  # changed under its name?
+        if current is not opened:
+            done = current.read_into(buffer, offset)[0]
             if done == size and self._intact(buffer, index, half):
                 return buffer
-        path = self.root / self._shards[shard]
+        path = self._tars.path(shard)
         if done == size:
             raise SampleCorrupt(path, self.keys[index], index, half)
         raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
@@ -141,6 +144,25 @@ class SplitIndex:
         """True when ``data`` match their checksum in the index, or it has none."""
         checksums = self._cols.half_checksums if half else self._cols.checksums
         return checksums is None or sample_checksum(data) == int(checksums[index])
+
+    def shard_generation(self, shard: str) -> int:
+        """How many times tar ``shard`` (relative to the shard directory, as
+        :meth:`shard_of` names it) was found changed under its name and reopened: 0
+        until then. A caller that remembers something about a tar's samples (those
+        that failed to decode) keeps the generation it saw, and forgets when it moves
+        on. A tar's path is looked at by reads, at most once per ``recheck_s``, and at
+        once by a read that comes up short or fails its checksum.
+
+        Raises:
+            KeyError: not a tar of this split.
+        """
+        return self._tars.generation(self._shard_ids[shard])
+
+    def on_shard_changed(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(shard)`` each time a tar of this split is found changed
+        (:meth:`shard_generation` has moved on), in the reading thread, right after
+        the tar is reopened; it should be quick, and what it raises reaches that read."""
+        self._tars.on_changed(listener)
 
     def read_many(self, indices: Sequence[int] | np.ndarray, half: np.ndarray | None = None) -> list[np.ndarray]:
         """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th)."""
@@ -183,49 +205,9 @@ class SplitIndex:
             offset, size = self.location(int(i))
             size = max(size, int(self._cols.half_offsets[i] + self._cols.half_sizes[i]) - offset)
             try:
-                os.posix_fadvise(self._file(int(self._cols.shard_ids[i])).fd, offset, size, os.POSIX_FADV_WILLNEED)
+                os.posix_fadvise(self._tars.get(int(self._cols.shard_ids[i])).fd, offset, size, os.POSIX_FADV_WILLNEED)
             except (OSError, DataError):
                 continue  # only a hint; the read itself reports a missing file
-
-    def _file(self, shard: int) -> OpenTar:
-        found = self._open.get(shard)
-        if found is not None:
-            return found
-        with self._lock:
-            if shard not in self._open:
-                path = self.root / self._shards[shard]
-                try:
-                    self._open[shard] = OpenTar(path)
-                except OSError as e:
-                    raise DataError(f"{path}: cannot open shard: {e.strerror or e}") from e
-            return self._open[shard]
-
-    def _reopen_if_replaced(self, shard: int, stale: OpenTar) -> bool:
-        """Reopen ``shard`` when its path now names a complete file (the size the
-        manifest records) other than ``stale``, or the same file grown back to that
-        size (rewritten in place); True when a retry may succeed."""
-        path = self.root / self._shards[shard]
-        expected = self._shard_bytes.get(self._shards[shard])
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        if expected is None or stat.st_size != expected:
-            return False
-        with self._lock:
-            current = self._open.get(shard)
-            if current is stale and (stat.st_dev, stat.st_ino) != stale.identity:
-                try:
-                    self._open[shard] = OpenTar(path)
-                except OSError:
-                    return False
-                self._retired.append(stale)
-        return True
-
-
-def _close_all(open_files: dict[int, OpenTar], retired: list[OpenTar]) -> None:
-    for opened in [*open_files.values(), *retired]:
-        opened.close()
 
 
 def half_boxes(boxes: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> np.ndarray:
@@ -256,8 +238,14 @@ class ShardDataset:
     splits: dict[str, SplitIndex]
 
     @classmethod
-    def open(cls, name: str, root: Path) -> ShardDataset:
-        """Open and check ``root``.
+    def open(cls, name: str, root: Path, recheck_s: float = DEFAULT_RECHECK_S) -> ShardDataset:
+        """Open and check ``root`` (the manifest and the indexes; no sample is read).
+
+        Args:
+            name: the name clients ask for.
+            root: the shard directory.
+            recheck_s: the most time between two looks at a served tar's path (see
+                :meth:`SplitIndex.shard_generation`).
 
         Raises:
             NotFound: the directory or its manifest does not exist.
@@ -269,13 +257,8 @@ class ShardDataset:
         splits = {}
         for split, info in manifest["splits"].items():
             check_split_shards(root, str(split), info)
-            splits[str(split)] = _open_split(root, str(split), info)
+            splits[str(split)] = SplitIndex(root, str(split), read_columns(root, str(split), info), recheck_s)
         if not splits:
             raise DataError(f"{root}: manifest lists no splits")
         return cls(name=name, root=root, classes=classes, splits=splits)
 
-
-def _open_split(root: Path, split: str, info: dict[str, Any]) -> SplitIndex:
-    columns = read_columns(root, split, info)
-    shard_bytes = {str(entry["path"]): int(entry["bytes"]) for entry in info.get("shards", []) if "bytes" in entry}
-    return SplitIndex(root, split, columns, shard_bytes)

@@ -164,3 +164,35 @@ def test_an_index_without_checksums_is_served_unchecked_as_before(shards, tmp_pa
     offset, size = split.location(1)
     _overwrite(copy / split.shard_of(1), offset, b"\xff" * size)
     assert split.read(1).tobytes() == b"\xff" * size
+
+
+def test_a_tar_rewritten_in_place_is_noticed_and_its_listeners_called(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy, recheck_s=0).splits["train"]
+    changed: list[str] = []
+    split.on_shard_changed(changed.append)
+    shard = split.shard_of(0)
+    expected = split.read(0).tobytes()
+    tar = copy / shard
+    tar.write_bytes(tar.read_bytes())  # the same bytes written again: same size, a new mtime
+    assert split.read(0).tobytes() == expected
+    assert changed == [shard] and split.shard_generation(shard) == 1
+    assert all(split.shard_generation(other) == 0 for other in {split.shard_of(i) for i in range(len(split))} - {shard})
+
+
+def test_bytes_changed_under_a_served_tar_are_refused_and_the_change_reported_at_once(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]  # tars looked at once a second
+    changed: list[str] = []
+    split.on_shard_changed(changed.append)
+    shard, (offset, size) = split.shard_of(3), split.location(3)
+    original = split.read(3).tobytes()
+    _overwrite(copy / shard, offset, bytes(size))
+    with pytest.raises(SampleCorrupt, match=split.keys[3]):  # changed, and still not the sample
+        split.read(3)
+    assert changed == [shard] and split.shard_generation(shard) == 1
+    replacement = tmp_path / "restored.tar"  # the right bytes back, as a new file under the name
+    replacement.write_bytes((shards / shard).read_bytes())
+    os.replace(replacement, copy / shard)
+    assert split.read(3).tobytes() == original
+    assert changed == [shard, shard] and split.shard_generation(shard) == 2
