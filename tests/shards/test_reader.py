@@ -128,6 +128,8 @@ def test_bytes_changed_in_place_are_refused_naming_tar_and_key_until_restored(sh
     _overwrite(tar, offset, split.read(other).tobytes()[:size])  # another image's bytes, same size
     with pytest.raises(SampleCorrupt, match=rf"^{tar}: sample {split.keys[row]} differs from its checksum") as caught:
         split.read(row)
+    with pytest.raises(SampleCorrupt):  # opening reads no sample (start-up stays fast): the read finds it
+        ShardDataset.open("y", copy).splits["train"].read(row)
     assert (caught.value.path, caught.value.key, caught.value.index, caught.value.half) == (tar, split.keys[row], row, False)
     with pytest.raises(SampleCorrupt, match=split.keys[row]):
         split.read_many([other, row])
