@@ -165,7 +165,11 @@ class SplitIndex:
         self._tars.on_changed(listener)
 
     def read_many(self, indices: Sequence[int] | np.ndarray, half: np.ndarray | None = None) -> list[np.ndarray]:
-        """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th)."""
+        """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th).
+
+        Raises:
+            SampleCorrupt, DataError: as :meth:`read`, for the first sample that fails.
+        """
         if half is None:
             return [self.read(int(i)) for i in indices]
         return [self.read(int(i), bool(h)) for i, h in zip(indices, half)]
@@ -181,6 +185,9 @@ class SplitIndex:
             indices: the samples.
             boxes: int ``[N, 4]`` windows (x, y, width, height) in the image's pixels.
             image_size: the output side they are resized to.
+
+        Raises:
+            SampleCorrupt, DataError: as :meth:`read`, for the first sample that fails.
         """
         rows = np.asarray(indices, dtype=np.int64)
         boxes = np.asarray(boxes).astype(np.int32)
