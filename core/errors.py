@@ -7,6 +7,8 @@ else in the project should decide how an error looks to a user.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "ResourceExhausted",
+    "SampleCorrupt",
     "ServiceUnavailable",
     "Unauthenticated",
     "cli_message",
@@ -42,6 +45,26 @@ class NotFound(FeederError):
 
 class DataError(FeederError):
     """Input data that is corrupt, truncated or inconsistent (names the input)."""
+
+
+class SampleCorrupt(DataError):
+    """Sample bytes read from a tar that differ from their checksum in the index: the
+    tar was changed after it was sharded, and those bytes are not the sample.
+
+    Attributes:
+        path: the tar.
+        key: the sample's key.
+        index: the sample's row in its split's index.
+        half: the bytes were its half-scale copy's.
+    """
+
+    def __init__(self, path: Path, key: str, index: int, half: bool = False) -> None:
+        what = f"the half-scale copy of sample {key}" if half else f"sample {key}"
+        super().__init__(f"{path}: {what} differs from its checksum in the index (changed after sharding)")
+        self.path, self.key, self.index, self.half = Path(path), key, index, half
+
+    def __reduce__(self) -> tuple[type[SampleCorrupt], tuple[Path, str, int, bool]]:
+        return type(self), (self.path, self.key, self.index, self.half)
 
 
 class ServiceUnavailable(FeederError):

@@ -22,6 +22,7 @@ from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
 from shards.layout import (
     FORMAT_VERSION,
+    INDEX_VERSION,
     LMDB_DIR,
     MANIFEST_NAME,
     index_path,
@@ -119,6 +120,8 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
         "height": [r[6] for r, _ in rows],
         "half_offset": [-1 if lmdb_only else r[7] for r, _ in rows],
         "half_size": [0 if lmdb_only else r[8] for r, _ in rows],
+        "checksum": [r[9] for r, _ in rows],
+        "half_checksum": [0 if lmdb_only else r[10] for r, _ in rows],
     }
     write_index(index_path(out, split), columns)
 
@@ -145,6 +148,7 @@ def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRec
         "inputs": accepted + len(rejects),
         "per_class": per_class,
         "index": f"{split.name}/{index_path(Path(), split.name).name}",
+        "index_version": INDEX_VERSION,
         "shards": shards if wds else [],
         "rejects": rejects,
         "skipped_links": [{"source": s, "reason": r} for s, r in split.skipped_links],

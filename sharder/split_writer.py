@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from tqdm import tqdm
@@ -25,12 +26,13 @@ from sharder.config import ShardConfig
 from sharder.images import ProcessedImage
 from sharder.normalise import processed_in_order
 from sharder.sources import SourceFile, SplitSource
-from shards.layout import shard_name
+from shards.layout import sample_checksum, shard_name
 from shards.writers import Sample, TarShardWriter, write_json_atomic
 
 __all__ = ["ShardRecord", "load_records", "sample_key", "shuffled", "write_split"]
 
 _KEY_STEM_CHARS = 48  # keep tar member names far below the 100-byte ustar limit
+_CHECKSUM_ROW = 9  # where a record's row has its checksums (see ShardRecord.rows)
 
 
 @dataclass
@@ -45,7 +47,7 @@ class ShardRecord:
     bytes: int
     sha256: str
     reencoded: int = 0
-    # key, label, offset, size, source, width, height, half_offset, half_size
+    # key, label, offset, size, source, width, height, half_offset, half_size, checksum, half_checksum
     rows: list[list] = field(default_factory=list)
     rejects: list[list[str]] = field(default_factory=list)  # source, reason
 
@@ -62,12 +64,33 @@ def sample_key(position: int, source: str) -> str:
     return f"{position:08d}_{stem}"
 
 
-def load_records(work_dir: Path) -> list[ShardRecord]:
-    """The consecutive finished shards recorded in ``work_dir``."""
+def load_records(work_dir: Path, tar_root: Path) -> list[ShardRecord]:
+    """The consecutive finished shards recorded in ``work_dir`` (their tars under
+    ``tar_root``)."""
     records: list[ShardRecord] = []
     while (path := work_dir / shard_name(len(records), ".json")).is_file():
-        records.append(ShardRecord(**json.loads(path.read_text(encoding="utf-8"))))
+        records.append(_with_checksums(ShardRecord(**json.loads(path.read_text(encoding="utf-8"))), tar_root))
     return records
+
+
+def _checksum_at(tar: BinaryIO, offset: int, size: int) -> int:
+    """The checksum of the ``size`` bytes at ``offset`` (0 for none: no half-scale copy)."""
+    if size <= 0:
+        return 0
+    tar.seek(offset)
+    return sample_checksum(tar.read(size))
+
+
+def _with_checksums(record: ShardRecord, tar_root: Path) -> ShardRecord:
+    """``record`` with the checksums of its samples, read from its tar where it was
+    recorded without them (by a run of an earlier version, now resumed)."""
+    if all(len(row) > _CHECKSUM_ROW for row in record.rows):
+        return record
+    with open(tar_root / record.path, "rb") as tar:
+        for row in record.rows:
+            del row[_CHECKSUM_ROW:]
+            row += [_checksum_at(tar, offset, size) for offset, size in ((row[2], row[3]), (row[7], row[8]))]
+    return record
 
 
 class _RollingTarWriter:
@@ -90,7 +113,7 @@ class _RollingTarWriter:
         key = sample_key(position, source.source)
         stored = self.writer.write(Sample(key, source.label, image.data, image.width, image.height, image.half))
         self.rows.append([key, source.label, stored.offset, stored.size, source.source, image.width, image.height,
-                          stored.half_offset, stored.half_size])
+                          stored.half_offset, stored.half_size, stored.checksum, stored.half_checksum])
 
     def close(self, consumed_end: int) -> None:
         """Finish the open tar (if any) and record it with the rejects seen so far."""
@@ -144,7 +167,7 @@ def write_split(
     (tar_root / split.name).mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
     order = shuffled(split.files, config.seed)
-    records = load_records(work_dir)
+    records = load_records(work_dir, tar_root)
     start = records[-1].consumed_end if records else 0
     bar.update(start)
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)

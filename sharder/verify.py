@@ -3,10 +3,10 @@
 Checks sizes and sha256 of every tar (and LMDB) and of each index, that the ``.idx``
 files and the Parquet index agree with the tar members, the counts per split and per
 class, and decodes a seeded sample of the images and their half-scale copies
-(``full=True``: every image).
+(``full=True``: every image), each first compared with its checksum in the index.
 
 Each real problem is one line naming the file and, where there is one, the sample:
-a tar whose checksum differs has every sample decoded to find the damaged one, and
+a tar whose checksum differs has every sample checked to find the damaged one, and
 a damaged member header costs that member only (the tar walk resumes after it).
 """
 
@@ -23,7 +23,9 @@ from tqdm import tqdm
 
 from core.errors import DataError
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
-from shards.reader import TarScan, idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, scan_tar
+from shards.index import read_index, read_manifest
+from shards.layout import sample_checksum
+from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]
@@ -156,6 +158,18 @@ def _decode_half(data: bytes, row: dict) -> str | None:
     return None
 
 
+def _checksum_problem(data: bytes, half: bytes, row: dict) -> str | None:
+    """What differs from the index's checksums (index version 3), or None: nothing
+    does, or the index has none."""
+    image = row["checksum"] is not None and sample_checksum(data) != row["checksum"]
+    copy = row["half_size"] > 0 and row["half_checksum"] is not None and sample_checksum(half) != row["half_checksum"]
+    if image and copy:
+        return "image and half-scale copy differ from their checksums in the index"
+    if image or copy:
+        return f"{'image' if image else 'half-scale copy'} differs from its checksum in the index"
+    return None
+
+
 def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
     for row in rows:
         with open(root / row["shard"], "rb") as f:
@@ -167,7 +181,7 @@ def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: d
             if row["half_size"] > 0:
                 f.seek(row["half_offset"])
                 half = f.read(row["half_size"])
-        problem = _decode(data, label, row, max_pixels)
+        problem = _checksum_problem(data, half, row) or _decode(data, label, row, max_pixels)
         if problem is None and row["half_size"] > 0:
             problem = _decode_half(half, row)
         result.decoded += problem is None
@@ -179,7 +193,7 @@ def _decode_lmdb(result: VerifyResult, lmdb_path: Path, rows: list[dict], max_pi
     with lmdb.open(str(lmdb_path), readonly=True, lock=False) as env:
         for row in rows:
             data, label_number = read_lmdb_sample(env, row["key"])
-            problem = _decode(data, str(label_number).encode(), row, max_pixels)
+            problem = _checksum_problem(data, b"", row) or _decode(data, str(label_number).encode(), row, max_pixels)
             result.decoded += problem is None
             if problem is not None:
                 result.problems.append(f"{lmdb_path}: sample {row['key']}: {problem}")

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
-from shards.layout import INDEX_SCHEMA
+from shards.layout import INDEX_VERSION, index_schema, sample_checksum
 
 __all__ = [
     "LmdbWriter",
@@ -60,12 +60,15 @@ class Sample:
 
 class Stored(NamedTuple):
     """Where a writer put a sample's JPEG bytes (and its half-scale copy's: offset
-    -1 and size 0 where it has none or the format keeps none)."""
+    -1 and size 0 where it has none or the format keeps none), and their checksums
+    (``shards.layout.sample_checksum``; 0 for no copy)."""
 
     offset: int
     size: int
     half_offset: int = -1
     half_size: int = 0
+    checksum: int = 0
+    half_checksum: int = 0
 
 
 def file_sha256(path: Path) -> str:
@@ -195,7 +198,7 @@ class TarShardWriter(ShardWriter):
     def write(self, sample: Sample) -> Stored:
         label = str(sample.label).encode("ascii")
         jpg = self._member(f"{sample.key}.jpg", sample.data)
-        cls = self._member(f"{sample.key}.cls", label)  # right after .jpg: see shards.reader.label_offset
+        cls = self._member(f"{sample.key}.cls", label)  # right after .jpg: see shards.members.label_offset
         # DALI index line: "<ext> <data offset> <size> <member name>" per component.
         line = f"jpg {jpg[0]} {jpg[1]} {sample.key}.jpg cls {cls[0]} {cls[1]} {sample.key}.cls"
         half = (-1, 0)
@@ -204,7 +207,8 @@ class TarShardWriter(ShardWriter):
             line += f" half.jpg {half[0]} {half[1]} {sample.key}.half.jpg"
         self._lines.append(line)
         self.samples += 1
-        return Stored(*jpg, *half)
+        half_checksum = sample_checksum(sample.half) if sample.half else 0
+        return Stored(*jpg, *half, sample_checksum(sample.data), half_checksum)
 
     def finish(self) -> None:
         self._put(_END_OF_ARCHIVE)
@@ -252,7 +256,8 @@ class LmdbWriter(ShardWriter):
         if self._pending >= self._COMMIT_EVERY:
             self._txn.commit()
             self._txn, self._pending = self._env.begin(write=True), 0
-        return Stored(-1, len(sample.data))  # the full image only: Caffe readers know no copies
+        # The full image only: Caffe readers know no copies.
+        return Stored(-1, len(sample.data), checksum=sample_checksum(sample.data))
 
     def finish(self) -> None:
         self._txn.commit()
@@ -288,11 +293,24 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
     fsync_dir(path.parent)
 
 
-def write_index(path: Path, columns: dict[str, list[Any]]) -> None:
-    """Write a split's ``index.parquet`` (``INDEX_SCHEMA`` columns) durably: a
-    temporary file, fsync, rename."""
+def write_index(path: Path, columns: dict[str, list[Any]], version: int = INDEX_VERSION) -> None:
+    """Write a split's ``index.parquet`` durably (a temporary file, fsync, rename),
+    its format version in the schema metadata.
+
+    Args:
+        path: final file name.
+        columns: column name -> one value per sample; the columns of
+            ``index_schema(version)`` (others are left out).
+        version: the index format (:mod:`shards.layout`); an older one only for a
+            reader that knows no later one.
+
+    Raises:
+        ValueError: a version this code does not know.
+        KeyError: a column of that version is missing.
+    """
+    schema = index_schema(version)
     temp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table(columns, schema=INDEX_SCHEMA), temp)
+    pq.write_table(pa.table({name: columns[name] for name in schema.names}, schema=schema), temp)
     with open(temp, "rb") as f:
         os.fsync(f.fileno())
     os.replace(temp, path)

@@ -3,15 +3,16 @@ scan cannot be decoded, or an index row that claims a huge image."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from shards.layout import index_path
-from shards.writers import write_index
+from shards.layout import MANIFEST_NAME, index_path, sample_checksum
+from shards.writers import file_sha256, write_index
 
-__all__ = ["break_scan", "claim_size", "copy_shards"]
+__all__ = ["break_scan", "claim_size", "copy_shards", "index_as_stored"]
 
 _SOS = b"\xff\xda"  # start-of-scan marker
 _UNDEFINED_TABLES = 0x33  # DC and AC Huffman table 3: the sample JPEGs define 0 and 1 only
@@ -29,7 +30,8 @@ def break_scan(root: Path, split: str, row: int) -> str:
     checks pass and a header parse succeeds); its scan asks for Huffman tables the
     file does not define, which every decoder (libjpeg-turbo in DALI and PIL, nvJPEG)
     refuses. DALI's CPU decoder does not fail on corrupt entropy-coded bytes alone:
-    it decodes them to wrong pixels with a warning.
+    it decodes them to wrong pixels with a warning. The index's checksum is recorded
+    for the broken bytes (:func:`index_as_stored`): the sample reaches the decoder.
     """
     sample = pq.read_table(index_path(root, split)).to_pylist()[row]
     with open(root / sample["shard"], "r+b") as f:
@@ -39,7 +41,30 @@ def break_scan(root: Path, split: str, row: int) -> str:
         # FFDA, length (2 bytes), component count, then (id, tables) per component.
         f.seek(sample["offset"] + sos + 6)
         f.write(bytes([_UNDEFINED_TABLES]))
+    index_as_stored(root, split)
     return str(sample["key"])
+
+
+def index_as_stored(root: Path, split: str) -> None:
+    """Record in the index (and the manifest's ``index_sha256``) the checksums of the
+    bytes the split's tars hold now, as if samples damaged in place had been sharded
+    that way: their damage then reaches the decoder, which is what tests of undecodable
+    samples are about, instead of the reader's checksum check."""
+    path = index_path(root, split)
+    columns = pq.read_table(path).to_pydict()
+    for name, offset, size in (("checksum", "offset", "size"), ("half_checksum", "half_offset", "half_size")):
+        columns[name] = [_checksum_at(root / shard, at, count) if count > 0 else 0
+                         for shard, at, count in zip(columns["shard"], columns[offset], columns[size])]
+    write_index(path, columns)
+    manifest = json.loads((root / MANIFEST_NAME).read_text())
+    manifest["splits"][split]["index_sha256"] = file_sha256(path)
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+
+
+def _checksum_at(tar: Path, offset: int, size: int) -> int:
+    with open(tar, "rb") as f:
+        f.seek(offset)
+        return sample_checksum(f.read(size))
 
 
 def claim_size(root: Path, split: str, row: int, width: int, height: int) -> str:

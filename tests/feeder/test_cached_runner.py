@@ -21,6 +21,7 @@ from feeder.service import FeederService, open_datasets
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
+from tests.common.bad_samples import index_as_stored
 from tests.feeder.conftest import connect, start
 
 SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is downscaled
@@ -138,6 +139,7 @@ def _corrupt_copy(shards: Path, dest: Path, split: str, row: int) -> int:
     with open(copy / table[row]["shard"], "r+b") as f:
         f.seek(table[row]["offset"])
         f.write(b"\x00" * table[row]["size"])
+    index_as_stored(copy, split)  # undecodable as sharded, not changed since
     return row
 
 

@@ -23,6 +23,7 @@ from protocol.request import StreamSpec
 from shards import jpeg
 from shards.layout import index_path
 from shards.reader import ShardDataset
+from tests.common.bad_samples import index_as_stored
 from tests.common.shards import build_sample_shards
 
 SIZE = 24  # px: most windows of the 64-112 px sample images are at least twice it
@@ -75,6 +76,7 @@ def _damaged(halves: Path, tmp_path: Path, row: int, *fields: str) -> tuple[Path
         for field in fields:
             f.seek(damaged[field])
             f.write(bytes(64))
+    index_as_stored(shards, "train")  # undecodable as sharded, not changed since
     return shards, rows, damaged
 
 

@@ -25,6 +25,7 @@ from feeder.service import FeederService, cuda_devices, open_datasets
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
+from tests.common.bad_samples import index_as_stored
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request, start
 
@@ -113,6 +114,7 @@ def _corrupt_copy(shards: Path, dest: Path, split: str, row: int) -> str:
     with open(copy / sample["shard"], "r+b") as f:
         f.seek(sample["offset"])
         f.write(b"\x00" * sample["size"])  # same size, so the start-up checks pass
+    index_as_stored(copy, split)  # undecodable as sharded, not changed since
     return sample["key"]
 
 

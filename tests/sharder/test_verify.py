@@ -134,3 +134,43 @@ def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path:
     key = next(r["key"] for r in pq.read_table(out / "train" / "index.parquet").to_pylist() if r["source"] == "a/bomb.jpg")
     code, problems = _verify_cli(out)
     assert code == 1 and len(problems) == 1 and key in problems[0] and "20000x20000" in problems[0], problems
+
+
+def _same_size_elsewhere(root: Path, numbers: tuple[int, ...]) -> list[str]:
+    """Samples ``numbers`` of the first train tar overwritten in place by the start
+    of another sample's JPEG (a valid header, other pixels; same size): the tar as
+    ``dd conv=notrunc`` leaves it. Their keys."""
+    table = pq.read_table(root / "train" / "index.parquet").to_pylist()
+    rows = [r for r in table if r["shard"] == table[0]["shard"]]
+    with open(root / rows[0]["shard"], "r+b") as f:
+        for number in numbers:
+            donor = max(rows, key=lambda r: r["size"])
+            f.seek(donor["offset"])
+            data = f.read(rows[number]["size"])
+            f.seek(rows[number]["offset"])
+            f.write(data)
+    return [rows[number]["key"] for number in numbers]
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_samples_changed_in_place_are_one_problem_each_naming_tar_and_key(pristine: Path, tmp_path: Path, full: bool) -> None:
+    root = Path(shutil.copytree(pristine, tmp_path / "copy"))
+    keys = _same_size_elsewhere(root, (1, 4))
+    problems = verify(root, full=full).problems
+    assert len(problems) == 2, problems
+    for key, problem in zip(keys, problems):
+        assert problem.startswith(f"{root / 'train'}/shard-") and f"sample {key}: image differs from its checksum" in problem
+
+
+def test_without_checksums_in_the_index_verify_checks_as_before(pristine: Path, tmp_path: Path) -> None:
+    root = Path(shutil.copytree(pristine, tmp_path / "copy"))
+    path = root / "train" / "index.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["checksum", "half_checksum"])
+                   .replace_schema_metadata({b"feeder.index_version": b"2"}), path)
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["splits"]["train"].update(index_version=2, index_sha256=file_sha256(path))
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    assert verify(root, full=True).problems == []
+    _same_size_elsewhere(root, (1,))
+    problems = verify(root, full=True).problems
+    assert len(problems) == 1 and "checksum in the index" not in problems[0], problems

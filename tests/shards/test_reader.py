@@ -8,11 +8,15 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from core.errors import ConfigError, DataError, NotFound
-from shards.reader import ShardDataset, _OpenShard
+import numpy as np
+import pyarrow.parquet as pq
+
+from core.errors import ConfigError, DataError, NotFound, SampleCorrupt
+from shards.index import read_index
+from shards.layout import CHECKSUM_COLUMNS, INDEX_VERSION_KEY, index_path, sample_checksum
+from shards.reader import ShardDataset
 from tests.common.shards import build_sample_shards
 
 
@@ -99,16 +103,98 @@ def test_a_shard_replaced_by_a_complete_copy_is_reopened(shards, tmp_path):
     assert split.read(0).tobytes() == (ShardDataset.open("y", copy).splits["train"].read(0).tobytes())
 
 
-def test_reads_tell_the_page_cache_from_the_disk(tmp_path):
-    # A file just written is in the page cache: every read is served from it.
-    data = np.arange(1 << 16, dtype=np.uint8).tobytes()
-    path = tmp_path / "f"
-    path.write_bytes(data)
-    opened = _OpenShard(path)
-    buffer = np.empty(4096, np.uint8)
-    done, cached = opened.read_into(buffer, 1000)
-    assert done == 4096 and buffer.tobytes() == data[1000:5096]
-    assert cached == hasattr(os, "RWF_NOWAIT")
-    # At the end of the file: a short read, still from the cache.
-    done, cached = opened.read_into(buffer, len(data) - 100)
-    assert done == 100 and buffer[:100].tobytes() == data[-100:]
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    """Write ``data`` over the bytes of ``path`` at ``offset``, in place (same inode,
+    same size: ``dd conv=notrunc``, ``rsync --inplace``)."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def test_every_sample_is_read_against_its_checksum_in_the_index(shards):
+    split = ShardDataset.open("x", shards).splits["val"]
+    table = read_index(shards, "val")
+    assert table.column("checksum").to_pylist() == [sample_checksum(split.read(i)) for i in range(len(split))]
+    assert table.column("half_checksum").to_pylist() == [0] * len(split)  # no copies
+
+
+def test_bytes_changed_in_place_are_refused_naming_tar_and_key_until_restored(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]
+    row = 5
+    original = split.read(row).tobytes()  # the tar is open, as a serving daemon has it
+    tar, (offset, size) = copy / split.shard_of(row), split.location(row)
+    other = next(i for i in range(len(split)) if split.location(i)[1] >= size and i != row)
+    _overwrite(tar, offset, split.read(other).tobytes()[:size])  # another image's bytes, same size
+    with pytest.raises(SampleCorrupt, match=rf"^{tar}: sample {split.keys[row]} differs from its checksum") as caught:
+        split.read(row)
+    with pytest.raises(SampleCorrupt):  # opening reads no sample (start-up stays fast): the read finds it
+        ShardDataset.open("y", copy).splits["train"].read(row)
+    assert (caught.value.path, caught.value.key, caught.value.index, caught.value.half) == (tar, split.keys[row], row, False)
+    with pytest.raises(SampleCorrupt, match=split.keys[row]):
+        split.read_many([other, row])
+    with pytest.raises(SampleCorrupt, match=split.keys[row]):
+        split.read_windows([row], np.array([[0, 0, 8, 8]]), 16)
+    split.read(other)  # the other samples still read
+
+    _overwrite(tar, offset, original)  # the right bytes again: read as they are, no reopening
+    assert split.read(row).tobytes() == original
+    assert split.read_many([row])[0].tobytes() == original
+
+
+def test_a_half_scale_copy_changed_in_place_is_refused_as_the_copy(tmp_path):
+    halves = build_sample_shards(tmp_path, classes=2, train_per_class=3, val_per_class=1, half_copies=True)
+    split = ShardDataset.open("x", halves).splits["train"]
+    offset, size = split.location(0, half=True)
+    _overwrite(halves / split.shard_of(0), offset + size // 2, b"\0" * 16)
+    with pytest.raises(SampleCorrupt, match=f"the half-scale copy of sample {split.keys[0]} differs") as caught:
+        split.read(0, half=True)
+    assert caught.value.half and caught.value.index == 0
+    assert sample_checksum(split.read(0)) == read_index(halves, "train").column("checksum")[0].as_py()
+
+
+def test_an_index_without_checksums_is_served_unchecked_as_before(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    path = index_path(copy, "val")
+    pq.write_table(pq.read_table(path).drop_columns(list(CHECKSUM_COLUMNS))
+                   .replace_schema_metadata({INDEX_VERSION_KEY: b"2"}), path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["splits"]["val"]["index_version"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    split = ShardDataset.open("x", copy).splits["val"]
+    assert read_index(copy, "val").column("checksum").null_count == len(split)
+    offset, size = split.location(1)
+    _overwrite(copy / split.shard_of(1), offset, b"\xff" * size)
+    assert split.read(1).tobytes() == b"\xff" * size
+
+
+def test_a_tar_rewritten_in_place_is_noticed_and_its_listeners_called(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy, recheck_s=0).splits["train"]
+    changed: list[str] = []
+    split.on_shard_changed(changed.append)
+    shard = split.shard_of(0)
+    expected = split.read(0).tobytes()
+    tar = copy / shard
+    tar.write_bytes(tar.read_bytes())  # the same bytes written again: same size, a new mtime
+    assert split.read(0).tobytes() == expected
+    assert changed == [shard] and split.shard_generation(shard) == 1
+    assert all(split.shard_generation(other) == 0 for other in {split.shard_of(i) for i in range(len(split))} - {shard})
+
+
+def test_bytes_changed_under_a_served_tar_are_refused_and_the_change_reported_at_once(shards, tmp_path):
+    copy = Path(shutil.copytree(shards, tmp_path / "copy"))
+    split = ShardDataset.open("x", copy).splits["train"]  # tars looked at once a second
+    changed: list[str] = []
+    split.on_shard_changed(changed.append)
+    shard, (offset, size) = split.shard_of(3), split.location(3)
+    original = split.read(3).tobytes()
+    _overwrite(copy / shard, offset, bytes(size))
+    with pytest.raises(SampleCorrupt, match=split.keys[3]):  # changed, and still not the sample
+        split.read(3)
+    assert changed == [shard] and split.shard_generation(shard) == 1
+    replacement = tmp_path / "restored.tar"  # the right bytes back, as a new file under the name
+    replacement.write_bytes((shards / shard).read_bytes())
+    os.replace(replacement, copy / shard)
+    assert split.read(3).tobytes() == original
+    assert changed == [shard, shard] and split.shard_generation(shard) == 2

@@ -7,17 +7,12 @@ from pathlib import Path
 
 import lmdb
 import numpy as np
+import pytest
 
-from shards.layout import FORMAT_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, shard_name
-from shards.reader import (
-    ShardDataset,
-    idx_members,
-    label_offset,
-    read_index,
-    read_lmdb_sample,
-    read_manifest,
-    tar_members,
-)
+from shards.layout import FORMAT_VERSION, INDEX_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, sample_checksum, shard_name
+from shards.index import read_index, read_manifest
+from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
+from shards.reader import ShardDataset
 from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, write_index, write_json_atomic
 
 
@@ -30,11 +25,11 @@ def _samples(count: int) -> list[Sample]:
             for i in range(count)]
 
 
-def _write(root: Path, samples: list[Sample]) -> None:
+def _write(root: Path, samples: list[Sample], version: int = INDEX_VERSION) -> None:
     split = root / "train"
     split.mkdir(parents=True)
     rows: dict[str, list] = {k: [] for k in ("key", "label", "shard", "offset", "size", "source", "width", "height",
-                                             "half_offset", "half_size")}
+                                             "half_offset", "half_size", "checksum", "half_checksum")}
     shards = []
     for number, part in enumerate((samples[:5], samples[5:])):
         tar = split / shard_name(number)
@@ -43,7 +38,8 @@ def _write(root: Path, samples: list[Sample]) -> None:
                 stored = writer.write(sample)
                 for column, value in zip(rows, (sample.key, sample.label, f"train/{tar.name}", stored.offset,
                                                 stored.size, f"src/{sample.key}.jpg", sample.width, sample.height,
-                                                stored.half_offset, stored.half_size)):
+                                                stored.half_offset, stored.half_size, stored.checksum,
+                                                stored.half_checksum)):
                     rows[column].append(value)
             writer.finish()
         shards.append({"path": f"train/{tar.name}", "index": f"train/{tar.with_suffix('.idx').name}",
@@ -52,7 +48,7 @@ def _write(root: Path, samples: list[Sample]) -> None:
         for sample in samples:
             lmdb_writer.write(sample)
         lmdb_writer.finish()
-    write_index(index_path(root, "train"), rows)
+    write_index(index_path(root, "train"), rows, version)
     write_json_atomic(root / MANIFEST_NAME, {
         "format_version": FORMAT_VERSION, "classes": [str(c) for c in range(7)],
         "splits": {"train": {"num_samples": len(samples), "shards": shards}}})
@@ -73,6 +69,8 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
 
     table = read_index(tmp_path, "train")
     assert table.column("width").to_pylist() == [s.width for s in samples]
+    assert table.column("checksum").to_pylist() == [sample_checksum(s.data) for s in samples]
+    assert table.column("half_checksum").to_pylist() == [sample_checksum(s.half) if s.half else 0 for s in samples]
     for path in split.shard_paths:
         members = tar_members(path)
         assert idx_members(path.with_suffix(".idx")) == members
@@ -89,3 +87,20 @@ def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
         for sample in samples:  # the images only: Caffe readers know no copies
             assert read_lmdb_sample(env, sample.key) == (sample.data, sample.label)
         assert read_lmdb_sample(env, "absent") == (b"", -1)
+
+
+@pytest.mark.parametrize("version", range(1, INDEX_VERSION + 1))
+def test_an_index_of_each_version_reads_back(tmp_path: Path, version: int) -> None:
+    samples = _samples(12)
+    _write(tmp_path, samples, version)
+    split = ShardDataset.open("t", tmp_path).splits["train"]
+    assert split.index_version == version
+    assert split.keys == [s.key for s in samples]
+    assert [split.read(i).tobytes() for i in range(12)] == [s.data for s in samples]
+    copies = version >= 2  # version 1 has no columns for them: no sample has a copy
+    assert split.half_copies.tolist() == [bool(s.half) and copies for s in samples]
+    table = read_index(tmp_path, "train")
+    assert table.column("height").to_pylist() == [s.height for s in samples]
+    assert table.column("half_offset").to_pylist()[1] == -1
+    checked = version >= 3  # earlier versions have no checksums: their samples are served unchecked
+    assert table.column("checksum").to_pylist() == [sample_checksum(s.data) if checked else None for s in samples]

@@ -1,0 +1,277 @@
+"""Reading a shard directory's manifest and each split's ``index.parquet``, with the
+checks that serving needs (:mod:`shards.layout` is the contract).
+
+Opening checks what serving needs, so a bad path stops the daemon at start-up with
+one line instead of failing a client later: the manifest parses and has a version
+this code reads, every split's index has the expected columns, its row count matches
+the manifest, and every sample lies inside an existing shard. Nothing here reads
+sample bytes: :mod:`shards.reader` does, through the columns read here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from core.errors import ConfigError, DataError, NotFound
+from shards.layout import (
+    CHECKSUM_COLUMNS,
+    FORMAT_VERSION,
+    HALF_COLUMNS,
+    INDEX_SCHEMA,
+    INDEX_VERSION,
+    INDEX_VERSION_KEY,
+    MANIFEST_NAME,
+    index_path,
+    index_schema,
+)
+
+__all__ = [
+    "IndexColumns",
+    "check_split_shards",
+    "index_version",
+    "read_columns",
+    "read_index",
+    "read_manifest",
+    "read_served_manifest",
+]
+
+# The columns the daemon serves from (``source`` stays on disk).
+_SERVED = ("key", "label", "shard", "offset", "size", "width", "height", *HALF_COLUMNS, *CHECKSUM_COLUMNS)
+
+
+@dataclass(frozen=True)
+class IndexColumns:
+    """A split's index as arrays, one entry per sample, and its tars.
+
+    Attributes:
+        version: the index's format version (:mod:`shards.layout`).
+        shards: the split's tars relative to the shard directory, in the order the
+            index first names them; ``shard_ids`` are positions in this list.
+        half_sizes: 0 where a sample has no half-scale copy.
+        checksums: uint64 ``sample_checksum`` of each sample's bytes, and
+            ``half_checksums`` of its half-scale copy's; None for an index without
+            them (version 1 or 2): its samples are not checked.
+    """
+
+    version: int
+    shards: list[str]
+    keys: list[str]
+    labels: np.ndarray
+    shard_ids: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    widths: np.ndarray
+    heights: np.ndarray
+    half_offsets: np.ndarray
+    half_sizes: np.ndarray
+    checksums: np.ndarray | None
+    half_checksums: np.ndarray | None
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of shard directory ``root``.
+
+    Raises:
+        NotFound: no manifest (not a shard directory, or an unfinished run).
+        DataError: unreadable JSON or a format version this code does not know.
+    """
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise NotFound(f"{path} does not exist (not a shard directory, or sharding did not finish)")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable manifest: {e}") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    return manifest
+
+
+def read_served_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of ``root``, with the ``splits`` and ``classes`` serving needs.
+
+    Raises:
+        NotFound: ``root`` or its manifest does not exist.
+        DataError: as :func:`read_manifest`, or no ``splits`` / ``classes``.
+    """
+    if not root.is_dir():
+        raise NotFound(f"{root}: no such shard directory")
+    manifest = read_manifest(root)
+    if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("classes"), list):
+        raise DataError(f"{root / MANIFEST_NAME}: no 'splits' object or 'classes' list")
+    return manifest
+
+
+def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
+    """The split has WebDataset tars (the daemon reads sample bytes out of them; an
+    LMDB-only split, ``feeder shard --format lmdb``, has none), and each one the
+    manifest lists exists with the recorded size (a cheap check; ``feeder verify``
+    compares checksums).
+
+    Raises:
+        ConfigError: an LMDB-only split.
+        DataError: a listed tar is missing or of another size.
+    """
+    if info.get("num_samples") and not info.get("shards"):
+        raise ConfigError(
+            f"{root}: split {split!r} has no WebDataset tars (sharded with --format lmdb only); "
+            "reshard with --format wds or wds,lmdb to serve it"
+        )
+    for shard in info.get("shards", []):
+        file = root / str(shard["path"])
+        if not file.is_file():
+            raise DataError(f"{file}: listed in the manifest but missing")
+        if "bytes" in shard and file.stat().st_size != int(shard["bytes"]):
+            raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
+
+
+def index_version(path: Path) -> int:
+    """The format version of the index at ``path`` (:mod:`shards.layout`): the one in
+    its schema metadata, or, where there is none, 2 when it has the columns of the
+    half-scale copies, else 1.
+
+    Raises:
+        DataError: the file is unreadable, or its version is not a number, later
+            than ``INDEX_VERSION`` (names the file and both versions) or lacks one of
+            that version's columns.
+    """
+    try:
+        schema = pq.read_schema(path)
+    except Exception as e:  # pyarrow raises several unrelated types for bad files
+        raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
+    recorded = (schema.metadata or {}).get(INDEX_VERSION_KEY)
+    if recorded is None:
+        return 2 if set(HALF_COLUMNS) <= set(schema.names) else 1
+    text = recorded.decode("ascii", "replace")
+    if not text.isdigit() or int(text) < 1:
+        raise DataError(f"{path}: index format version {text!r} is not a version number")
+    version = int(text)
+    if version > INDEX_VERSION:
+        raise DataError(f"{path}: index format version {version}; this reader reads versions 1 to {INDEX_VERSION}")
+    missing = [name for name in index_schema(version).names if name not in schema.names]
+    if missing:
+        raise DataError(f"{path}: index format version {version} without its column {missing[0]!r}")
+    return version
+
+
+def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of ``<split>/index.parquet`` (``columns`` of them, or all those of
+    ``INDEX_SCHEMA``), from an index of any version this code reads, with that
+    version in the table's schema metadata (``INDEX_VERSION_KEY``). Columns the
+    version lacks come as "none": the half-scale copies' as ``-1`` / ``0`` (no copy),
+    the checksums as nulls (unchecked).
+
+    Raises:
+        DataError: the file is missing or unreadable, of a version this code does not
+            read, or a column has another type than ``INDEX_SCHEMA`` says.
+    """
+    path = index_path(root, split)
+    if not path.is_file():
+        raise DataError(f"{path}: missing index of split {split!r}")
+    names = list(columns) if columns is not None else INDEX_SCHEMA.names
+    version = index_version(path)
+    stored = index_schema(version).names
+    try:
+        table = pq.read_table(path, columns=[c for c in names if c in stored])
+    except Exception as e:  # pyarrow raises several unrelated types for bad files
+        raise DataError(f"{path}: not a readable index ({str(e).splitlines()[0]})") from e
+    for column in (c for c in names if c not in stored):
+        table = table.append_column(INDEX_SCHEMA.field(column), _absent(INDEX_SCHEMA.field(column), table.num_rows))
+    table = table.select(names)
+    for column in names:
+        if table.schema.field(column).type != INDEX_SCHEMA.field(column).type:
+            raise DataError(f"{path}: column {column!r} has type {table.schema.field(column).type}")
+    return table.replace_schema_metadata({INDEX_VERSION_KEY: str(version).encode("ascii")})
+
+
+def _absent(field: pa.Field, rows: int) -> pa.Array:
+    """The values of a column an index's version lacks: what says "none"."""
+    if field.name in CHECKSUM_COLUMNS:
+        return pa.nulls(rows, field.type)
+    fill = -1 if field.name == "half_offset" else 0
+    return pa.array(np.full(rows, fill), field.type)
+
+
+def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
+    """The index of ``split`` as arrays, checked against the manifest entry ``info``
+    and the tars: the row count and format version, every sample inside its tar, an
+    image size on every row, and the columns of the half-scale copies either locating
+    one or saying there is none.
+
+    Raises:
+        DataError: the index is missing, unreadable or disagrees (names the file, and
+            the first bad key where there is one).
+    """
+    path, expected = index_path(root, split), info.get("num_samples")
+    table = read_index(root, split, _SERVED)
+    if expected is not None and table.num_rows != expected:
+        raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
+    version = int(table.schema.metadata[INDEX_VERSION_KEY])
+    if info.get("index_version", version) != version:
+        raise DataError(f"{path}: index format version {version}, manifest says {info['index_version']!r}")
+    shard_col = table.column("shard").dictionary_encode().combine_chunks()
+    columns = IndexColumns(
+        version=version,
+        shards=[str(s) for s in shard_col.dictionary.to_pylist()],
+        keys=table.column("key").to_pylist(),
+        labels=table.column("label").to_numpy().astype(np.int64),
+        shard_ids=shard_col.indices.to_numpy().astype(np.int32),
+        offsets=table.column("offset").to_numpy().astype(np.int64),
+        sizes=table.column("size").to_numpy().astype(np.int64),
+        widths=table.column("width").to_numpy().astype(np.int32),
+        heights=table.column("height").to_numpy().astype(np.int32),
+        half_offsets=table.column("half_offset").to_numpy().astype(np.int64),
+        half_sizes=table.column("half_size").to_numpy().astype(np.int64),
+        checksums=_checksums(path, table, "checksum", version),
+        half_checksums=_checksums(path, table, "half_checksum", version),
+    )
+    _check_extents(root, path, columns)
+    _check_image_sizes(path, columns)
+    _check_half_copies(path, columns)
+    return columns
+
+
+def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.ndarray | None:
+    if version < 3:
+        return None
+    values = table.column(column)
+    if values.null_count:
+        raise DataError(f"{path}: {values.null_count} rows without a {column!r}")
+    return values.to_numpy().astype(np.uint64)
+
+
+def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:
+    for shard_id, shard in enumerate(cols.shards):
+        file = root / shard
+        if not file.is_file():
+            raise DataError(f"{path}: shard {shard} is missing")
+        mine = cols.shard_ids == shard_id
+        ends = np.maximum(cols.offsets[mine] + cols.sizes[mine], cols.half_offsets[mine] + cols.half_sizes[mine])
+        end = int(ends.max(initial=0))
+        if end > file.stat().st_size:
+            raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
+
+
+def _check_image_sizes(path: Path, cols: IndexColumns) -> None:
+    """Crop windows are drawn from the index's sizes; a row without one cannot be served."""
+    bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
+    if len(bad):
+        raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")
+
+
+def _check_half_copies(path: Path, cols: IndexColumns) -> None:
+    """A half-scale copy the index locates lies in its tar (``_check_extents`` has the
+    end); a row's columns of the copies either locate one or say there is none."""
+    bad = np.flatnonzero((cols.half_sizes < 0) | ((cols.half_sizes > 0) & (cols.half_offsets < 0)))
+    if len(bad):
+        row = int(bad[0])
+        raise DataError(f"{path}: key {cols.keys[row]!r} has half_offset {int(cols.half_offsets[row])}, "
+                        f"half_size {int(cols.half_sizes[row])} ({len(bad)} rows)")

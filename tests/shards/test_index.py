@@ -1,0 +1,87 @@
+"""Reading the index of every format version, and refusing one this code does not know."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from core.errors import DataError
+from shards.index import index_version, read_index
+from shards.layout import HALF_COLUMNS, INDEX_VERSION, INDEX_VERSION_KEY, index_path
+from shards.reader import ShardDataset
+
+
+def _copy(shards: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(shards, tmp_path / "copy"))
+
+
+def _rewrite(root: Path, split: str, drop: tuple[str, ...] = (), metadata: dict[bytes, bytes] | None = None) -> None:
+    """The split's index written again without ``drop`` and with ``metadata`` as its
+    schema metadata (None: none, as indexes written before versions were recorded)."""
+    path = index_path(root, split)
+    table = pq.read_table(path)
+    table = table.drop_columns(list(drop)).replace_schema_metadata(metadata)
+    pq.write_table(table, path)
+
+
+def test_the_sharder_records_its_version_in_the_index_and_the_manifest(shards: Path) -> None:
+    assert index_version(index_path(shards, "train")) == INDEX_VERSION
+    assert pq.read_schema(index_path(shards, "train")).metadata[INDEX_VERSION_KEY] == str(INDEX_VERSION).encode()
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert {entry["index_version"] for entry in manifest["splits"].values()} == {INDEX_VERSION}
+    assert ShardDataset.open("s", shards).splits["train"].index_version == INDEX_VERSION
+
+
+@pytest.mark.parametrize(("drop", "expected"), [((), 2), (HALF_COLUMNS, 1)])
+def test_an_index_without_a_version_is_read_by_its_columns(shards: Path, tmp_path: Path, drop, expected) -> None:
+    copy = _copy(shards, tmp_path)
+    _rewrite(copy, "val", drop)  # as written before versions were recorded, in the manifest too
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest["splits"]["val"]["index_version"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert index_version(index_path(copy, "val")) == expected
+    split = ShardDataset.open("s", copy).splits["val"]
+    assert split.index_version == expected
+    original = ShardDataset.open("s", shards).splits["val"]
+    assert [split.read(i).tobytes() for i in range(len(split))] == [original.read(i).tobytes() for i in range(len(split))]
+    assert read_index(copy, "val").column("half_size").to_pylist() == [0] * len(split)
+
+
+def test_a_later_version_is_refused_naming_the_file_and_both_versions(shards: Path, tmp_path: Path) -> None:
+    copy = _copy(shards, tmp_path)
+    later = INDEX_VERSION + 1
+    _rewrite(copy, "val", metadata={INDEX_VERSION_KEY: str(later).encode()})
+    message = rf"{index_path(copy, 'val')}: index format version {later}; this reader reads versions 1 to {INDEX_VERSION}$"
+    with pytest.raises(DataError, match=message):
+        ShardDataset.open("s", copy)
+    with pytest.raises(DataError, match=message):
+        read_index(copy, "val")
+
+
+@pytest.mark.parametrize(("metadata", "fragment"), [
+    ({INDEX_VERSION_KEY: b"two"}, "'two' is not a version number"),
+    ({INDEX_VERSION_KEY: b"0"}, "'0' is not a version number"),
+])
+def test_a_version_that_is_not_one_is_refused(shards: Path, tmp_path: Path, metadata, fragment) -> None:
+    copy = _copy(shards, tmp_path)
+    _rewrite(copy, "val", metadata=metadata)
+    with pytest.raises(DataError, match=rf"index.parquet: index format version {fragment}"):
+        ShardDataset.open("s", copy)
+
+
+def test_a_version_without_its_columns_is_refused(shards: Path, tmp_path: Path) -> None:
+    copy = _copy(shards, tmp_path)
+    _rewrite(copy, "val", drop=HALF_COLUMNS, metadata={INDEX_VERSION_KEY: b"2"})
+    with pytest.raises(DataError, match="index format version 2 without its column 'half_offset'"):
+        ShardDataset.open("s", copy)
+
+
+def test_an_index_of_another_version_than_the_manifest_says_is_refused(shards: Path, tmp_path: Path) -> None:
+    copy = _copy(shards, tmp_path)
+    _rewrite(copy, "val", drop=HALF_COLUMNS, metadata={INDEX_VERSION_KEY: b"1"})
+    with pytest.raises(DataError, match=rf"index format version 1, manifest says {INDEX_VERSION}"):
+        ShardDataset.open("s", copy)
