@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from feeder.decoded_cache import check_budget
 from shards import jpeg
@@ -21,9 +22,6 @@ __all__ = [
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-ON_ERROR = ("skip", "fail")
-# PIL's own decompression-bomb threshold (``Image.MAX_IMAGE_PIXELS``, 1 GiB / 4 / 3).
-DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def _default_threads() -> int:

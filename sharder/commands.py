@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from core.bad_input import DEFAULT_MAX_PIXELS
 from core.cli import run_command
 
-DEFAULT_MAX_PIXELS = 89_478_485  # sharder.images.DEFAULT_MAX_PIXELS, not imported: the CLI starts without PIL
 DEFAULT_RESTART_INTERVAL = 2  # shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported for the same reason
 
 __all__ = ["register"]
@@ -58,7 +58,7 @@ def shard_command(
     quality: Annotated[int | None, typer.Option(help="Re-encode every image at this JPEG quality.")] = None,
     restart_interval: Annotated[int, typer.Option(help="Rewrite every JPEG losslessly (same pixels) with a restart marker about every N MCUs, so a crop window decodes only about its own area (1.5 % larger files at 2); 0 stores JPEGs as they come, byte for byte.")] = DEFAULT_RESTART_INTERVAL,
     half_copies: Annotated[bool, typer.Option(help="Also store each image at half scale (<key>.half.jpg, about a third more bytes): crop windows at least twice the output, as in the 128 px phases of progressive resizing, decode from it at a quarter of the work.")] = False,
-    on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; raise: stop at the first.")] = "skip",
+    on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; fail: stop at the first (raise: the same, deprecated).")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:

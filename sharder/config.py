@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
-from sharder.images import CHECKS, DEFAULT_MAX_PIXELS
+from sharder.images import CHECKS
 from shards import jpeg
 
-__all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
+__all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig", "on_error_policy"]
 
 FORMATS = ("wds", "lmdb")
-ON_ERROR_POLICIES = ("raise", "skip")
+ON_ERROR_POLICIES = ON_ERROR  # the sharder's words are the daemon's
+_OLD_ON_ERROR = {"raise": "fail"}  # ``feeder shard --on-error raise`` before it was ``fail``
 
 # Quality used when an odd input (CMYK, PNG, 16-bit, ...) is normalised to RGB JPEG and
 # no --quality was given: high enough that the re-encoding costs no accuracy.
 DEFAULT_REENCODE_QUALITY = 95
+
+
+def on_error_policy(value: str, stacklevel: int = 2) -> str:
+    """``value`` as one of ``ON_ERROR``: the old ``raise`` is ``fail``, with a
+    DeprecationWarning pointing ``stacklevel`` frames up from the caller.
+
+    Raises:
+        ConfigError: any other word.
+    """
+    if value in _OLD_ON_ERROR:
+        new = _OLD_ON_ERROR[value]
+        warnings.warn(f"on_error={value!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=stacklevel + 1)
+        return new
+    if value not in ON_ERROR:
+        raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -49,7 +68,8 @@ class ShardConfig:
             a crop window at least twice the output on both sides is decoded from it
             (the low-resolution phases of a progressive-resizing schedule), for about
             a third more bytes.
-        on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
+        on_error: ``skip`` records a bad input and goes on; ``fail`` stops at the
+            first (``raise``, its old name, still means ``fail``).
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr.
         on_shard_done: called with (split, shard number) after each shard is durable.
@@ -94,8 +114,7 @@ class ShardConfig:
             raise ConfigError(f"--max-pixels must be >= 256, got {self.max_pixels}")
         if not 0 <= self.restart_interval <= 64:
             raise ConfigError(f"--restart-interval must be in 0..64 MCUs, got {self.restart_interval}")
-        if self.on_error not in ON_ERROR_POLICIES:
-            raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR_POLICIES)}, got {self.on_error!r}")
+        object.__setattr__(self, "on_error", on_error_policy(self.on_error, stacklevel=3))
 
     @property
     def reencode_quality(self) -> int:

@@ -27,6 +27,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from core.bad_input import DEFAULT_MAX_PIXELS
+
 __all__ = [
     "CHECKS",
     "DEFAULT_MAX_PIXELS",
@@ -42,9 +44,6 @@ __all__ = [
 ]
 
 CHECKS = ("decode", "header")
-# Pillow's own decompression-bomb threshold (Image.MAX_IMAGE_PIXELS, about 9459 x 9459):
-# far above camera photos, so only bombs and unusual scans reach it.
-DEFAULT_MAX_PIXELS = 89_478_485
 _DECODE_LOCK = threading.Lock()  # decoding redirects this process's stderr and Pillow's limit
 
 _SOI = b"\xff\xd8"

@@ -75,6 +75,16 @@ def _run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     return {"source": str(config.src.resolve()), "inputs_sha256": listing.hexdigest(), "options": config.options()}
 
 
+def _recorded_identity(run_file: Path) -> Any:
+    """The identity an unfinished run recorded; ``on_error: raise`` (its old word) reads
+    as ``fail``, so that a run started before the rename resumes."""
+    recorded = json.loads(run_file.read_text())
+    options = recorded.get("options") if isinstance(recorded, dict) else None
+    if isinstance(options, dict) and options.get("on_error") == "raise":
+        options["on_error"] = "fail"
+    return recorded
+
+
 def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
     """Create OUT, or clear it (--overwrite), or accept it as an unfinished run to resume.
 
@@ -88,7 +98,7 @@ def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} exists and is not a directory")
     identity = _run_identity(config, tree)
-    resumable = run_file.is_file() and json.loads(run_file.read_text()) == identity
+    resumable = run_file.is_file() and _recorded_identity(run_file) == identity
     if out.is_dir() and any(out.iterdir()) and not resumable:
         if not config.overwrite:
             what = "holds an unfinished run of other inputs or options" if run_file.is_file() else "is not empty"
@@ -176,7 +186,7 @@ def shard(config: ShardConfig) -> ShardReport:
         NotFound: SRC does not exist.
         ConfigError: no images, unusable ground truth, OUT not empty or not writable.
         DataError: a bad input or a directory that cannot be listed, with
-            ``on_error="raise"`` (names the file or directory).
+            ``on_error="fail"`` (names the file or directory).
     """
     started = time.monotonic()
     if config.restart_interval != config.stored_restart_interval:

@@ -76,9 +76,9 @@ def test_unwritable_out(src: Path, tmp_path: Path) -> None:
     _one_line_error(_run("shard", src, blocker / "out"), "cannot write to OUT")
 
 
-def test_on_error_raise_names_the_bad_file(tmp_path: Path) -> None:
+def test_on_error_fail_names_the_bad_file(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
-    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "raise", "--no-progress"), "bad data", "broken.jpg", "truncated")
+    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "fail", "--no-progress"), "bad data", "broken.jpg", "truncated")
 
 
 def test_out_overlapping_src_is_refused(src: Path) -> None:
