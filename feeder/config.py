@@ -8,12 +8,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
-from feeder.decoded_cache import check_budget
-from shards import jpeg
-from transport.base import TransportConfig
+
+if TYPE_CHECKING:
+    from transport.base import TransportConfig
+
+# The modules behind the checks (OpenCV, the JPEG library, torch) are imported where
+# they are used: ``feeder --help`` builds its options from this module.
 
 __all__ = [
     "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "check_cpu_decoder",
@@ -53,7 +57,11 @@ def check_cpu_decoder(choice: str) -> None:
     here (``libjpeg-turbo`` needs the JPEG library of ``shards``)."""
     if choice not in CPU_DECODERS:
         raise ConfigError(f"cpu_decoder: {choice!r} is not one of {', '.join(CPU_DECODERS)}")
-    if choice == "libjpeg-turbo" and not jpeg.available():
+    if choice != "libjpeg-turbo":
+        return
+    from shards import jpeg
+
+    if not jpeg.available():
         raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
 
 
@@ -61,6 +69,8 @@ def cpu_decoder_in_use(choice: str) -> str:
     """What decodes for a (checked) ``choice``: ``auto`` is ``libjpeg-turbo`` where the
     JPEG library was built, else ``dali``."""
     if choice == "auto":
+        from shards import jpeg
+
         return "libjpeg-turbo" if jpeg.available() else "dali"
     return choice
 
@@ -227,6 +237,8 @@ class ServerConfig:
     @property
     def transport(self) -> TransportConfig:
         """The transports' settings."""
+        from transport.base import TransportConfig
+
         return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots,
                                shm_budget_bytes=self.shm_budget_bytes)
 
@@ -236,6 +248,8 @@ class ServerConfig:
         if self.decoded_cache_side < 1:
             raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {self.decoded_cache_side}")
         if self.decoded_cache_bytes:
+            from feeder.decoded_cache import check_budget
+
             check_budget(self.decoded_cache_bytes)
 
     @property

@@ -10,8 +10,7 @@ import typer
 
 from core.bad_input import DEFAULT_MAX_PIXELS
 from core.cli import run_command
-
-DEFAULT_RESTART_INTERVAL = 2  # shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported for the same reason
+from sharder.config import DEFAULT_RESTART_INTERVAL
 
 __all__ = ["register"]
 

@@ -1,4 +1,8 @@
-"""Frozen configuration objects for the sharder, built once by the CLI and passed down."""
+"""Frozen configuration objects for the sharder, built once by the CLI and passed down.
+
+Importable without Pillow or OpenCV: ``feeder --help`` builds the sharder's commands
+from these classes.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,20 @@ from pathlib import Path
 
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
-from sharder.images import CHECKS
-from shards import jpeg
 
-__all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig", "on_error_policy"]
+__all__ = [
+    "CHECKS", "DEFAULT_RESTART_INTERVAL", "FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig",
+    "on_error_policy",
+]
 
 FORMATS = ("wds", "lmdb")
+CHECKS = ("decode", "header")
 ON_ERROR_POLICIES = ON_ERROR  # the sharder's words are the daemon's
 _OLD_ON_ERROR = {"raise": "fail"}  # ``feeder shard --on-error raise`` before it was ``fail``
+
+# shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported here because that module loads
+# OpenCV (tests/sharder/test_config.py checks that the two agree).
+DEFAULT_RESTART_INTERVAL = 2
 
 # Quality used when an odd input (CMYK, PNG, 16-bit, ...) is normalised to RGB JPEG and
 # no --quality was given: high enough that the re-encoding costs no accuracy.
@@ -85,7 +95,7 @@ class ShardConfig:
     quality: int | None = None
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    restart_interval: int = jpeg.DEFAULT_RESTART_INTERVAL
+    restart_interval: int = DEFAULT_RESTART_INTERVAL
     half_copies: bool = False
     on_error: str = "skip"
     overwrite: bool = False
@@ -124,6 +134,8 @@ class ShardConfig:
     @property
     def stored_restart_interval(self) -> int:
         """``restart_interval`` as it takes effect: 0 without the JPEG library."""
+        from shards import jpeg
+
         return self.restart_interval if jpeg.available() else 0
 
     def options(self) -> dict:

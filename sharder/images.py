@@ -28,6 +28,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from core.bad_input import DEFAULT_MAX_PIXELS
+from sharder.config import CHECKS
 
 __all__ = [
     "CHECKS",
@@ -43,7 +44,6 @@ __all__ = [
     "read_input",
 ]
 
-CHECKS = ("decode", "header")
 _DECODE_LOCK = threading.Lock()  # decoding redirects this process's stderr and Pillow's limit
 
 _SOI = b"\xff\xd8"

@@ -1,4 +1,5 @@
-"""sharder.config: what the configs check, and the old on_error word."""
+"""sharder.config: what the configs check, the old on_error word, and the constants
+kept here so the configs import without OpenCV or Pillow."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from sharder.config import ShardConfig, on_error_policy
+from sharder.config import DEFAULT_RESTART_INTERVAL, ShardConfig, on_error_policy
+
+
+def test_default_restart_interval_is_the_jpeg_modules() -> None:
+    from shards import jpeg
+
+    assert DEFAULT_RESTART_INTERVAL == jpeg.DEFAULT_RESTART_INTERVAL
 
 
 def test_on_error_raise_is_fail_with_a_deprecation_warning(tmp_path: Path) -> None:
