@@ -24,7 +24,7 @@ def sample_data_command(
     train_per_class: Annotated[int, typer.Option(help="Training images per class.")] = 100,
     val_per_class: Annotated[int, typer.Option(help="Validation images per class.")] = 10,
     seed: Annotated[int, typer.Option(help="Same seed, byte-identical files.")] = 0,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: when stderr is a terminal).")] = None,
 ) -> None:
     """Make a small real-photo ImageNet in the ILSVRC2012 layout.
 
@@ -59,7 +59,7 @@ def shard_command(
     half_copies: Annotated[bool, typer.Option(help="Also store each image at half scale (<key>.half.jpg, about a third more bytes): crop windows at least twice the output, as in the 128 px phases of progressive resizing, decode from it at a quarter of the work.")] = False,
     on_error: Annotated[str, typer.Option(help="skip: record bad inputs and go on; fail: stop at the first (raise: the same, deprecated).")] = "skip",
     overwrite: Annotated[bool, typer.Option(help="Replace the contents of a non-empty OUT.")] = False,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: when stderr is a terminal).")] = None,
 ) -> None:
     """Shard an image folder tree into WebDataset tars (+ DALI .idx), an index and a manifest.
 
@@ -89,7 +89,7 @@ def verify_command(
     out: Annotated[Path, typer.Argument(help="Shard directory made by feeder shard.")],
     full: Annotated[bool, typer.Option(help="Decode every image, not a sample.")] = False,
     seed: Annotated[int, typer.Option(help="Seed choosing the decoded sample.")] = 0,
-    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+    progress: Annotated[bool | None, typer.Option(help="Show a progress bar (default: when stderr is a terminal).")] = None,
 ) -> None:
     """Check a shard directory: manifest, sha256, counts, index offsets, decodable images.
 

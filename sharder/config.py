@@ -6,6 +6,7 @@ from these classes.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from core.errors import ConfigError
 
 __all__ = [
     "CHECKS", "DEFAULT_RESTART_INTERVAL", "FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig",
-    "on_error_policy",
+    "on_error_policy", "progress_shown",
 ]
 
 FORMATS = ("wds", "lmdb")
@@ -47,6 +48,12 @@ def on_error_policy(value: str, stacklevel: int = 2) -> str:
     if value not in ON_ERROR:
         raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {value!r}")
     return value
+
+
+def progress_shown(progress: bool | None) -> bool:
+    """Whether to draw a progress bar: ``progress``, or when it is None, whether
+    stderr is a terminal (so library callers and tests get none unless on one)."""
+    return sys.stderr.isatty() if progress is None else progress
 
 
 @dataclass(frozen=True)
@@ -81,7 +88,8 @@ class ShardConfig:
         on_error: ``skip`` records a bad input and goes on; ``fail`` stops at the
             first (``raise``, its old name, still means ``fail``).
         overwrite: allow a non-empty OUT (its contents are replaced).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr; None, the default: only when stderr
+            is a terminal.
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
 
@@ -99,7 +107,7 @@ class ShardConfig:
     half_copies: bool = False
     on_error: str = "skip"
     overwrite: bool = False
-    progress: bool = False
+    progress: bool | None = None
     on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -167,7 +175,8 @@ class SampleDataConfig:
         seed: same seed -> byte-identical files.
         min_side_px / max_side_px: range of the output image sides (ImageNet-like
             300..500 by default; tests use small sizes for speed).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr; None, the default: only when stderr
+            is a terminal.
     """
 
     out: Path
@@ -177,7 +186,7 @@ class SampleDataConfig:
     seed: int = 0
     min_side_px: int = 300
     max_side_px: int = 500
-    progress: bool = False
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))

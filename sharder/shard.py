@@ -14,7 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from core.errors import ConfigError
-from sharder.config import ShardConfig
+from sharder.config import ShardConfig, progress_shown
 from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.sources import SourceTree, SplitSource, find_sources
@@ -198,7 +198,8 @@ def shard(config: ShardConfig) -> ShardReport:
     tar_root = config.out if "wds" in config.formats else work / "tars"
     splits: dict[str, Any] = {}
     total = sum(len(s.files) for s in tree.splits)
-    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not config.progress) as bar:
+    shown = progress_shown(config.progress)
+    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
         for split in tree.splits:
             records = write_split(config, split, tar_root, work / split.name, bar, pool)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)

@@ -22,6 +22,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from core.errors import DataError
+from sharder.config import progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
 from shards.reader import TarScan, idx_members, label_offset, read_index, read_lmdb_sample, read_manifest, scan_tar
 from shards.writers import file_sha256
@@ -247,14 +248,15 @@ def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
     return [rows[i] for i in sorted(picks.tolist())]
 
 
-def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool = False) -> VerifyResult:
+def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool | None = None) -> VerifyResult:
     """Check the shard directory ``root``.
 
     Args:
         root: a directory written by ``feeder shard``.
         full: decode every image instead of ``SAMPLE_PER_SPLIT`` per split.
         seed: chooses the decoded sample.
-        progress: show a progress bar (shards checked) on stderr.
+        progress: show a progress bar (shards checked) on stderr; None: only when
+            stderr is a terminal.
 
     Returns:
         A VerifyResult; ``problems`` is empty when everything matches.
@@ -267,7 +269,7 @@ def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool = Fa
     manifest = read_manifest(root)
     result = VerifyResult(root)
     total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
-    with tqdm(total=total, unit="shard", desc="verify", disable=not progress) as bar:
+    with tqdm(total=total, unit="shard", desc="verify", disable=not progress_shown(progress)) as bar:
         for split in manifest["splits"]:
             _check_split(result, root, manifest, split, full, seed, bar)
     return result

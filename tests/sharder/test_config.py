@@ -1,14 +1,16 @@
-"""sharder.config: what the configs check, the old on_error word, and the constants
-kept here so the configs import without OpenCV or Pillow."""
+"""sharder.config: what the configs check, the old on_error word, the progress rule,
+and the constants kept here so the configs import without OpenCV or Pillow."""
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import pytest
 
 from core.errors import ConfigError
-from sharder.config import DEFAULT_RESTART_INTERVAL, ShardConfig, on_error_policy
+from sharder.config import DEFAULT_RESTART_INTERVAL, SampleDataConfig, ShardConfig, on_error_policy, progress_shown
 
 
 def test_default_restart_interval_is_the_jpeg_modules() -> None:
@@ -32,3 +34,21 @@ def test_other_on_error_words_are_refused(tmp_path: Path, word: str) -> None:
 
 def test_on_error_policy_keeps_the_current_words() -> None:
     assert [on_error_policy(word) for word in ("skip", "fail")] == ["skip", "fail"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stream,choice,shown", [
+    (io.StringIO, None, False), (_Terminal, None, True), (_Terminal, False, False), (io.StringIO, True, True),
+])
+def test_progress_by_default_only_on_a_terminal(monkeypatch, stream, choice, shown) -> None:
+    monkeypatch.setattr(sys, "stderr", stream())
+    assert progress_shown(choice) is shown
+
+
+def test_configs_show_no_bar_unless_asked_or_on_a_terminal(tmp_path: Path) -> None:
+    configs = (ShardConfig(tmp_path, tmp_path / "o"), SampleDataConfig(tmp_path))
+    assert [c.progress for c in configs] == [None, None]
