@@ -13,16 +13,17 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sharder.config import SampleDataConfig, ShardConfig
+    from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
     from sharder.sample_data import make_sample_data
     from sharder.shard import ShardReport, shard
 
-__all__ = ["SampleDataConfig", "ShardConfig", "ShardReport", "make_sample_data", "shard"]
+__all__ = ["SampleDataConfig", "ShardConfig", "ShardReport", "VerifyConfig", "make_sample_data", "shard"]
 
 _HOMES = {
     "SampleDataConfig": "sharder.config",
     "ShardConfig": "sharder.config",
     "ShardReport": "sharder.shard",
+    "VerifyConfig": "sharder.config",
     "make_sample_data": "sharder.sample_data",
     "shard": "sharder.shard",
 }

@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from sharder.config import DEFAULT_RESTART_INTERVAL, SampleDataConfig, ShardConfig, on_error_policy, progress_shown
+from sharder.config import (
+    DEFAULT_RESTART_INTERVAL,
+    SampleDataConfig,
+    ShardConfig,
+    VerifyConfig,
+    on_error_policy,
+    progress_shown,
+)
+from tests.common.shards import build_sample_shards
 
 
 def test_default_restart_interval_is_the_jpeg_modules() -> None:
@@ -50,5 +58,16 @@ def test_progress_by_default_only_on_a_terminal(monkeypatch, stream, choice, sho
 
 
 def test_configs_show_no_bar_unless_asked_or_on_a_terminal(tmp_path: Path) -> None:
-    configs = (ShardConfig(tmp_path, tmp_path / "o"), SampleDataConfig(tmp_path))
-    assert [c.progress for c in configs] == [None, None]
+    configs = (ShardConfig(tmp_path, tmp_path / "o"), SampleDataConfig(tmp_path), VerifyConfig(tmp_path))
+    assert [c.progress for c in configs] == [None, None, None]
+
+
+def test_verify_takes_a_config_or_a_path(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from sharder.verify import verify
+
+    shards = build_sample_shards(tmp_path_factory.mktemp("verify"), classes=2, train_per_class=4, val_per_class=1)
+    by_config = verify(VerifyConfig(shards, full=True, seed=3))
+    by_path = verify(shards, full=True, seed=3)
+    assert by_config == by_path and not by_config.problems and by_config.decoded == 10
+    with pytest.raises(TypeError):
+        verify(VerifyConfig(shards), full=True)
