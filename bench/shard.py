@@ -13,7 +13,7 @@ cache, output to a fresh folder on the same disk. Modes:
   fully decoded on the workers, then rewritten with restart markers.
 - ``half-copies``: the defaults and ``--half-copies``: each image also decoded at
   scale 1/2 and encoded again as its half-scale copy.
-- ``reencode``: ``--max-side 256``, every image decoded, downscaled and re-encoded.
+- ``reencode``: ``--max-side-px 256``, every image decoded, downscaled and re-encoded.
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
 

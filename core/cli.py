@@ -16,7 +16,9 @@ import typer
 
 from core.errors import ConfigError, FeederError, cli_message
 
-__all__ = ["TRACEBACK_HELP", "parse_bytes", "remember_traceback", "run_command"]
+__all__ = [
+    "TRACEBACK_HELP", "format_bytes", "parse_bytes", "parse_list", "print_warning", "remember_traceback", "run_command",
+]
 
 TRACEBACK_HELP = "Show the full traceback behind an error instead of one line."
 _META_KEY = "feeder.traceback"
@@ -41,6 +43,11 @@ def run_command(ctx: typer.Context, fn: Callable[..., Any], *args: Any, **kwargs
         raise typer.Exit(1) from e
 
 
+def print_warning(text: str) -> None:
+    """One ``feeder: warning: ...`` line on stderr."""
+    print(f"feeder: warning: {text}", file=sys.stderr)
+
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -61,3 +68,19 @@ def parse_bytes(text: str, option: str) -> int:
     if not (math.isfinite(value) and value >= 0):
         raise ConfigError(f"{option} {text!r}: expected a size such as 8G, 512M or 1073741824")
     return int(value)
+
+
+def format_bytes(value: int) -> str:
+    """``8 << 30`` -> ``"8G"``: the largest unit of :func:`parse_bytes` that divides
+    ``value`` exactly (bare bytes otherwise), so that parsing it gives ``value`` back."""
+    for unit, size in sorted(_UNITS.items(), key=lambda item: -item[1]):
+        if value >= size and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
+
+
+def parse_list(text: str, option: str) -> tuple[str, ...]:
+    """``"wds, lmdb"`` -> ``("wds", "lmdb")``: a comma list, blanks dropped (the
+    configuration checks the words; ``option`` is unused, for the same signature as
+    :func:`parse_bytes`)."""
+    return tuple(word.strip() for word in text.split(",") if word.strip())

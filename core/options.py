@@ -1,28 +1,52 @@
 """A command-line command built from a frozen configuration dataclass, so each option
 is written once: its name, type and default are the field's, its help is the field's
 entry in the class docstring's ``Args:`` section, and validation is the dataclass's
-``__post_init__``."""
+``__post_init__``.
+
+What typer cannot read from the field's type is declared beside the field
+(:func:`core.fields.cli`): positional arguments, repeated options, parsers, fields
+left off the command line, deprecated names and values. Two rules need no
+declaration: an ``int`` field named ``*_bytes`` takes a size (``8G``, ``512M``, bare
+bytes; :func:`core.cli.parse_bytes`) and shows its default as one, and a
+``tuple[str, ...]`` field takes a comma list.
+
+Values are parsed when the command runs, so a bad one is one ``feeder: error:`` line
+naming the option and exit status 1, like every other configuration error.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import typing
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from core.cli import TRACEBACK_HELP, remember_traceback, run_command
+from core.cli import (
+    TRACEBACK_HELP,
+    format_bytes,
+    parse_bytes,
+    parse_list,
+    print_warning,
+    remember_traceback,
+    run_command,
+)
+from core.errors import ConfigError
+from core.fields import Cli, OldName, Parse, cli_of, option_name
 
-__all__ = ["command_from_config", "docstring_args"]
+__all__ = ["cli_fields", "command_from_config", "docstring_args", "option_help"]
 
 Config = TypeVar("Config")
+_KEYWORD = inspect.Parameter.KEYWORD_ONLY
+_QUOTED = re.compile(r"``([^`]+)``")
 
 
-def docstring_args(cls: type) -> dict[str, str]:
-    """Field name -> its description in the ``Args:`` section of ``cls``'s docstring
-    (continuation lines joined)."""
+def _docstring_entries(cls: type) -> dict[str, str]:
+    """Field name -> its raw text in the ``Args:`` section of ``cls``'s docstring."""
     found: dict[str, str] = {}
     lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
     if "Args:" not in lines:
@@ -35,18 +59,165 @@ def docstring_args(cls: type) -> dict[str, str]:
         head, sep, rest = text.partition(": ")
         if line.startswith("    ") and not line.startswith("     ") and sep and head.isidentifier():
             name = head
-            found[name] = rest.strip().replace("``", "")
+            found[name] = rest.strip()
         elif name is not None:
-            found[name] += " " + text.replace("``", "")
+            found[name] += " " + text
     return found
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return inspect.Parameter.empty
+def docstring_args(cls: type) -> dict[str, str]:
+    """Field name -> its description in the ``Args:`` section of ``cls``'s docstring
+    (continuation lines joined, ````quotes```` dropped)."""
+    return {name: text.replace("``", "") for name, text in _docstring_entries(cls).items()}
+
+
+def cli_fields(cls: type, exclude: Sequence[str] = ()) -> list[dataclasses.Field]:
+    """The fields of ``cls`` offered on the command line, in order."""
+    return [f for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.init and f.name not in exclude and not cli_of(f).excluded]
+
+
+def _cli_name(f: dataclasses.Field) -> str:
+    return f.name.upper() if cli_of(f).argument else option_name(f)
+
+
+def option_help(cls: type, exclude: Sequence[str] = ()) -> dict[str, str]:
+    """Field name -> its help on the command line: the docstring's description, with
+    a quoted field name (````tls_key````) written as its option (``--tls-key``)."""
+    names = {f.name: _cli_name(f) for f in cli_fields(cls, exclude)}
+
+    def unquote(match: re.Match[str]) -> str:
+        return names.get(match[1], match[1])
+
+    return {name: _QUOTED.sub(unquote, text) for name, text in _docstring_entries(cls).items()}
+
+
+def _optional(hint: Any) -> Any:
+    return typing.Optional[hint]  # noqa: UP007 (built at run time from a type object)
+
+
+@dataclass(frozen=True)
+class _Option:
+    """One field of the configuration on the command line, and its old names."""
+
+    field: dataclasses.Field
+    hint: Any
+    help: str
+
+    @property
+    def spec(self) -> Cli:
+        return cli_of(self.field)
+
+    @property
+    def flag(self) -> str:
+        return option_name(self.field)
+
+    @property
+    def computed(self) -> bool:
+        """The default is the dataclass's to compute: an option not given is left out."""
+        return self.field.default_factory is not dataclasses.MISSING
+
+    def parser(self) -> Parse | None:
+        if self.spec.parse is not None:
+            return self.spec.parse
+        if self.field.name.endswith("_bytes") and self.hint is int:
+            return parse_bytes
+        if typing.get_origin(self.hint) is tuple:
+            return parse_list
+        return None
+
+    def _cli_type(self) -> Any:
+        if self.spec.repeated:
+            return list[str]
+        kind = str if self.parser() is not None else self.hint
+        return _optional(kind) if self.computed else kind
+
+    def _cli_default(self) -> Any:
+        if self.computed:
+            return None
+        default = self.field.default
+        if default is dataclasses.MISSING:
+            return inspect.Parameter.empty
+        if self.parser() is parse_bytes:
+            return format_bytes(default)
+        if self.parser() is parse_list:
+            return ",".join(default)
+        return default
+
+    def _metavar(self) -> str | None:
+        if self.spec.metavar is not None:
+            return self.spec.metavar
+        if self.parser() is parse_bytes:
+            return "SIZE"
+        return "LIST" if self.parser() is parse_list else None
+
+    def _info(self) -> Any:
+        if self.spec.argument:
+            return typer.Argument(help=self.help, metavar=self.field.name.upper(), show_default=False)
+        # Named only where the name is not typer's own (which gives a flag its --no- twin).
+        names = [self.flag] if self.spec.repeated else []
+        return typer.Option(*names, help=self.help, metavar=self._metavar())
+
+    def _old_parameter(self, index: int) -> str:
+        return f"{self.field.name}__old{index}"
+
+    def parameters(self) -> list[inspect.Parameter]:
+        """The typer parameters: this option, then its hidden old names."""
+        found = [inspect.Parameter(self.field.name, _KEYWORD, default=self._cli_default(),
+                                   annotation=Annotated[self._cli_type(), self._info()])]
+        for index, old in enumerate(self.spec.old_names):
+            kind = str if old.parse is not None or self.parser() is not None else self.hint
+            found.append(inspect.Parameter(self._old_parameter(index), _KEYWORD, default=None, annotation=Annotated[
+                _optional(kind), typer.Option(old.name, hidden=True)]))
+        return found
+
+    def take(self, ctx: typer.Context, given: dict[str, Any]) -> tuple[bool, Any]:
+        """(whether the field is set, its value), from this option's entries, which
+        are removed from ``given``.
+
+        Raises:
+            ConfigError: a bad value, or the option given under two names.
+        """
+        value = given.pop(self.field.name)
+        olds = [(old, given.pop(self._old_parameter(i))) for i, old in enumerate(self.spec.old_names)]
+        olds = [(old, text) for old, text in olds if text is not None]
+        if olds:
+            return True, self._from_old(ctx, olds)
+        if value is None and self.computed:
+            return False, None
+        return True, self._convert(value, self.flag, self.parser())
+
+    def _from_old(self, ctx: typer.Context, olds: list[tuple[OldName, Any]]) -> Any:
+        source = ctx.get_parameter_source(self.field.name)
+        names = [old.name for old, _ in olds]
+        if len(olds) > 1 or (source is not None and source.name == "COMMANDLINE"):
+            given = " and ".join([self.flag, *names] if len(olds) == 1 else names)
+            raise ConfigError(f"{self.flag}: given as {given}; give {self.flag} only")
+        old, value = olds[0]
+        print_warning(f"{old.name} is deprecated, use {self.flag}")
+        return self._convert(value, old.name, old.parse or self.parser())
+
+    def _convert(self, value: Any, option: str, parse: Parse | None) -> Any:
+        if isinstance(value, str) and value in self.spec.old_values:
+            new = self.spec.old_values[value]
+            print_warning(f"{option} {value} is deprecated, use {option} {new}")
+            value = new
+        return value if parse is None else parse(value, option)
+
+
+def _options(cls: type, exclude: Sequence[str]) -> list[_Option]:
+    hints = typing.get_type_hints(cls)
+    helps = option_help(cls, exclude)
+    return [_Option(f, hints[f.name], helps.get(f.name, "")) for f in cli_fields(cls, exclude)]
+
+
+def _config_values(ctx: typer.Context, options: list[_Option], given: dict[str, Any]) -> dict[str, Any]:
+    values = {}
+    for option in options:
+        present, value = option.take(ctx, given)
+        if present:
+            values[option.field.name] = value
+    return values
 
 
 def command_from_config(
@@ -63,24 +234,19 @@ def command_from_config(
         cls: a dataclass whose docstring documents every field under ``Args:``.
         run: what the command does with the built configuration.
         doc: the command's help text.
-        exclude: fields not offered on the command line (left at their defaults).
+        exclude: fields not offered on the command line (left at their defaults),
+            besides those declared ``cli(excluded=True)``.
     """
-    hints = typing.get_type_hints(cls)
-    helps = docstring_args(cls)
+    options = _options(cls, exclude)
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in exclude or not f.init:
-            continue
-        option = typer.Option(help=helps.get(f.name, ""))
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f),
-                                        annotation=Annotated[hints[f.name], option]))
+    params += [parameter for option in options for parameter in option.parameters()]
     params.append(inspect.Parameter(
-        "traceback", inspect.Parameter.KEYWORD_ONLY, default=False,
+        "traceback", _KEYWORD, default=False,
         annotation=Annotated[bool, typer.Option("--traceback", help=TRACEBACK_HELP)]))
 
-    def command(ctx: typer.Context, **options: Any) -> None:
-        remember_traceback(ctx, options.pop("traceback"))
-        run_command(ctx, lambda: run(cls(**options)))
+    def command(ctx: typer.Context, **given: Any) -> None:
+        remember_traceback(ctx, given.pop("traceback"))
+        run_command(ctx, lambda: run(cls(**_config_values(ctx, options, given))))
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = doc

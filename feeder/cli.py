@@ -18,7 +18,7 @@ app = typer.Typer(
     epilog=(
         "Examples:\n\n"
         "feeder sample-data data/sample\n\n"
-        "feeder shard data/sample shards/sample --format wds,lmdb --workers 2\n\n"
+        "feeder shard data/sample shards/sample --formats wds,lmdb --workers 2\n\n"
         "feeder verify shards/sample\n\n"
         "feeder serve --dataset sample=shards/sample --port 50051\n\n"
         "torchrun --nproc-per-node 2 -m clients.train --server 127.0.0.1:50051 "

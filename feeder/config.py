@@ -8,22 +8,25 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
-from feeder.decoded_cache import check_budget
-from shards import jpeg
-from transport.base import TransportConfig
+from core.fields import cli
+
+if TYPE_CHECKING:
+    from transport.base import TransportConfig
+
+# The modules behind the checks (OpenCV, the JPEG library, torch) are imported where
+# they are used: ``feeder --help`` builds its options from this module.
 
 __all__ = [
     "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "LOG_LEVELS", "ON_ERROR", "ServerConfig", "check_cpu_decoder",
-    "cpu_decoder_in_use", "is_loopback",
+    "cpu_decoder_in_use", "is_loopback", "parse_datasets",
 ]
 
 DEVICES = ("auto", "cpu", "gpu")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-ON_ERROR = ("skip", "fail")
-# PIL's own decompression-bomb threshold (``Image.MAX_IMAGE_PIXELS``, 1 GiB / 4 / 3).
-DEFAULT_MAX_PIXELS = 89_478_485
 
 
 def _default_threads() -> int:
@@ -41,6 +44,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def parse_datasets(values: list[str], option: str = "--dataset") -> dict[str, Path]:
+    """``["imagenet=/data/shards", ...]`` -> ``{"imagenet": Path("/data/shards")}``.
+
+    Raises:
+        ConfigError: an entry without ``=``, or a name given twice (naming ``option``).
+    """
+    datasets: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ConfigError(f"{option} {value!r}: expected NAME=PATH, e.g. imagenet=/data/shards")
+        if name in datasets:
+            raise ConfigError(f"{option} {name!r}: given twice")
+        datasets[name] = Path(path).expanduser()
+    return datasets
+
+
 def _default_memory_bytes() -> int:
     """Half of this machine's physical memory: the rest is the training job's."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
@@ -55,7 +75,11 @@ def check_cpu_decoder(choice: str) -> None:
     here (``libjpeg-turbo`` needs the JPEG library of ``shards``)."""
     if choice not in CPU_DECODERS:
         raise ConfigError(f"cpu_decoder: {choice!r} is not one of {', '.join(CPU_DECODERS)}")
-    if choice == "libjpeg-turbo" and not jpeg.available():
+    if choice != "libjpeg-turbo":
+        return
+    from shards import jpeg
+
+    if not jpeg.available():
         raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
 
 
@@ -63,6 +87,8 @@ def cpu_decoder_in_use(choice: str) -> str:
     """What decodes for a (checked) ``choice``: ``auto`` is ``libjpeg-turbo`` where the
     JPEG library was built, else ``dali``."""
     if choice == "auto":
+        from shards import jpeg
+
         return "libjpeg-turbo" if jpeg.available() else "dali"
     return choice
 
@@ -72,36 +98,43 @@ class ServerConfig:
     """What a daemon serves and how.
 
     Args:
-        datasets: dataset name -> shard directory (made by ``feeder shard``). Clients
+        datasets: dataset name -> shard directory (made by ``feeder shard``), given
+            as NAME=PATH, once per dataset. Example: imagenet=/data/shards. Clients
             ask by name; they can never make the daemon open another path.
-        port: TCP port to listen on; 0 picks any free port.
-        bind: address to bind; loopback by default. Any other address needs TLS and a
-            token (``tls_cert``, ``tls_key``, ``token_file``) or ``insecure``. The
-            metrics endpoint binds here too.
+        port: TCP port to listen on; 0 picks any free port (printed on start).
+        bind: address to bind: loopback by default, 0.0.0.0 for all. Any other than
+            a loopback address needs TLS and a token (``tls_cert``, ``tls_key``,
+            ``token_file``) or ``insecure``. The metrics endpoint binds here too.
         device: ``auto`` (GPU when CUDA is available), ``cpu`` or ``gpu``.
         threads: DALI CPU worker threads of all pipelines together (the node's CPU
             budget): a new stream's pipeline gets an equal share of it among the open
             streams, itself included, and on a GPU node, for a GPU rank, among at
             least one pipeline per GPU; at least 1 (see
-            ``feeder.devices.thread_share``).
+            ``feeder.devices.thread_share``). Default: the CPUs, at most 8.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
             ``queue_batches`` (one batch is always let through, however large).
+            Example: 512M.
         max_batch_size: largest batch a request may ask for.
         max_streams: streams open at once; more are refused as unavailable.
         max_streams_per_peer: streams one client host may hold open (all unix-socket
             clients count as one peer); more are refused as resource exhausted.
         max_memory_bytes: memory budget of all open streams together, each estimated
             from its request (see ``feeder.admission.stream_need_bytes``); a stream
-            that would pass it is refused as resource exhausted. Default: half of
-            physical memory.
-        idle_timeout_s: a stream whose client has taken no batch for this long is
-            cancelled and its memory freed.
-        metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
-        grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
-        rpc_threads: gRPC worker threads (each open stream holds one).
-        log_level: least severe log records written to stderr (one of ``LOG_LEVELS``).
+            that would pass it is refused as resource exhausted. Example: 8G.
+            Default: half of physical memory.
+        idle_timeout_s: a stream whose client has taken no batch for this many
+            seconds is cancelled and its memory freed.
+        metrics_port: Prometheus HTTP port of ``/metrics`` (0: any free port); None,
+            the default: no endpoint.
+        grace_s: on shutdown (SIGTERM), seconds in-flight streams get before they are
+            cancelled.
+        rpc_threads: gRPC worker threads (each open stream holds one); 0: enough for
+            ``max_streams`` streams and a few unary calls.
+        log_level: least severe log records written to stderr: ``debug``, ``info`` (a
+            line per stream opened and closed), ``warning`` (errors only) or
+            ``error``.
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
@@ -116,34 +149,39 @@ class ServerConfig:
         token_file: file holding a token every call but the health check must carry
             as ``authorization: Bearer <token>`` metadata.
         insecure: allow a non-loopback ``bind`` without TLS and a token.
-        socket_path: also listen on this unix socket (created owner-only, mode 0600;
-            no TLS on it, the token still applies).
+        socket_path: also listen on this unix socket, for clients on this host
+            (created owner-only, mode 0600; no TLS on it, the token still applies).
+            Example: /run/feeder.sock.
         shm_dir: tmpfs where same-host clients' shared-memory rings live.
         ring_slots: batches a same-host stream may have lent out at once (being
             queued, sent or held by the client); must cover the daemon's
             ``queue_batches`` plus the client's prefetch, or batches wait for slots.
         shm_budget_bytes: shared memory all rings together may take; a stream past it
             (or a ``/dev/shm`` too small or full) is sent over the gRPC payload.
+            Example: 16G.
         on_error: what a stream does with a sample it cannot serve (one that fails to
             decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
-            sample of its batch, marked as padding, counts and names it; ``fail`` ends
-            the stream with DATA_LOSS naming it.
+            sample of its batch, marked as padding, counts and names it (in GetStats
+            and the log); ``fail`` ends the stream with DATA_LOSS naming it.
         max_pixels: largest width x height (as the index says) served; a larger sample
-            is refused before it is read or decoded, as ``on_error`` says.
+            is refused before it is read or decoded, as ``on_error`` says. Default:
+            Pillow's decompression-bomb threshold (about 9459 x 9459).
         max_pipelines: built pipelines held at once, lent to streams or idle. Each
-            open stream holds one, so a stream that finds all of them lent is refused
-            as unavailable; an idle one is dropped, oldest first, to build another.
+            open stream holds one, so keep it at least ``max_streams``: a stream that
+            finds all of them lent is refused as unavailable; an idle one is dropped,
+            oldest first, to build another.
         pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
             threads and buffers (DALI keeps its peak buffers while a pipeline lives).
         decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
-            shared by every stream and job; see feeder.decoded_cache); 0, the default,
-            turns it off, because cached pixels are downscaled ones. Refused when larger
-            than the machine's memory.
+            shared by every stream and job; see feeder.decoded_cache), e.g. 8G or
+            512M; 0, the default, turns it off, because cached pixels are downscaled
+            ones (see ``decoded_cache_side``). Refused when larger than the machine's
+            memory.
         decoded_cache_side: cached images keep their shorter side at most this many
             pixels; streams asking for a larger image_size decode from JPEG (counted).
     """
 
-    datasets: Mapping[str, Path]
+    datasets: Mapping[str, Path] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
     port: int = 50051
     bind: str = "127.0.0.1"
     device: str = "auto"
@@ -154,7 +192,7 @@ class ServerConfig:
     max_batch_size: int = 1024
     max_streams: int = 64
     max_streams_per_peer: int = 32
-    max_memory_bytes: int = field(default_factory=_default_memory_bytes)
+    max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
     idle_timeout_s: float = 600.0
     metrics_port: int | None = None
     grace_s: float = 5.0
@@ -167,10 +205,10 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     token_file: Path | None = None
     insecure: bool = False
-    socket_path: Path | None = None
+    socket_path: Path | None = field(default=None, metadata=cli(old=("--socket",)))
     shm_dir: Path = Path("/dev/shm")
     ring_slots: int = 10
-    shm_budget_bytes: int = 4 << 30
+    shm_budget_bytes: int = field(default=4 << 30, metadata=cli(old=("--shm-bytes",)))
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_pipelines: int = 64
@@ -229,6 +267,8 @@ class ServerConfig:
     @property
     def transport(self) -> TransportConfig:
         """The transports' settings."""
+        from transport.base import TransportConfig
+
         return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots,
                                shm_budget_bytes=self.shm_budget_bytes)
 
@@ -238,6 +278,8 @@ class ServerConfig:
         if self.decoded_cache_side < 1:
             raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {self.decoded_cache_side}")
         if self.decoded_cache_bytes:
+            from feeder.decoded_cache import check_budget
+
             check_budget(self.decoded_cache_bytes)
 
     @property

@@ -69,7 +69,7 @@ def _make_shards(config: DemoConfig) -> Path:
     else:
         print(f"{src} exists; reusing it")
     _step(f"feeder shard {src} {shards}")
-    _feeder("shard", str(src), str(shards), "--format", "wds,lmdb", "--workers", "2", "--half-copies", "--overwrite")
+    _feeder("shard", str(src), str(shards), "--formats", "wds,lmdb", "--workers", "2", "--half-copies", "--overwrite")
     _step(f"feeder verify {shards}")
     _feeder("verify", str(shards))
     return shards

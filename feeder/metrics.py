@@ -88,9 +88,9 @@ class ServerMetrics:
         self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
         self.queued_bytes = Gauge("feeder_queued_bytes", "Bytes of ready batches in stream queues.", registry=r)
         self.reserved = Gauge(
-            "feeder_reserved_bytes", "Estimated memory of the open streams (see --max-memory).", registry=r
+            "feeder_reserved_bytes", "Estimated memory of the open streams (see --max-memory-bytes).", registry=r
         )
-        self.memory_budget = Gauge("feeder_memory_budget_bytes", "The --max-memory budget.", registry=r)
+        self.memory_budget = Gauge("feeder_memory_budget_bytes", "The --max-memory-bytes budget.", registry=r)
         self.refused = Counter(
             "feeder_streams_refused", "Streams refused by a limit.", ["reason"], registry=r
         )

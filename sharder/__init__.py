@@ -1,8 +1,50 @@
 """Turns an image folder tree into WebDataset / LMDB shards with a Parquet index and
-a versioned manifest (``feeder shard``), and checks them (``feeder verify``)."""
+a versioned manifest (``feeder shard``), and checks them (``feeder verify``).
 
-from sharder.config import SampleDataConfig, ShardConfig
-from sharder.sample_data import make_sample_data
-from sharder.shard import ShardReport, shard
+Names are imported on first use, so ``feeder --help`` (which imports
+``sharder.config`` and ``sharder.commands``) does not pay for Pillow and OpenCV.
+"""
 
-__all__ = ["SampleDataConfig", "ShardConfig", "ShardReport", "make_sample_data", "shard"]
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
+    from sharder.sample_data import make_sample_data
+    from sharder.shard import ShardReport, shard
+
+__all__ = ["SampleDataConfig", "ShardConfig", "ShardReport", "VerifyConfig", "make_sample_data", "shard"]
+
+_HOMES = {
+    "SampleDataConfig": "sharder.config",
+    "ShardConfig": "sharder.config",
+    "ShardReport": "sharder.shard",
+    "VerifyConfig": "sharder.config",
+    "make_sample_data": "sharder.sample_data",
+    "shard": "sharder.shard",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'sharder' has no attribute {name!r}")
+    value = getattr(import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(ModuleType):
+    """The package, whose ``shard`` stays the function: importing the submodule
+    ``sharder.shard`` would otherwise set the attribute to that module."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOMES and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -1,23 +1,70 @@
-"""Frozen configuration objects for the sharder, built once by the CLI and passed down."""
+"""Frozen configuration objects for the sharder, built once by the CLI and passed down.
+
+Importable without Pillow or OpenCV: ``feeder --help`` builds the sharder's commands
+from these classes.
+"""
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
-from sharder.images import CHECKS, DEFAULT_MAX_PIXELS
-from shards import jpeg
+from core.fields import OldName, cli
 
-__all__ = ["FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig"]
+__all__ = [
+    "CHECKS", "DEFAULT_RESTART_INTERVAL", "FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig",
+    "VerifyConfig", "on_error_policy", "progress_shown",
+]
 
 FORMATS = ("wds", "lmdb")
-ON_ERROR_POLICIES = ("raise", "skip")
+CHECKS = ("decode", "header")
+ON_ERROR_POLICIES = ON_ERROR  # the sharder's words are the daemon's
+_OLD_ON_ERROR = {"raise": "fail"}  # ``feeder shard --on-error raise`` before it was ``fail``
+
+# shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported here because that module loads
+# OpenCV (tests/sharder/test_config.py checks that the two agree).
+DEFAULT_RESTART_INTERVAL = 2
 
 # Quality used when an odd input (CMYK, PNG, 16-bit, ...) is normalised to RGB JPEG and
 # no --quality was given: high enough that the re-encoding costs no accuracy.
 DEFAULT_REENCODE_QUALITY = 95
+
+_MIB = 1 << 20
+
+
+def on_error_policy(value: str, stacklevel: int = 2) -> str:
+    """``value`` as one of ``ON_ERROR``: the old ``raise`` is ``fail``, with a
+    DeprecationWarning pointing ``stacklevel`` frames up from the caller.
+
+    Raises:
+        ConfigError: any other word.
+    """
+    if value in _OLD_ON_ERROR:
+        new = _OLD_ON_ERROR[value]
+        warnings.warn(f"on_error={value!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=stacklevel + 1)
+        return new
+    if value not in ON_ERROR:
+        raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {value!r}")
+    return value
+
+
+def progress_shown(progress: bool | None) -> bool:
+    """Whether to draw a progress bar: ``progress``, or when it is None, whether
+    stderr is a terminal (so library callers and tests get none unless on one)."""
+    return sys.stderr.isatty() if progress is None else progress
+
+
+def _mib_to_bytes(text: str, option: str) -> int:
+    """``--shard-size-mb``'s value (MiB, a float) in bytes."""
+    try:
+        return int(float(text) * _MIB)
+    except (ValueError, OverflowError) as e:
+        raise ConfigError(f"{option} {text!r}: expected a number of MiB such as 256") from e
 
 
 @dataclass(frozen=True)
@@ -25,67 +72,82 @@ class ShardConfig:
     """Everything ``sharder.shard`` needs.
 
     Args:
-        src: input tree (ILSVRC2012 layout or a plain class-folder tree).
-        out: shard directory to create.
-        formats: any of ``FORMATS``; ``wds`` tars are the primary format.
+        src: input tree: the ILSVRC2012 layout (train/, val/) or a plain class-folder
+            tree.
+        out: shard directory to create, or to resume into (an unfinished run of the
+            same inputs and options continues where it stopped).
+        formats: what to write, from wds and lmdb (``FORMATS``; on the command line a
+            comma list, e.g. wds,lmdb); wds tars are the primary format.
         seed: seed of the global shuffle (same SRC + seed -> byte-identical output).
         shard_size_bytes: a tar is closed before it would grow past this size.
-        workers: processes that read and normalise images (1 = in this process).
-        max_side_px: downscale images whose longer side exceeds this (None = never).
-        quality: re-encode every image at this JPEG quality (None = pass valid JPEGs
-            through and normalise odd files at ``DEFAULT_REENCODE_QUALITY``).
+            Example: 256M.
+        workers: processes that read and normalise images (1 = in this process):
+            they decode for ``check`` decode, odd formats, ``max_side_px`` and
+            ``quality``.
+        max_side_px: downscale images whose longer side exceeds this many pixels;
+            None, the default: never.
+        quality: re-encode every image at this JPEG quality; None, the default: pass
+            valid JPEGs through and normalise odd files at ``DEFAULT_REENCODE_QUALITY``
+            (95).
         check: ``decode`` entropy-decodes every image (on the workers) before
-            accepting it and rejects it on any decoder warning; ``header`` checks a
-            pass-through JPEG's headers and end marker only.
+            accepting it (the restart-marker rewrite reads every coefficient; with
+            ``restart_interval`` 0, a full decode) and rejects it on any decoder
+            warning; ``header`` checks a pass-through JPEG's headers and end marker
+            only (faster, lets corrupt image data through).
         max_pixels: images with more pixels are rejected before any decode
             (decompression bombs), or downscaled when ``max_side_px`` is given.
+            Default: Pillow's own bomb threshold, about 9459 x 9459, far above camera
+            photos.
         restart_interval: every stored JPEG is rewritten losslessly (same pixels) with
             a restart marker about every this many MCUs (``shards.jpeg.add_restarts``),
-            so a crop window decodes about only its own area; 0 stores JPEGs as they
-            come (pass-through byte for byte). Without the JPEG library (not built)
-            JPEGs are stored as they come, with a warning.
+            so a crop window decodes about only its own area (1.5 % larger files at
+            2); 0 stores JPEGs as they come (pass-through byte for byte). Without the
+            JPEG library (not built) JPEGs are stored as they come, with a warning.
         half_copies: also store each image decoded at DCT scale 1/2 and re-encoded
             (``HALF_COPY_QUALITY``, the same restart markers) as ``<key>.half.jpg``;
             a crop window at least twice the output on both sides is decoded from it
             (the low-resolution phases of a progressive-resizing schedule), for about
             a third more bytes.
-        on_error: ``skip`` records a bad input and goes on; ``raise`` stops at it.
+        on_error: ``skip`` records a bad input and goes on; ``fail`` stops at the
+            first (``raise``, its old name, still means ``fail``).
         overwrite: allow a non-empty OUT (its contents are replaced).
-        progress: show a progress bar on stderr.
+        progress: show a progress bar on stderr; None, the default: only when stderr
+            is a terminal.
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
 
-    src: Path
-    out: Path
-    formats: tuple[str, ...] = ("wds",)
+    src: Path = field(metadata=cli(argument=True))
+    out: Path = field(metadata=cli(argument=True))
+    formats: tuple[str, ...] = field(default=("wds",), metadata=cli(metavar="wds,lmdb", old=("--format",)))
     seed: int = 0
-    shard_size_bytes: int = 256 * 1024 * 1024
+    shard_size_bytes: int = field(default=256 << 20, metadata=cli(old=(OldName("--shard-size-mb", _mib_to_bytes),)))
     workers: int = 1
-    max_side_px: int | None = None
+    max_side_px: int | None = field(default=None, metadata=cli(old=("--max-side",)))
     quality: int | None = None
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
-    restart_interval: int = jpeg.DEFAULT_RESTART_INTERVAL
+    restart_interval: int = DEFAULT_RESTART_INTERVAL
     half_copies: bool = False
-    on_error: str = "skip"
+    on_error: str = field(default="skip", metadata=cli(old_values=_OLD_ON_ERROR))
     overwrite: bool = False
-    progress: bool = False
-    on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False)
+    progress: bool | None = None
+    on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False,
+                                                             metadata=cli(excluded=True))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "src", Path(self.src))
         object.__setattr__(self, "out", Path(self.out))
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
-            raise ConfigError(f"--format must be a comma list of {', '.join(FORMATS)}, got {','.join(self.formats)!r}")
+            raise ConfigError(f"--formats must be a comma list of {', '.join(FORMATS)}, got {','.join(self.formats)!r}")
         if len(set(self.formats)) != len(self.formats):
-            raise ConfigError(f"--format lists a format twice: {','.join(self.formats)!r}")
+            raise ConfigError(f"--formats lists a format twice: {','.join(self.formats)!r}")
         if self.shard_size_bytes < 1024:
-            raise ConfigError(f"--shard-size-mb must be positive, got {self.shard_size_bytes} bytes")
+            raise ConfigError(f"--shard-size-bytes must be at least 1K, got {self.shard_size_bytes} bytes")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.max_side_px is not None and self.max_side_px < 16:
-            raise ConfigError(f"--max-side must be >= 16 px, got {self.max_side_px}")
+            raise ConfigError(f"--max-side-px must be >= 16 px, got {self.max_side_px}")
         if self.quality is not None and not 1 <= self.quality <= 100:
             raise ConfigError(f"--quality must be in 1..100, got {self.quality}")
         if self.check not in CHECKS:
@@ -94,8 +156,7 @@ class ShardConfig:
             raise ConfigError(f"--max-pixels must be >= 256, got {self.max_pixels}")
         if not 0 <= self.restart_interval <= 64:
             raise ConfigError(f"--restart-interval must be in 0..64 MCUs, got {self.restart_interval}")
-        if self.on_error not in ON_ERROR_POLICIES:
-            raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR_POLICIES)}, got {self.on_error!r}")
+        object.__setattr__(self, "on_error", on_error_policy(self.on_error, stacklevel=3))
 
     @property
     def reencode_quality(self) -> int:
@@ -105,6 +166,8 @@ class ShardConfig:
     @property
     def stored_restart_interval(self) -> int:
         """``restart_interval`` as it takes effect: 0 without the JPEG library."""
+        from shards import jpeg
+
         return self.restart_interval if jpeg.available() else 0
 
     def options(self) -> dict:
@@ -129,24 +192,26 @@ class SampleDataConfig:
     """Options of ``sharder.sample_data.make_sample_data``.
 
     Args:
-        out: directory to create (must be empty or absent).
-        classes: number of classes, one per source photograph.
+        out: directory to create (must be empty or absent), e.g. data/sample.
+        classes: number of classes, one per bundled photograph.
         train_per_class: training images per class.
         val_per_class: validation images per class.
         seed: same seed -> byte-identical files.
-        min_side_px / max_side_px: range of the output image sides (ImageNet-like
-            300..500 by default; tests use small sizes for speed).
-        progress: show a progress bar on stderr.
+        min_side_px: smallest side of the output images, pixels (ImageNet-like 300 by
+            default; tests use small sizes for speed).
+        max_side_px: largest side of the output images, pixels.
+        progress: show a progress bar on stderr; None, the default: only when stderr
+            is a terminal.
     """
 
-    out: Path
+    out: Path = field(metadata=cli(argument=True))
     classes: int = 10
     train_per_class: int = 100
     val_per_class: int = 10
     seed: int = 0
     min_side_px: int = 300
     max_side_px: int = 500
-    progress: bool = False
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -156,3 +221,24 @@ class SampleDataConfig:
             raise ConfigError("--train-per-class must be >= 1 and --val-per-class >= 0")
         if not 16 <= self.min_side_px <= self.max_side_px:
             raise ConfigError(f"image sides must satisfy 16 <= min <= max, got {self.min_side_px}..{self.max_side_px}")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """What ``sharder.verify.verify`` checks, and how.
+
+    Args:
+        out: shard directory made by ``feeder shard``.
+        full: decode every image, not only a seeded sample of each split.
+        seed: seed choosing the decoded sample.
+        progress: show a progress bar (shards checked) on stderr; None, the default:
+            only when stderr is a terminal.
+    """
+
+    out: Path = field(metadata=cli(argument=True))
+    full: bool = False
+    seed: int = 0
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "out", Path(self.out))

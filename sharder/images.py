@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from core.bad_input import DEFAULT_MAX_PIXELS
+from sharder.config import CHECKS
+
 __all__ = [
     "CHECKS",
     "DEFAULT_MAX_PIXELS",
@@ -41,10 +44,6 @@ __all__ = [
     "read_input",
 ]
 
-CHECKS = ("decode", "header")
-# Pillow's own decompression-bomb threshold (Image.MAX_IMAGE_PIXELS, about 9459 x 9459):
-# far above camera photos, so only bombs and unusual scans reach it.
-DEFAULT_MAX_PIXELS = 89_478_485
 _DECODE_LOCK = threading.Lock()  # decoding redirects this process's stderr and Pillow's limit
 
 _SOI = b"\xff\xd8"

@@ -4,7 +4,7 @@ The writing process reads every file (a few threads read ahead) and checks it
 without decoding (``check_without_decode``): bad headers and images over
 ``--max-pixels`` are rejected right there. With ``--check header`` valid JPEGs pass
 through from there too; with ``--check decode`` (the default) they go to the worker
-pool to be checked, as do inputs that need re-encoding (odd formats, ``--max-side``,
+pool to be checked, as do inputs that need re-encoding (odd formats, ``--max-side-px``,
 ``--quality``). Every accepted JPEG is rewritten losslessly with restart markers on
 the workers (``--restart-interval``, ``shards.jpeg.add_restarts``; 0 stores them as
 they come); that rewrite reads every coefficient, so its warnings are the decode

@@ -25,7 +25,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from core.errors import ConfigError
-from sharder.config import SampleDataConfig
+from sharder.config import SampleDataConfig, progress_shown
 
 __all__ = ["PHOTO_NAMES", "make_sample_data", "sample_wnid"]
 
@@ -141,7 +141,7 @@ def _build(config: SampleDataConfig) -> None:
     names = PHOTO_NAMES[: config.classes]
     val_labels: list[int] = []
     total = config.classes * (config.train_per_class + config.val_per_class)
-    with tqdm(total=total, unit="img", desc="sample-data", disable=not config.progress) as bar:
+    with tqdm(total=total, unit="img", desc="sample-data", disable=not progress_shown(config.progress)) as bar:
         for index, name in enumerate(names):
             photo, wnid = _load_photo(name), sample_wnid(index)
             for n in range(1, config.train_per_class + 1):

@@ -14,7 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from core.errors import ConfigError
-from sharder.config import ShardConfig
+from sharder.config import ShardConfig, progress_shown
 from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.sources import SourceTree, SplitSource, find_sources
@@ -76,6 +76,16 @@ def _run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     return {"source": str(config.src.resolve()), "inputs_sha256": listing.hexdigest(), "options": config.options()}
 
 
+def _recorded_identity(run_file: Path) -> Any:
+    """The identity an unfinished run recorded; ``on_error: raise`` (its old word) reads
+    as ``fail``, so that a run started before the rename resumes."""
+    recorded = json.loads(run_file.read_text())
+    options = recorded.get("options") if isinstance(recorded, dict) else None
+    if isinstance(options, dict) and options.get("on_error") == "raise":
+        options["on_error"] = "fail"
+    return recorded
+
+
 def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
     """Create OUT, or clear it (--overwrite), or accept it as an unfinished run to resume.
 
@@ -89,7 +99,7 @@ def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} exists and is not a directory")
     identity = _run_identity(config, tree)
-    resumable = run_file.is_file() and json.loads(run_file.read_text()) == identity
+    resumable = run_file.is_file() and _recorded_identity(run_file) == identity
     if out.is_dir() and any(out.iterdir()) and not resumable:
         if not config.overwrite:
             what = "holds an unfinished run of other inputs or options" if run_file.is_file() else "is not empty"
@@ -180,7 +190,7 @@ def shard(config: ShardConfig) -> ShardReport:
         NotFound: SRC does not exist.
         ConfigError: no images, unusable ground truth, OUT not empty or not writable.
         DataError: a bad input or a directory that cannot be listed, with
-            ``on_error="raise"`` (names the file or directory).
+            ``on_error="fail"`` (names the file or directory).
     """
     started = time.monotonic()
     if config.restart_interval != config.stored_restart_interval:
@@ -192,7 +202,8 @@ def shard(config: ShardConfig) -> ShardReport:
     tar_root = config.out if "wds" in config.formats else work / "tars"
     splits: dict[str, Any] = {}
     total = sum(len(s.files) for s in tree.splits)
-    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not config.progress) as bar:
+    shown = progress_shown(config.progress)
+    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
         for split in tree.splits:
             records = write_split(config, split, tar_root, work / split.name, bar, pool)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)

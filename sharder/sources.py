@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.errors import ConfigError, NotFound
+from sharder.config import on_error_policy
 from sharder.walk import Listing, TreeWalker, list_dir
 
 __all__ = ["IMAGE_EXTENSIONS", "SourceFile", "SourceTree", "SplitSource", "find_sources"]
@@ -225,17 +226,18 @@ def find_sources(root: Path, on_error: str = "skip") -> SourceTree:
     Args:
         root: SRC.
         on_error: ``"skip"``: a directory that cannot be listed becomes a reject;
-            ``"raise"``: it raises ``DataError`` naming it.
+            ``"fail"``: it raises ``DataError`` naming it (the old ``"raise"`` still
+            works, with a DeprecationWarning).
 
     Raises:
         NotFound: ``root`` does not exist or is not a directory.
         ConfigError: no class folders or no image files, unusable ground truth, or a
             split folder that cannot be listed.
-        DataError: a directory below a split folder cannot be listed (``on_error="raise"``).
+        DataError: a directory below a split folder cannot be listed (``on_error="fail"``).
     """
     if not root.is_dir():
         raise NotFound(f"SRC {root} does not exist or is not a directory")
-    walker = TreeWalker(root, _is_image, _METADATA_NAMES, on_error)
+    walker = TreeWalker(root, _is_image, _METADATA_NAMES, on_error_policy(on_error))
     data = root / KAGGLE_DATA if (root / KAGGLE_DATA / "train").is_dir() else root
     flat_val: _Pending | None = None
     if (data / "train").is_dir():

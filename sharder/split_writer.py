@@ -162,7 +162,7 @@ def write_split(
         The records of all shards of the split, in order.
 
     Raises:
-        DataError: a bad input with ``on_error="raise"``.
+        DataError: a bad input with ``on_error="fail"``.
     """
     (tar_root / split.name).mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,7 @@ def write_split(
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
             if image.reject:
-                if config.on_error == "raise":
+                if config.on_error == "fail":
                     raise DataError(f"{config.src / source.source}: {image.reject}")
                 roller.rejects.append([source.source, image.reject])
             else:

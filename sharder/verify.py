@@ -22,6 +22,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from core.errors import DataError
+from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
 from shards.index import read_index, read_manifest
 from shards.layout import sample_checksum
@@ -261,27 +262,32 @@ def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
     return [rows[i] for i in sorted(picks.tolist())]
 
 
-def verify(root: Path, *, full: bool = False, seed: int = 0, progress: bool = False) -> VerifyResult:
-    """Check the shard directory ``root``.
+def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
+    """Check a shard directory.
 
     Args:
-        root: a directory written by ``feeder shard``.
-        full: decode every image instead of ``SAMPLE_PER_SPLIT`` per split.
-        seed: chooses the decoded sample.
-        progress: show a progress bar (shards checked) on stderr.
+        config: the directory (``out``, written by ``feeder shard``) and how to check
+            it (``full``: every image decoded instead of ``SAMPLE_PER_SPLIT`` per
+            split). A path instead is ``VerifyConfig(path, **options)``.
+        options: ``full``, ``seed``, ``progress`` of a VerifyConfig, with a path.
 
     Returns:
         A VerifyResult; ``problems`` is empty when everything matches.
 
     Raises:
-        NotFound: no manifest in ``root``.
+        NotFound: no manifest in the directory.
         DataError: the manifest is unreadable or of an unknown version.
+        TypeError: options given with a VerifyConfig.
     """
-    root = Path(root)
+    if isinstance(config, VerifyConfig) and options:
+        raise TypeError("verify: give a VerifyConfig, or a path and its options")
+    if not isinstance(config, VerifyConfig):
+        config = VerifyConfig(Path(config), **options)
+    root = config.out
     manifest = read_manifest(root)
     result = VerifyResult(root)
     total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
-    with tqdm(total=total, unit="shard", desc="verify", disable=not progress) as bar:
+    with tqdm(total=total, unit="shard", desc="verify", disable=not progress_shown(config.progress)) as bar:
         for split in manifest["splits"]:
-            _check_split(result, root, manifest, split, full, seed, bar)
+            _check_split(result, root, manifest, split, config.full, config.seed, bar)
     return result

@@ -12,7 +12,7 @@ kept unless its target is a file already listed or the target of an earlier link
 Every link not followed is reported with its reason.
 
 A directory that cannot be listed is reported with the reason (``on_error="skip"``)
-or stops the walk (``"raise"``); it never loses its files silently the way
+or stops the walk (``"fail"``); it never loses its files silently the way
 ``os.walk`` does.
 """
 
@@ -72,7 +72,7 @@ class TreeWalker:
         root: SRC; sources are relative to it.
         is_image: whether a file name is a sample.
         uncounted: names that are neither samples nor counted as ignored.
-        on_error: ``"skip"`` reports a directory that cannot be listed; ``"raise"``
+        on_error: ``"skip"`` reports a directory that cannot be listed; ``"fail"``
             raises ``DataError`` naming it.
     """
 
@@ -160,7 +160,7 @@ class TreeWalker:
 
     def _cannot_list(self, listing: Listing, source: str, error: OSError) -> None:
         reason = f"cannot list directory: {error.strerror or error}"
-        if self.on_error == "raise":
+        if self.on_error == "fail":
             raise DataError(f"{self.root / source}: {reason}") from error
         listing.unlisted.append((source, reason))
 

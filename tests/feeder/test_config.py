@@ -80,6 +80,6 @@ def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
 
     from feeder.cli import app
 
-    result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory", "8X"])
+    result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory-bytes", "8X"])
     assert result.exit_code == 1
-    assert result.output.strip() == "feeder: error: --max-memory '8X': expected a size such as 8G, 512M or 1073741824"
+    assert result.output.strip() == "feeder: error: --max-memory-bytes '8X': expected a size such as 8G, 512M or 1073741824"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from feeder.cli import app
+from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
+from tests.common.options import assert_options_follow
 from tests.common.shards import build_sample_tree
 from tests.sharder.odd_files import rgb_jpeg, write_tree
 
@@ -32,7 +35,7 @@ def _one_line_error(result, *fragments: str) -> None:
 def test_sample_data_shard_verify(tmp_path: Path) -> None:
     made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1", "--no-progress")
     assert made.exit_code == 0 and "wrote 6 images" in made.output
-    sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--format", "wds,lmdb", "--no-progress")
+    sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--formats", "wds,lmdb", "--no-progress")
     assert sharded.exit_code == 0, sharded.output
     assert sharded.output.strip().splitlines()[-1].startswith("sharded 6 images (train 4, val 2)")
     checked = _run("verify", tmp_path / "out", "--full", "--no-progress")
@@ -76,9 +79,9 @@ def test_unwritable_out(src: Path, tmp_path: Path) -> None:
     _one_line_error(_run("shard", src, blocker / "out"), "cannot write to OUT")
 
 
-def test_on_error_raise_names_the_bad_file(tmp_path: Path) -> None:
+def test_on_error_fail_names_the_bad_file(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
-    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "raise", "--no-progress"), "bad data", "broken.jpg", "truncated")
+    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "fail", "--no-progress"), "bad data", "broken.jpg", "truncated")
 
 
 def test_out_overlapping_src_is_refused(src: Path) -> None:
@@ -88,9 +91,70 @@ def test_out_overlapping_src_is_refused(src: Path) -> None:
 
 
 def test_bad_option_values(src: Path, tmp_path: Path) -> None:
-    _one_line_error(_run("shard", src, tmp_path / "out", "--format", "zip"), "--format")
+    _one_line_error(_run("shard", src, tmp_path / "out", "--formats", "zip"), "--formats")
     _one_line_error(_run("shard", src, tmp_path / "out", "--on-error", "ignore"), "--on-error")
 
 
 def test_verify_without_manifest(tmp_path: Path) -> None:
     _one_line_error(_run("verify", tmp_path), "manifest.json does not exist")
+
+
+@pytest.mark.parametrize("command,cls", [
+    ("shard", ShardConfig), ("verify", VerifyConfig), ("sample-data", SampleDataConfig),
+])
+def test_options_are_the_config_fields(command: str, cls: type) -> None:
+    assert_options_follow(command, cls)
+
+
+def _manifest_options(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())["options"]
+
+
+@pytest.mark.parametrize("old,new,args,key,expected", [
+    ("--format", "--formats", ("wds,lmdb",), "formats", ["wds", "lmdb"]),
+    ("--shard-size-mb", "--shard-size-bytes", ("0.5",), "shard_size_bytes", 512 << 10),
+    ("--max-side", "--max-side-px", ("64",), "max_side_px", 64),
+])
+def test_old_spellings_work_with_one_warning(src: Path, tmp_path: Path, old, new, args, key, expected) -> None:
+    result = _run("shard", src, tmp_path / "out", old, *args, "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"feeder: warning: {old} is deprecated, use {new}"]
+    assert _manifest_options(tmp_path / "out")[key] == expected
+
+
+def test_on_error_raise_is_fail_with_one_warning(tmp_path: Path) -> None:
+    write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
+    result = _run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "raise", "--no-progress")
+    assert result.exit_code == 1
+    warning, error = result.stderr.splitlines()
+    assert warning == "feeder: warning: --on-error raise is deprecated, use --on-error fail"
+    assert error.startswith("feeder: bad data: ") and "broken.jpg" in error and "truncated" in error
+
+
+def test_on_error_raise_is_recorded_as_fail(src: Path, tmp_path: Path) -> None:
+    assert _run("shard", src, tmp_path / "out", "--on-error", "raise", "--no-progress").exit_code == 0
+    assert _manifest_options(tmp_path / "out")["on_error"] == "fail"
+    assert _run("verify", tmp_path / "out", "--no-progress").exit_code == 0
+
+
+def test_sizes_are_given_as_sizes(src: Path, tmp_path: Path) -> None:
+    assert _run("shard", src, tmp_path / "out", "--shard-size-bytes", "64K", "--no-progress").exit_code == 0
+    assert _manifest_options(tmp_path / "out")["shard_size_bytes"] == 64 << 10
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (("--shard-size-bytes", "12X"), "--shard-size-bytes '12X': expected a size"),
+    (("--shard-size-bytes", "100"), "--shard-size-bytes must be at least 1K"),
+    (("--max-side-px", "8"), "--max-side-px must be >= 16 px"),
+])
+def test_bad_sizes_are_one_line(src: Path, tmp_path: Path, args, fragment: str) -> None:
+    _one_line_error(_run("shard", src, tmp_path / "out", *args), fragment)
+
+
+def test_an_old_spelling_with_a_bad_value_names_it(src: Path, tmp_path: Path) -> None:
+    result = _run("shard", src, tmp_path / "out", "--shard-size-mb", "big")
+    assert result.exit_code == 1
+    assert result.stderr.splitlines() == [
+        "feeder: warning: --shard-size-mb is deprecated, use --shard-size-bytes",
+        "feeder: error: --shard-size-mb 'big': expected a number of MiB such as 256",
+    ]

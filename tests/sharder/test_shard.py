@@ -86,9 +86,9 @@ def test_restart_interval_0_stores_jpegs_byte_for_byte(odd_tree: Path, tmp_path:
         assert _member(out, row) == (odd_tree / row["source"]).read_bytes()
 
 
-def test_on_error_raise_stops_at_the_first_bad_file(odd_tree: Path, tmp_path: Path) -> None:
+def test_on_error_fail_stops_at_the_first_bad_file(odd_tree: Path, tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"zebra/.*: "):
-        shard(ShardConfig(odd_tree, tmp_path / "out", on_error="raise"))
+        shard(ShardConfig(odd_tree, tmp_path / "out", on_error="fail"))
 
 
 def test_kaggle_val_labels_follow_loc_val_solution(tmp_path: Path) -> None:

@@ -108,10 +108,17 @@ def test_unreadable_directory_is_a_reject_with_its_reason(tmp_path: Path, monkey
     assert split.rejects == [("apple/sub", "cannot list directory: Permission denied")]
 
 
-def test_unreadable_directory_with_on_error_raise_stops_naming_it(
+def test_unreadable_directory_with_on_error_fail_stops_naming_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = _tree(tmp_path / "src")
     make_unlistable(monkeypatch, src / "apple" / "sub")
     with pytest.raises(DataError, match=r"apple/sub: cannot list directory: Permission denied"):
+        find_sources(src, on_error="fail")
+
+
+def test_on_error_raise_still_stops_with_a_deprecation_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = _tree(tmp_path / "src")
+    make_unlistable(monkeypatch, src / "apple" / "sub")
+    with pytest.warns(DeprecationWarning, match="'fail'"), pytest.raises(DataError, match="apple/sub"):
         find_sources(src, on_error="raise")

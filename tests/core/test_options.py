@@ -1,0 +1,154 @@
+"""core.options: a command built from a dataclass, with every kind of field a
+configuration declares (core.fields), and its one-line errors and warnings."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from core.errors import ConfigError
+from core.fields import OldName, cli
+from core.options import command_from_config, docstring_args, option_help
+
+
+def _pairs(values: list[str], option: str) -> dict[str, Path]:
+    found = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            raise ConfigError(f"{option} {value!r}: expected NAME=PATH")
+        found[name] = Path(path)
+    return found
+
+
+def _tenths(text: str, option: str) -> int:
+    try:
+        return int(float(text) * 10)
+    except ValueError as e:
+        raise ConfigError(f"{option} {text!r}: not a number") from e
+
+
+def _doubled() -> int:
+    return 2 * 21
+
+
+@dataclass(frozen=True)
+class Example:
+    """A configuration with one field of each kind.
+
+    Args:
+        out: where to write.
+        roots: NAME=PATH, once per root.
+        cache_bytes: cache budget; see ``out`` and ``level``.
+        formats: comma list.
+        level: a plain int, under another name before.
+        width: in units (given in tenths before).
+        policy: ``skip`` or ``fail`` (``raise`` is the old ``fail``).
+        computed: left to the dataclass when not given.
+        loud: a flag.
+        callback: not on the command line.
+    """
+
+    out: Path = field(metadata=cli(argument=True))
+    roots: Mapping[str, Path] = field(default_factory=dict, metadata=cli(repeated=True, parse=_pairs))
+    cache_bytes: int = 256 << 20
+    formats: tuple[str, ...] = ("a",)
+    level: int = field(default=3, metadata=cli(old=("--old-level",)))
+    width: int = field(default=5, metadata=cli(old=(OldName("--tenths", _tenths),)))
+    policy: str = field(default="skip", metadata=cli(old_values={"raise": "fail"}))
+    computed: int = field(default_factory=_doubled)
+    loud: bool = False
+    callback: object = field(default=None, metadata=cli(excluded=True))
+
+    def __post_init__(self) -> None:
+        if self.level < 0:
+            raise ConfigError(f"--level must be >= 0, got {self.level}")
+
+
+def _app(seen: list[Example]) -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("run")(command_from_config(Example, seen.append, doc="Run it.\n\nExample: x run out"))
+    app.command("other")(lambda: None)
+    return app
+
+
+def _run(*args: str) -> tuple[object, list[Example]]:
+    seen: list[Example] = []
+    result = CliRunner().invoke(_app(seen), ["run", *args])
+    return result, seen
+
+
+def _ok(*args: str) -> tuple[Example, str]:
+    result, seen = _run(*args)
+    assert result.exit_code == 0, result.output  # type: ignore[attr-defined]
+    return seen[0], result.stderr  # type: ignore[attr-defined]
+
+
+def test_defaults_are_the_dataclass_defaults() -> None:
+    config, stderr = _ok("here")
+    assert config == Example(Path("here")) and stderr == ""
+
+
+def test_each_kind_of_field_is_read() -> None:
+    config, _ = _ok("here", "--root", "a=/x", "--root", "b=/y", "--cache-bytes", "1G", "--formats", "a, b",
+                    "--level", "4", "--width", "6", "--policy", "fail", "--computed", "7", "--loud")
+    assert config.roots == {"a": Path("/x"), "b": Path("/y")} and config.cache_bytes == 1 << 30
+    assert config.formats == ("a", "b") and (config.level, config.width, config.policy) == (4, 6, "fail")
+    assert config.computed == 7 and config.loud
+
+
+def test_computed_default_is_left_to_the_dataclass() -> None:
+    config, _ = _ok("here")
+    assert config.computed == 42
+
+
+@pytest.mark.parametrize("args,value,warning", [
+    (("--old-level", "9"), ("level", 9), "--old-level is deprecated, use --level"),
+    (("--tenths", "2.5"), ("width", 25), "--tenths is deprecated, use --width"),
+    (("--policy", "raise"), ("policy", "fail"), "--policy raise is deprecated, use --policy fail"),
+])
+def test_deprecated_spellings_work_with_one_warning_line(args, value, warning) -> None:
+    config, stderr = _ok("here", *args)
+    assert getattr(config, value[0]) == value[1]
+    assert stderr.splitlines() == [f"feeder: warning: {warning}"]
+
+
+_OLD_TENTHS = "feeder: warning: --tenths is deprecated, use --width"
+
+
+@pytest.mark.parametrize("args,lines", [
+    (("--cache-bytes", "12X"), ["feeder: error: --cache-bytes '12X': expected a size such as 8G, 512M or 1073741824"]),
+    (("--root", "noequals"), ["feeder: error: --root 'noequals': expected NAME=PATH"]),
+    (("--tenths", "wide"), [_OLD_TENTHS, "feeder: error: --tenths 'wide': not a number"]),
+    (("--level", "-1"), ["feeder: error: --level must be >= 0, got -1"]),
+    (("--level", "1", "--old-level", "2"),
+     ["feeder: error: --level: given as --level and --old-level; give --level only"]),
+])
+def test_bad_values_are_one_line_and_exit_1(args, lines) -> None:
+    result, seen = _run("here", *args)
+    assert result.exit_code == 1 and not seen  # type: ignore[attr-defined]
+    assert result.stderr.splitlines() == lines  # type: ignore[attr-defined]
+
+
+def test_excluded_and_old_names_are_not_shown() -> None:
+    result = CliRunner().invoke(_app([]), ["run", "--help"], env={"COLUMNS": "200"})
+    assert "--callback" not in result.output and "--old-level" not in result.output and "--tenths" not in result.output
+    assert "--no-loud" in result.output and "OUT" in result.output and "Example: x run out" in result.output
+    assert "256M" in result.output  # a size's default shown as a size
+
+
+def test_option_help_names_options_where_the_docstring_names_fields() -> None:
+    assert docstring_args(Example)["cache_bytes"] == "cache budget; see out and level."
+    assert option_help(Example)["cache_bytes"] == "cache budget; see OUT and --level."
+    assert option_help(Example)["policy"] == "skip or fail (raise is the old fail)."
+
+
+def test_every_field_of_the_example_is_documented() -> None:
+    documented = docstring_args(Example)
+    assert [f.name for f in dataclasses.fields(Example) if f.name not in documented] == []
