@@ -4,13 +4,22 @@ Importable without Pillow (``feeder --help`` must not load it)."""
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MAX_PIXELS", "ON_ERROR"]
+import enum
+
+__all__ = ["DEFAULT_MAX_PIXELS", "ON_ERROR", "OnError"]
 
 # Pillow's own decompression-bomb threshold (``PIL.Image.MAX_IMAGE_PIXELS``,
 # 1 GiB / 4 / 3, about 9459 x 9459): far above camera photos, so only bombs and
 # unusual scans reach it.
 DEFAULT_MAX_PIXELS = 89_478_485
 
-# What to do with an input that cannot be used: ``skip`` it (counted and named) or
-# ``fail`` (stop, naming it).
-ON_ERROR = ("skip", "fail")
+
+class OnError(str, enum.Enum):
+    """What to do with an input that cannot be used: ``skip`` it (counted and named)
+    or ``fail`` (stop, naming it)."""
+
+    SKIP = "skip"
+    FAIL = "fail"
+
+
+ON_ERROR = tuple(policy.value for policy in OnError)

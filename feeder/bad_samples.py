@@ -14,7 +14,6 @@ later batch, epoch or stream replaces them before decoding, without a failed run
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -22,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from core.bad_input import OnError
 from core.errors import DataError
 from protocol.plan import BatchSlice
 from shards.reader import SplitIndex
@@ -35,13 +35,6 @@ __all__ = [
     "Screened",
     "UnservableSample",
 ]
-
-
-class OnError(str, enum.Enum):
-    """What a stream does with a sample it cannot serve."""
-
-    SKIP = "skip"
-    FAIL = "fail"
 
 
 class UnservableSample(DataError):

@@ -22,7 +22,8 @@ import numpy as np
 
 from core.errors import DataError
 from feeder.augment import Crops, sample_crops
-from feeder.bad_samples import OnError, SampleFilter, Screened, UnservableSample
+from core.bad_input import OnError
+from feeder.bad_samples import SampleFilter, Screened, UnservableSample
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec

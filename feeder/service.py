@@ -14,7 +14,8 @@ from pathlib import Path
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound
 from core.workers import FairPool
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
-from feeder.bad_samples import BadSamples, OnError, SampleFilter
+from core.bad_input import OnError
+from feeder.bad_samples import BadSamples, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.decoded_cache import DecodedCache
