@@ -8,14 +8,21 @@ sample of the same batch, marked as padding, so every rank still gets the same
 number of batches; it is counted, named in ``GetStats`` and logged once. Under
 ``fail`` the stream ends with DATA_LOSS naming it (the daemon goes on serving).
 
-A split's bad samples are remembered for the daemon's life (:class:`BadSamples`), so a
-later batch, epoch or stream replaces them before decoding, without a failed run.
+A split's bad samples are remembered (:class:`BadSamples`), so a later batch, epoch or
+stream replaces them before decoding, without a failed run, until their tar changes
+(put right, or rewritten): then they are tried again.
+
+Skipping has limits (:class:`FailureLimits`): a batch of which more than a share could
+not be served, or an epoch in which more than a share of the rank's part could not,
+ends the stream with DATA_LOSS naming the tars the failures came from, instead of
+training on repeats of the few samples that still decode.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -30,15 +37,53 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BadSamples",
+    "FailureLimits",
     "OnError",
     "SampleFilter",
     "Screened",
+    "TooManyBadSamples",
     "UnservableSample",
 ]
 
 
 class UnservableSample(DataError):
     """A sample refused under ``fail``; the message names it and says why."""
+
+
+class TooManyBadSamples(DataError):
+    """More samples could not be served than a stream skips (:class:`FailureLimits`).
+
+    Attributes:
+        shards: the tars the failed samples came from, most failures first.
+        failed: how many failed (in the batch, or in the epoch so far).
+        limit: how many the stream would have skipped.
+    """
+
+    def __init__(self, message: str, shards: list[str], failed: int, limit: int) -> None:
+        super().__init__(message)
+        self.shards, self.failed, self.limit = shards, failed, limit
+
+
+@dataclass(frozen=True)
+class FailureLimits:
+    """How much a stream skips before it ends with DATA_LOSS.
+
+    Attributes:
+        batch_fraction: largest share of one batch's samples that may be replaced.
+        epoch_fraction: largest share of the rank's part of an epoch that may be
+            replaced in that epoch (at least half a batch is always allowed).
+        part_length: samples in the rank's part of an epoch.
+    """
+
+    batch_fraction: float = 0.5
+    epoch_fraction: float = 0.01
+    part_length: int = 0
+
+    def batch_limit(self, batch_size: int) -> int:
+        return int(self.batch_fraction * batch_size)
+
+    def epoch_limit(self, batch_size: int) -> int:
+        return max(int(self.epoch_fraction * self.part_length), batch_size // 2)
 
 
 class BadSamples:
@@ -64,6 +109,7 @@ class BadSamples:
         self._lock = threading.Lock()
         pixels = split.widths.astype(np.int64) * split.heights.astype(np.int64)
         self._oversized = frozenset(int(i) for i in np.flatnonzero(pixels > max_pixels))
+        split.on_shard_changed(self._forget)
 
     def name(self, index: int) -> str:
         """``dataset/split/key`` of sample ``index``."""
@@ -79,11 +125,26 @@ class BadSamples:
         return found
 
     def known(self, indices: np.ndarray) -> dict[int, str]:
-        """Position -> reason of each sample of ``indices`` known to be bad."""
+        """Position -> reason of each sample of ``indices`` known to be bad (their
+        tars looked at first: bad samples are not read, so a tar put right would
+        otherwise go unnoticed)."""
         with self._lock:
             if not self._reasons and not self._oversized:  # the usual case: nothing to look up
                 return {}
+            remembered = [int(i) for i in indices if int(i) in self._reasons]
+        for shard in {self.split.shard_of(i) for i in remembered}:
+            self.split.look_at(shard)  # at most once per the split's recheck_s
         return {pos: reason for pos, i in enumerate(indices) if (reason := self.reason(int(i))) is not None}
+
+    def _forget(self, shard: str) -> None:
+        """Tar ``shard`` changed: its samples are tried again."""
+        with self._lock:
+            forgotten = [i for i in self._reasons if self.split.shard_of(i) == shard]
+            for i in forgotten:
+                del self._reasons[i]
+        if forgotten:
+            log.warning("%s/%s: %s changed; its %d bad samples are tried again", self.dataset, self.split.split,
+                        shard, len(forgotten))
 
     def add(self, index: int, reason: str) -> None:
         """Remember sample ``index`` as bad; the first time, log it and report it."""
@@ -115,12 +176,16 @@ class SampleFilter:
     Args:
         bad: the split's bad samples.
         on_error: ``skip`` or ``fail``.
+        limits: how much ``skip`` skips.
     """
 
-    def __init__(self, bad: BadSamples, on_error: OnError) -> None:
+    def __init__(self, bad: BadSamples, on_error: OnError, limits: FailureLimits = FailureLimits()) -> None:
         self.bad = bad
         self.on_error = on_error
+        self.limits = limits
         self._good: int | None = None  # a sample this stream has decoded: the donor of last resort
+        self._epoch = -1
+        self._epoch_failed: list[int] = []  # samples replaced in the epoch so far
 
     def screen(self, batch: BatchSlice) -> Screened:
         """``batch`` with its known bad samples replaced, before anything is read.
@@ -136,12 +201,29 @@ class SampleFilter:
 
     def replace(self, screened: Screened, reasons: Mapping[int, str]) -> Screened:
         """``screened`` after the samples at the positions of ``reasons`` failed to
-        decode: they are remembered as bad (with the reason each) and replaced."""
+        be read or decoded: they are remembered as bad (with the reason each) and
+        replaced.
+
+        Raises:
+            TooManyBadSamples: more of the batch failed than ``limits`` allow.
+        """
         return self._replaced(screened, list(reasons), reasons)
 
     def delivered(self, screened: Screened) -> None:
-        """``screened`` decoded: its samples can stand in for bad ones later."""
-        self._good = int(screened.batch.indices[0])
+        """``screened`` decoded: its samples can stand in for bad ones later, and its
+        failures count against the epoch's limit.
+
+        Raises:
+            TooManyBadSamples: more of the epoch failed than ``limits`` allow.
+        """
+        batch = screened.batch
+        self._good = int(batch.indices[~batch.padding][0]) if (~batch.padding).any() else self._good
+        if batch.epoch != self._epoch:
+            self._epoch, self._epoch_failed = batch.epoch, []
+        self._epoch_failed.extend(screened.failed)
+        limit = self.limits.epoch_limit(len(batch.indices))
+        if len(self._epoch_failed) > limit:
+            raise self._too_many(self._epoch_failed, limit, f"in epoch {batch.epoch} so far")
 
     def _replaced(self, screened: Screened, positions: list[int], reasons: Mapping[int, str]) -> Screened:
         if not positions:
@@ -154,9 +236,23 @@ class SampleFilter:
         hit = np.isin(batch.indices, list(bad))
         # A slot that was padding already repeats a sample counted where it stands.
         failed = screened.failed + tuple(int(i) for i in batch.indices[hit & ~batch.padding])
+        limit = self.limits.batch_limit(len(batch.indices))
+        if len(failed) > limit:
+            raise self._too_many(list(failed), limit, f"of a batch of {len(batch.indices)}")
         indices, padding = batch.indices.copy(), batch.padding | hit
         indices[hit] = self._donor(batch.indices, hit)
         return Screened(replace(batch, indices=indices, padding=padding), failed)
+
+    def _too_many(self, failed: list[int], limit: int, where: str) -> TooManyBadSamples:
+        split = self.bad.split
+        shards = Counter(split.shard_of(i) for i in failed)
+        named = [shard for shard, _ in shards.most_common()]
+        first = self.bad.reason(failed[0]) or "cannot be served"
+        return TooManyBadSamples(
+            f"{self.bad.dataset}/{split.split}: {len(failed)} samples {where} could not be served (more than "
+            f"{limit}), from {', '.join(str(split.root / s) for s in named[:3])}"
+            f"{' and more' if len(named) > 3 else ''}: the shard is damaged or changed "
+            f"(first: {split.keys[failed[0]]}: {first})", named, len(failed), limit)
 
     def _donor(self, indices: np.ndarray, hit: np.ndarray) -> int:
         """A sample to repeat: a good one of the batch, else one this stream decoded,

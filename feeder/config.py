@@ -166,6 +166,13 @@ class ServerConfig:
         max_pixels: largest width x height (as the index says) served; a larger sample
             is refused before it is read or decoded, as ``on_error`` says. Default:
             Pillow's decompression-bomb threshold (about 9459 x 9459).
+        max_failed_batch_fraction: under ``on_error skip``, a batch of which more than
+            this share could not be served (did not decode, or its bytes differ from
+            their checksum) ends the stream with DATA_LOSS naming the tars: a damaged
+            or rewritten shard, not one bad image.
+        max_failed_epoch_fraction: likewise for the samples replaced in an epoch so
+            far, as a share of the rank's part of it (at least half a batch is always
+            allowed).
         max_pipelines: built pipelines held at once, lent to streams or idle. Each
             open stream holds one, so keep it at least ``max_streams``: a stream that
             finds all of them lent is refused as unavailable; an idle one is dropped,
@@ -211,6 +218,8 @@ class ServerConfig:
     shm_budget_bytes: int = field(default=4 << 30, metadata=cli(old=("--shm-bytes",)))
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_failed_batch_fraction: float = 0.5
+    max_failed_epoch_fraction: float = 0.01
     max_pipelines: int = 64
     pipeline_idle_s: float = 30.0
     decoded_cache_bytes: int = 0
@@ -243,6 +252,9 @@ class ServerConfig:
         check_cpu_decoder(self.cpu_decoder)
         if self.on_error not in ON_ERROR:
             raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
+        for name in ("max_failed_batch_fraction", "max_failed_epoch_fraction"):
+            if not 0 <= getattr(self, name) <= 1:  # NaN too
+                raise ConfigError(f"{name}: must be in 0..1, got {getattr(self, name)}")
         for name in ("max_pixels", "max_pipelines"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.errors import DataError
+from core.errors import DataError, SampleCorrupt
 from feeder.augment import Crops, sample_crops
 from core.bad_input import OnError
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
@@ -160,7 +160,34 @@ class Producer:
     def _job(self, screened: Screened) -> PlannedJob:
         """The bytes and crop windows of a batch's samples (a half-scale copy and the
         window in its pixels, where the sample has one and its window is at least
-        twice the output)."""
+        twice the output). A sample whose bytes differ from their checksum is bad
+        data under the policy: its image is read instead of a changed copy, and under
+        ``skip`` a changed image is replaced like one that does not decode.
+
+        Raises:
+            SampleCorrupt: under ``fail``, a sample's bytes were changed after sharding.
+            DataError: a tar that cannot be read (names it).
+        """
+        for _ in range(2 * len(screened.batch.indices) + 1):  # each round drops a copy or replaces a sample
+            try:
+                return self._read(screened)
+            except SampleCorrupt as e:
+                screened = self._around_corrupt(screened, e)
+        raise DataError(f"{self._ctx.split.split}: a batch whose samples keep changing while read")
+
+    def _around_corrupt(self, screened: Screened, error: SampleCorrupt) -> Screened:
+        """``screened`` with the sample of ``error`` read from its image (a changed
+        copy) or replaced (``skip``)."""
+        if error.half:
+            self._ctx.split.drop_copies([error.index])
+            return screened
+        if self._ctx.samples.on_error is OnError.FAIL:
+            raise error
+        positions = np.flatnonzero(screened.batch.indices == error.index)
+        reason = f"its bytes in {error.path.name} differ from their checksum in the index"
+        return self._ctx.samples.replace(screened, {int(positions[0]): reason})
+
+    def _read(self, screened: Screened) -> PlannedJob:
         split, ctx, batch = self._ctx.split, self._ctx, screened.batch
         crops = sample_crops(
             ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],

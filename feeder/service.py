@@ -15,7 +15,7 @@ from core.errors import ConfigError, FeederError, InvalidArgument, NotFound
 from core.workers import FairPool
 from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
 from core.bad_input import OnError
-from feeder.bad_samples import BadSamples, SampleFilter
+from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.decoded_cache import DecodedCache
@@ -154,7 +154,8 @@ class FeederService:
             parts.callback(self.transports.close_sender, sender)
             context = StreamContext(
                 split, self._cached(runner, spec.dataset, split), spec.image_size, len(part),
-                SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error)),
+                SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error), FailureLimits(
+                    self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction, len(part))),
                 self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
             stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics)

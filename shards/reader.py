@@ -158,6 +158,16 @@ class SplitIndex:
         """
         return self._tars.generation(self._shard_ids[shard])
 
+    def look_at(self, shard: str) -> None:
+        """Look at tar ``shard``'s path now if ``recheck_s`` has passed since the last
+        look (as a read does): for callers that stopped reading a tar, whose memory of
+        it should still follow a change (its bad samples, once it is put right).
+
+        Raises:
+            DataError: the tar was never opened and cannot be (names it).
+        """
+        self._tars.get(self._shard_ids[shard])
+
     def on_shard_changed(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(shard)`` each time a tar of this split is found changed
         (:meth:`shard_generation` has moved on), in the reading thread, right after
