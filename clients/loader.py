@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import torch
 
-from clients.channel import check_token, open_channel, resolve_token
+from clients.channel import check_address, check_token, open_channel, resolve_token
 from clients.fetcher import HostBatch, StreamFetcher, error_from_rpc
 from clients.position import Position, Positioned
 from clients.transfer import DeviceTransfer
@@ -92,7 +92,8 @@ class LoaderConfig:
     once here.
 
     Args:
-        address: ``host:port`` of the daemon, or ``unix:/path`` of its socket.
+        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
+            ``unix:/path`` of its socket.
         dataset: Name of a dataset the daemon serves.
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
@@ -171,6 +172,7 @@ class LoaderConfig:
     tls_key: str | Path | None = None
 
     def __post_init__(self) -> None:
+        check_address(self.address)
         if self.last_batch not in _LAST_BATCH:
             raise ConfigError(f"last_batch must be one of {sorted(_LAST_BATCH)}, got {self.last_batch!r}")
         if self.augment not in _AUGMENT:
