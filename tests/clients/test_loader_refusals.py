@@ -1,18 +1,22 @@
-"""What the daemon refuses for a budget ends the loader's wait with that refusal, not
-with a stall."""
+"""What the daemon would refuse, ``FeederLoader`` refuses when it is built, with the
+daemon's own message; what the daemon refuses for a budget ends the loader's wait
+with that refusal, not with a stall."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from clients import FeederLoader
-from core.errors import ResourceExhausted
+from core.errors import ConfigError, ResourceExhausted
 from feeder.config import ServerConfig
 from feeder.server import create_server
+from protocol.request import MAX_WORLD_SIZE
 from protos import feeder_pb2, feeder_pb2_grpc
+from tests.clients.conftest import N_TRAIN
 
 # The loader's request fields, also sent to the daemon as they are.
 FIELDS = dict(batch_size=8, image_size=32, rank=0, world_size=1)
@@ -34,6 +38,53 @@ def _daemon_refusal(address: str, **fields) -> str:
 
 def _loader(address: str, **options) -> FeederLoader:
     return FeederLoader(address, "sample", **(FIELDS | {"return_keys": True} | options))
+
+
+@pytest.mark.parametrize("fields", [
+    dict(image_size=8),
+    dict(min_scale=0.005),
+    dict(world_size=MAX_WORLD_SIZE + 1),
+    dict(batch_size=100),  # over the test daemon's --max-batch-size of 64
+], ids=["image_size", "min_scale", "world_size", "max_batch_size"])
+def test_what_the_daemon_refuses_is_refused_at_construction_with_its_message(daemon, fields) -> None:
+    expected = _daemon_refusal(daemon, **fields)
+    with pytest.raises(ConfigError) as raised:
+        _loader(daemon, **fields)
+    assert str(raised.value) == expected
+
+
+def test_a_drop_batch_larger_than_the_ranks_part_is_refused_naming_both(daemon) -> None:
+    part = N_TRAIN // 4
+    fields = dict(batch_size=part + 8, rank=1, world_size=4)
+    assert _stream(daemon, **fields) == []  # the daemon would serve an empty epoch without a word
+    with pytest.raises(ConfigError, match=rf"batch_size: {part + 8} is larger than .*part .*\({part} samples"):
+        _loader(daemon, **fields)
+    with _loader(daemon, last_batch="pad", **fields) as padded:  # one batch, filled with repeats
+        assert len(padded) == 1 and len(list(padded)) == 1
+
+
+def test_later_size_changes_are_refused_as_at_construction(daemon) -> None:
+    with _loader(daemon) as loader:
+        with pytest.raises(ConfigError, match=r"batch_size: 100 is not in 1\.\.64"):
+            loader.set_batch_size(100)
+        with pytest.raises(ConfigError, match=r"image_size: 8 is not in 16\.\.1024"):
+            loader.set_image_size(8)
+        with pytest.raises(ConfigError, match=r"min_scale: 0\.005 is not in 0\.01\.\.1"):
+            loader.set_min_scale(0.005)
+        with pytest.raises(ConfigError, match="image_size: 2000"):
+            loader.plan_sizes(3, batch_size=8, image_size=2000)
+        with pytest.raises(ConfigError, match="epoch: -1"):
+            loader.set_epoch(-1)
+        assert (loader.batch_size, loader.image_size) == (8, 32)  # unchanged by what was refused
+
+
+@pytest.mark.parametrize("address", [
+    "localhost", "127.0.0.1:", "127.0.0.1:99999", "::1:50051", "http://127.0.0.1:50051", "unix:",
+    "dns:///localhost", "127.0.0.1 :50051", "",
+])
+def test_an_address_that_is_not_one_is_refused_without_waiting(address) -> None:
+    with pytest.raises(ConfigError, match=f"^address: {re.escape(repr(address))} is not host:port"):
+        FeederLoader(address, "sample", connect_timeout_s=600)
 
 
 @pytest.fixture()
