@@ -8,10 +8,12 @@ is built), the streams that deliver it (:mod:`clients.streams`), where it is
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 import weakref
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +101,9 @@ class FeederLoader(Positioned):
     Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
     int64. Batches are prefetched by a background thread, so the training step does
     not wait on a network round trip. Position is ``(epoch, sample cursor)``:
-    iterating yields the rest of the current epoch, then moves to the next one.
+    iterating yields the rest of the current epoch, then moves to the next one. One
+    pass at a time: a second iteration while one is under way (from another thread)
+    raises ``RuntimeError``.
 
     Every argument is a field of :class:`LoaderConfig`, same name, type and default,
     documented there. The loader refuses at construction what the daemon would
@@ -169,6 +173,8 @@ class FeederLoader(Positioned):
         self.wait_seconds = 0.0
         self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
+        self._pass_lock = threading.Lock()  # held by the pass under way
+        self._pass_thread = ""
 
     def __repr__(self) -> str:
         c = self.config
@@ -315,6 +321,24 @@ class FeederLoader(Positioned):
 
     # -- iteration -------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        with self._one_pass():
+            yield from self._epoch()
+
+    @contextmanager
+    def _one_pass(self) -> Iterator[None]:
+        """Holds the loader for one pass; a second pass meanwhile would take batches
+        of the first one's epoch (and move the position under it)."""
+        if not self._pass_lock.acquire(blocking=False):
+            raise RuntimeError(f"{self!r} is already being iterated (by thread {self._pass_thread!r}); "
+                               f"one pass at a time: finish or close that one, or give each thread its own loader")
+        self._pass_thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._pass_thread = ""
+            self._pass_lock.release()
+
+    def _epoch(self) -> Iterator[tuple[Any, ...]]:
         self._epoch_wait_s = self._epoch_wall_s = 0.0
         started = time.perf_counter()
         while len(self) > 0:

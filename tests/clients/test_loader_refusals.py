@@ -1,10 +1,13 @@
 """What the daemon would refuse, ``FeederLoader`` refuses when it is built, with the
 daemon's own message; what the daemon refuses for a budget ends the loader's wait
-with that refusal, not with a stall."""
+with that refusal, not with a stall; and a second thread iterating a loader under
+way is refused rather than sharing its batches."""
 
 from __future__ import annotations
 
 import re
+import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import grpc
@@ -85,6 +88,35 @@ def test_later_size_changes_are_refused_as_at_construction(daemon) -> None:
 def test_an_address_that_is_not_one_is_refused_without_waiting(address) -> None:
     with pytest.raises(ConfigError, match=f"^address: {re.escape(repr(address))} is not host:port"):
         FeederLoader(address, "sample", connect_timeout_s=600)
+
+
+def test_a_second_thread_iterating_the_same_loader_is_refused(daemon) -> None:
+    with _loader(daemon) as loader:
+        batches = iter(loader)
+        seen = Counter(next(batches)[2])
+        refused: list[BaseException] = []
+
+        def second_pass() -> None:
+            try:
+                next(iter(loader))
+            except RuntimeError as e:
+                refused.append(e)
+
+        other = threading.Thread(target=second_pass)
+        other.start()
+        other.join()
+        assert len(refused) == 1, "the second thread took a batch"
+        message = str(refused[0])
+        assert "FeederLoader('127.0.0.1:" in message and "'sample'" in message and "already being iterated" in message
+        for _, _, keys in batches:
+            seen.update(keys)
+        assert sum(seen.values()) == N_TRAIN // 8 * 8 and set(seen.values()) == {1}  # nothing went elsewhere
+        # Once that pass is over another thread may make the next one.
+        later: list[tuple] = []
+        other = threading.Thread(target=lambda: later.append(next(iter(loader))))
+        other.start()
+        other.join()
+        assert len(later) == 1 and loader.epoch == 1
 
 
 @pytest.fixture()
