@@ -1,11 +1,14 @@
 """The loader's connection to a daemon: plaintext or TLS (mutual TLS with a client
 certificate), to ``host:port`` or ``unix:/path``, with the daemon's token sent on
-every call as ``authorization: Bearer <token>`` metadata."""
+every call as ``authorization: Bearer <token>`` metadata. An address gRPC could only
+wait on (no port, a URL) is refused before anything connects."""
 
 from __future__ import annotations
 
 import collections
+import ipaddress
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,9 +17,55 @@ import grpc
 
 from core.errors import ConfigError
 
-__all__ = ["TOKEN_ENV", "check_token", "open_channel", "resolve_token"]
+__all__ = ["ADDRESS_FORMS", "TOKEN_ENV", "check_address", "check_token", "open_channel", "resolve_token"]
 
 TOKEN_ENV = "FEEDER_TOKEN"
+ADDRESS_FORMS = "host:port, [v6]:port, dns:///host:port or unix:/path"
+# A host name or an IPv4 address (the name resolver says whether it exists).
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def check_address(address: str) -> None:
+    """Refuse a daemon address that is none of :data:`ADDRESS_FORMS` (``unix:path``
+    may be relative, ``unix:///path`` is absolute; ``dns:`` may name an authority,
+    ``dns://8.8.8.8/host:port``): gRPC would only wait on it until a timeout.
+
+    Raises:
+        ConfigError: naming the address.
+    """
+    if not _is_address(address):
+        raise ConfigError(f"address: {address!r} is not {ADDRESS_FORMS}")
+
+
+def _is_address(address: str) -> bool:
+    if address.startswith("unix:"):
+        path = address.removeprefix("unix:")
+        if path.startswith("//"):
+            path = path.removeprefix("//")
+            return path.startswith("/") and len(path) > 1
+        return bool(path) and "\0" not in path
+    if address.startswith("dns:"):
+        target = address.removeprefix("dns:")
+        if target.startswith("//"):
+            _authority, slash, target = target.removeprefix("//").partition("/")
+            if not slash:
+                return False
+        return _is_host_port(target)
+    return _is_host_port(address)
+
+
+def _is_host_port(target: str) -> bool:
+    host, colon, port = target.rpartition(":")
+    if not colon or not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+        return False
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return False
+        return True
+    return _HOST.fullmatch(host) is not None
 
 
 def check_token(token: str, source: str = "token") -> None:

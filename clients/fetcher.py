@@ -4,7 +4,10 @@ open, turns each message into host tensors and puts them in a bounded queue.
 It owns the reconnect policy: on a transient failure, or when the stream has sent
 nothing for ``stall_timeout_s`` while the consumer waits, it reopens the stream at the
 cursor after the last batch it queued, with exponential backoff, until a deadline
-measured from the first failure in a row; bad-argument errors end it at once.
+measured from the first failure in a row; bad-argument errors end it at once. A
+daemon that refuses for a budget (RESOURCE_EXHAUSTED) is asked again the same way
+(another stream may end and free what is missing), and if it still refuses at the
+deadline the error raised is its refusal, with its message.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ _TRANSIENT = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+# Transient codes that are the daemon's answer, not the connection's: what the last
+# attempt of a reconnect run ended with (a stall, a cancel) does not replace them.
+_REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED}
 _END = object()  # queued after the last batch of a stream
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between them
@@ -161,6 +167,7 @@ class StreamFetcher:
         self._stall_note: str | None = None
         self._call_lock = threading.Lock()
         self._failing_since: float | None = None  # first failure of the current run of them
+        self._refusal: grpc.RpcError | None = None  # the daemon's last refusal in that run
         # Where a reconnect resumes: after the last batch queued.
         self.epoch, self.cursor = request.epoch, request.start_cursor
         self.end_epoch = request.epoch + max(1, request.epochs)  # first epoch not streamed
@@ -177,6 +184,7 @@ class StreamFetcher:
 
         Raises:
             ServiceUnavailable: The daemon stalled or was unreachable for too long.
+            ResourceExhausted: The daemon refused the stream for a budget until then.
             FeederError: What else ended the stream (bad request, closed fetcher).
         """
         item = self._wait_for_item()
@@ -220,13 +228,20 @@ class StreamFetcher:
             self._waiting_since = None  # one cancel per wait
         call.cancel()  # type: ignore[attr-defined]
 
-    def _gave_up(self, cause: str) -> ServiceUnavailable:
+    def _gave_up(self, cause: str) -> FeederError:
+        """The error that ends a reconnect run: the daemon's refusal if it refused (a
+        ``ResourceExhausted`` naming its budget), else ``ServiceUnavailable``."""
         r = self.request
-        return ServiceUnavailable(
-            f"daemon {self._address} stalled or unreachable for {self._timeout_s:g} s, streaming "
-            f"dataset {r.dataset!r} split {r.split!r} to rank {r.rank} of {r.world_size}, "
-            f"epoch {r.epoch}, cursor {self.cursor} (last error: {cause})"
-        )
+        what = (f"streaming dataset {r.dataset!r} split {r.split!r} to rank {r.rank} of {r.world_size}, "
+                f"epoch {r.epoch}, cursor {self.cursor}")
+        refusal = self._refusal
+        if refusal is not None:
+            return error_for_code(refusal.code())(
+                f"daemon {self._address} refused the stream ({refusal.code().name}: {refusal.details()}) "
+                f"and still refused after {self._timeout_s:g} s, {what}"
+            )
+        return ServiceUnavailable(f"daemon {self._address} stalled or unreachable for {self._timeout_s:g} s, "
+                                  f"{what} (last error: {cause})")
 
     def close(self) -> None:
         """Cancels the stream and waits for the thread to end; a second call does nothing."""
@@ -289,22 +304,14 @@ class StreamFetcher:
                 for message in self._messages(self._stream_from(self.epoch, self.cursor)):
                     batch = _to_host(self._receiver.receive(parse_batch(message)), self._pin)
                     self.epoch, self.cursor = batch.meta.epoch, batch.meta.cursor
-                    self._failing_since, delay_s = None, _FIRST_DELAY_S
+                    self._failing_since, self._refusal, delay_s = None, None, _FIRST_DELAY_S
                     if not self._put(batch):
                         return
                 self.finished.set()
                 self._put(_END)
                 return
             except grpc.RpcError as e:
-                if self._stop.is_set():
-                    return
-                if not is_transient(e):
-                    self._put(error_from_rpc(e, self._address))
-                    return
-                now = time.monotonic()
-                self._failing_since = self._failing_since or now
-                if now - self._failing_since >= self._timeout_s:
-                    self._put(self._gave_up(self._last_error(e)))
+                if self._stop.is_set() or not self._may_retry(e):
                     return
                 self.reconnects += 1
                 self._stop.wait(delay_s)
@@ -320,6 +327,21 @@ class StreamFetcher:
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._put(e)
                 return
+
+    def _may_retry(self, error: grpc.RpcError) -> bool:
+        """Whether to reopen the stream after ``error``; if not, the error that ends
+        it is queued for the consumer."""
+        if not is_transient(error):
+            self._put(error_from_rpc(error, self._address))
+            return False
+        if error.code() in _REFUSALS:
+            self._refusal = error
+        now = time.monotonic()
+        self._failing_since = self._failing_since or now
+        if now - self._failing_since < self._timeout_s:
+            return True
+        self._put(self._gave_up(self._last_error(error)))
+        return False
 
     def _last_error(self, error: grpc.RpcError) -> str:
         with self._call_lock:

@@ -41,7 +41,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
                 for s, index in sorted(dataset.splits.items())
             ]
             datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes))
-        return feeder_pb2.ListDatasetsResponse(datasets=datasets)
+        return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=self.service.config.max_batch_size)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
         try:

@@ -1,6 +1,7 @@
 """The stall deadline: a daemon that stops sending without ending the stream makes the
 loader reconnect at its cursor, and give up with a clear error, never hang (a fake
-daemon in process; a ``feeder serve`` stopped with SIGSTOP in the slow test)."""
+daemon in process; a ``feeder serve`` stopped with SIGSTOP in the slow test); a
+request the daemon refuses ends the stream at once."""
 
 from __future__ import annotations
 
@@ -16,12 +17,16 @@ import pytest
 
 from clients import FeederLoader
 from clients.fetcher import StreamFetcher
-from core.errors import ConfigError, ServiceUnavailable
+from clients.loader_config import LoaderConfig
+from clients.streams import Connection
+from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
+from protocol.plan import LastBatch
+from protocol.request import StreamSpec, to_request
 from protos import feeder_pb2, feeder_pb2_grpc
 
 SAMPLES = 24
-SIDE = 4
+SIDE = 16  # the smallest side a request may ask for
 
 
 class StallingFeeder(feeder_pb2_grpc.FeederServicer):
@@ -101,6 +106,21 @@ def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> No
     for part in (address, "'fake'", "'train'", "rank 1 of 2", "cursor 8", "no batch for"):
         assert part in message, message
     assert time.monotonic() - started < 10
+
+
+def test_a_refused_request_ends_the_stream_at_once_without_retrying(daemon) -> None:
+    connection = Connection(LoaderConfig(address=daemon, dataset="sample"))
+    # Over the test daemon's --max-batch-size of 64: a loader would refuse it itself.
+    spec = StreamSpec("sample", "train", batch_size=1000, image_size=32, last_batch=LastBatch.PAD)
+    fetcher = StreamFetcher(connection.stream_batches, to_request(spec), daemon, depth=1,
+                            reconnect_timeout_s=600, pin=False, stall_timeout_s=600)
+    try:
+        with pytest.raises(InvalidArgument, match=r"batch_size: 1000 is not in 1\.\.64"):
+            fetcher.get()
+        assert fetcher.reconnects == 0
+    finally:
+        fetcher.close()
+        connection.close()
 
 
 def test_stall_timeout_must_be_positive() -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from clients import IMAGENET_MEAN, IMAGENET_STD, FeederLoader
-from core.errors import InvalidArgument, NotFound, ServiceUnavailable
+from core.errors import NotFound, ServiceUnavailable
 from shards.layout import index_path
 from tests.clients.conftest import N_TRAIN, N_VAL, start_daemon
 
@@ -179,11 +179,11 @@ def test_unknown_dataset_is_not_found(daemon) -> None:
         _loader(daemon, dataset="nope")
 
 
-def test_bad_request_raises_at_once_without_retrying(daemon) -> None:
-    with _loader(daemon, batch_size=1000, last_batch="pad", reconnect_timeout_s=600) as loader:
-        with pytest.raises(InvalidArgument):
-            next(iter(loader))
-        assert loader.reconnects == 0
+def test_attributes_moved_to_the_config_still_read_with_a_warning(daemon) -> None:
+    with _loader(daemon, last_batch="pad") as loader:
+        with pytest.warns(DeprecationWarning, match="loader.config.last_batch"):
+            assert loader.last_batch == "pad"
+        assert loader.config.return_keys and loader.dataset == "sample"
 
 
 @pytest.mark.gpu
@@ -229,7 +229,7 @@ def test_a_planned_size_change_opens_its_stream_before_the_old_one_drains(shards
                     assert images.shape == (batch, 3, size, size)
                     keys += batch_keys
                     if epoch == 1:  # the next phase's stream exists while this one drains
-                        opened_ahead.append(loader._connection.successor is not None)
+                        opened_ahead.append(loader._streams.successor is not None)
                 assert Counter(keys) == Counter(labels["train"].keys())
         # Epochs 0-1 on one stream, 2-3 on another opened during epoch 1: no reopen.
         assert server.metrics.stats().streams_opened == 2

@@ -103,7 +103,9 @@ def test_several_epochs_back_to_back_match_single_epoch_streams(stub):
 
 
 def test_list_datasets_and_stats(stub, index_rows):
-    (info,) = stub.ListDatasets(feeder_pb2.ListDatasetsRequest()).datasets
+    reply = stub.ListDatasets(feeder_pb2.ListDatasetsRequest())
+    (info,) = reply.datasets
+    assert reply.max_batch_size == MAX_BATCH  # the daemon's --max-batch-size
     assert info.name == "sample"
     assert {s.name: s.num_samples for s in info.splits} == {s: len(r) for s, r in index_rows.items()}
     assert len(info.classes) == 4

@@ -1,0 +1,174 @@
+"""``LoaderConfig``: everything a ``FeederLoader`` is built with, checked once; what
+it asks the daemon for is checked with the daemon's own checks (:mod:`clients.spec`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from clients.channel import check_address, check_token
+from clients.spec import Sizes, make_spec
+from core.errors import ConfigError
+from protocol.plan import LastBatch
+from protocol.request import AugmentKind, StreamSpec
+from transport.base import TransportKind
+
+__all__ = ["AUGMENTS", "LAST_BATCHES", "TRANSPORTS", "LoaderConfig"]
+
+LAST_BATCHES = tuple(policy.value for policy in LastBatch)
+AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
+# The transports a loader may ask for; CUDA IPC comes with ``auto`` and ``shm`` for a
+# consumer on the daemon's GPU.
+TRANSPORTS = tuple(kind.name.lower() for kind in (TransportKind.AUTO, TransportKind.SHM, TransportKind.GRPC))
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """Everything a ``FeederLoader`` is built with (its arguments, same names, types
+    and defaults), checked once here.
+
+    Args:
+        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
+            ``unix:/path`` of its socket.
+        dataset: Name of a dataset the daemon serves.
+        split: Split of the dataset (``train``, ``val``).
+        batch_size: Samples per batch, per rank.
+        image_size: Side of the square output images, pixels.
+        seed: Seed of the shuffle plan (the same on every rank).
+        rank: This rank; None: from torch.distributed or torchrun's ``RANK``.
+        world_size: Ranks in the job; None: as for ``rank``.
+        device: Where the tensors go (``"cuda"`` means the current CUDA device).
+        normalize: Convert to ``dtype`` with the ImageNet mean/std, else keep uint8.
+        channels_last: NHWC memory layout behind the NCHW shape.
+        last_batch: ``"drop"`` (equal full batches on every rank) or ``"pad"`` (every
+            sample once; the last batch is filled with repeats, see ``return_padding``).
+        return_keys: Also yield the list of sample keys.
+        return_padding: Also yield a bool tensor, True where a sample is a repeat: to
+            fill the last batch, or in place of a sample the daemon could not serve
+            (see :attr:`FeederLoader.skipped`).
+        dtype: Floating dtype of normalised images.
+        augment: ``"auto"`` (train augmentation on ``train``), ``"train"`` or ``"val"``.
+        min_scale: RandomResizedCrop minimum area fraction (0: daemon default).
+        job_id: Identifies the job to the daemon (ranks of one job share it).
+        prefetch_batches: Ready batches held in memory per loader.
+        prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
+            drained the current one, before it asks for the next epoch's first batch.
+        transport: How pixels come from a daemon on this host: ``"auto"`` (shared
+            memory when this process can share the daemon's ``/dev/shm``, else inside
+            the gRPC messages, with one log line saying why), ``"shm"`` or ``"grpc"``.
+            ``loader.transport`` says which one is in use.
+        shm_dir: The shared-memory directory (the daemon's ``--shm-dir``).
+        connect_timeout_s: How long the first contact may take.
+        reconnect_timeout_s: How long to keep reconnecting after the daemon goes away
+            (or stalls, or refuses for a budget), counted from the first failure in a
+            row; then ``ServiceUnavailable`` (``ResourceExhausted`` with the daemon's
+            message if it kept refusing) names the daemon, dataset, split, rank and
+            cursor.
+        stall_timeout_s: How long a stream may send nothing while the loader waits for
+            a batch before it is cancelled and reopened at the cursor (a daemon that
+            stopped sending without ending the stream); counted in ``reconnects``.
+            It also bounds the wait for a stream's first batch, which includes the
+            daemon building its pipeline, hence the generous default.
+        token: The daemon's token (its ``--token-file``), sent with every call as
+            ``authorization: Bearer <token>``; None: the ``FEEDER_TOKEN`` environment
+            variable, read when the loader is created, if it is set.
+        tls_root: PEM file of the CA that signed the daemon's TLS certificate; None:
+            plaintext.
+        tls_cert: This client's PEM certificate, for a daemon that requires one
+            (``--tls-client-ca``); with ``tls_key`` and ``tls_root``.
+        tls_key: Private key of ``tls_cert``.
+
+    Raises:
+        ConfigError: A value that cannot work, or that the daemon would refuse in a
+            request (then with the daemon's message); the message starts with the
+            field's name.
+    """
+
+    address: str
+    dataset: str
+    split: str = "train"
+    batch_size: int = 256
+    image_size: int = 224
+    seed: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    device: str | torch.device = "cpu"
+    normalize: bool = True
+    channels_last: bool = True
+    last_batch: str = "drop"
+    return_keys: bool = False
+    return_padding: bool = False
+    dtype: torch.dtype = torch.float32
+    augment: str = "auto"
+    min_scale: float = 0.0
+    job_id: str = ""
+    prefetch_batches: int = 4
+    prefetch_next_epoch: bool = True
+    transport: str = "auto"
+    shm_dir: Path = Path("/dev/shm")
+    connect_timeout_s: float = 30.0
+    reconnect_timeout_s: float = 60.0
+    stall_timeout_s: float = 120.0
+    token: str | None = field(default=None, repr=False)  # never in logs
+    tls_root: str | Path | None = None
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        check_address(self.address)
+        _choice("last_batch", self.last_batch, LAST_BATCHES)
+        _choice("augment", self.augment, AUGMENTS)
+        _choice("transport", self.transport, TRANSPORTS)
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"prefetch_batches: must be >= 1, got {self.prefetch_batches}")
+        for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.token is not None:
+            check_token(self.token)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key: give both or neither")
+        if self.tls_cert is not None and self.tls_root is None:
+            raise ConfigError("tls_root: a client certificate needs TLS (give the daemon's CA as tls_root)")
+        # What the daemon would refuse; rank and world_size may be known only when the
+        # loader is built (then checked again), and these stand-ins refuse nothing.
+        rank = 0 if self.rank is None else self.rank
+        self.stream_spec(rank, rank + 1 if self.world_size is None else self.world_size)
+
+    @property
+    def sizes(self) -> Sizes:
+        """The first stream's sizes."""
+        return Sizes(self.batch_size, self.image_size, self.min_scale)
+
+    def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0) -> StreamSpec:
+        """What this loader's streams ask for (each sets its own epoch, cursor, epoch
+        count and sizes), as the daemon reads it.
+
+        Raises:
+            ConfigError: what the daemon would refuse, with its message.
+        """
+        return make_spec(self.sizes, dataset=self.dataset, split=self.split, rank=rank, world_size=world_size,
+                         seed=self.seed, last_batch=self.last_batch_policy, augment=self.augment_kind,
+                         job_id=self.job_id, local_world_size=local_world_size)
+
+    @property
+    def last_batch_policy(self) -> LastBatch:
+        """``last_batch`` as the plan's policy."""
+        return LastBatch(self.last_batch)
+
+    @property
+    def augment_kind(self) -> AugmentKind | None:
+        """``augment`` as the request's kind (None: the split's default)."""
+        return None if self.augment == "auto" else AugmentKind(self.augment)
+
+    @property
+    def transport_kind(self) -> TransportKind:
+        """``transport`` as the request's kind."""
+        return TransportKind[self.transport.upper()]

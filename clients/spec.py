@@ -1,0 +1,156 @@
+"""What a loader asks its daemon for: the :class:`protocol.request.StreamSpec` of each
+of its streams, checked when the loader is built the way the daemon checks it.
+
+A spec is checked as the daemon reads it (``from_request(to_request(spec))``: the wire
+rounds the crop limits to float32), so a value the daemon would refuse is refused
+here with the daemon's own message, raised as ``ConfigError``. What depends on the
+daemon and the dataset is checked against what ``ListDatasets`` said
+(:class:`SplitInfo`): the daemon's ``--max-batch-size`` (same message as the daemon),
+and a ``drop`` batch larger than the rank's part (an empty epoch, which the daemon
+would serve without a word).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ConfigError, InvalidArgument
+from protocol.plan import LastBatch, plan_length
+from protocol.request import CropRange, StreamSpec, from_request, to_request
+
+__all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What a stream is opened with and cannot change.
+
+    Attributes:
+        batch_size: Samples per batch.
+        image_size: Side of the output images, pixels.
+        min_scale: RandomResizedCrop minimum area fraction; 0: the daemon's default.
+    """
+
+    batch_size: int
+    image_size: int
+    min_scale: float = 0.0
+
+    def fields(self) -> dict[str, Any]:
+        """The ``StreamSpec`` fields these sizes set.
+
+        Raises:
+            InvalidArgument: ``min_scale`` out of the request's range.
+        """
+        crop = CropRange() if self.min_scale == 0 else CropRange(min_scale=self.min_scale)
+        return {"batch_size": self.batch_size, "image_size": self.image_size, "crop": crop}
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """What the daemon said (``ListDatasets``) about a split and its own limits.
+
+    Attributes:
+        num_samples: Samples in the split.
+        classes: Class names, in label order.
+        max_batch_size: The daemon's ``--max-batch-size``; 0: not said (an older daemon).
+    """
+
+    num_samples: int
+    classes: list[str]
+    max_batch_size: int = 0
+
+
+@contextmanager
+def _refused_as_config() -> Iterator[None]:
+    try:
+        yield
+    except InvalidArgument as e:
+        raise ConfigError(str(e)) from e
+
+
+def _as_read(spec: StreamSpec) -> StreamSpec:
+    return from_request(to_request(spec))
+
+
+def make_spec(sizes: Sizes, **fields: Any) -> StreamSpec:
+    """A ``StreamSpec`` of ``sizes`` and ``fields``, as the daemon reads it.
+
+    Raises:
+        ConfigError: what the daemon would refuse, with its message.
+    """
+    with _refused_as_config():
+        return _as_read(StreamSpec(**fields, **sizes.fields()))
+
+
+def respec(spec: StreamSpec, sizes: Sizes | None = None, **changes: Any) -> StreamSpec:
+    """``spec`` with ``sizes`` and ``changes``, as the daemon reads it.
+
+    Raises:
+        ConfigError: what the daemon would refuse, with its message.
+    """
+    with _refused_as_config():
+        size_fields = sizes.fields() if sizes is not None else {}
+        return _as_read(dataclasses.replace(spec, **size_fields, **changes))
+
+
+class StreamSpecs:
+    """The specs of one loader's streams: ``base`` with each stream's epoch, cursor,
+    epoch count and sizes.
+
+    Args:
+        base: The fields every stream of the loader shares (checked: see
+            :func:`make_spec`); its sizes are the loader's first.
+        split: What the daemon said about the split.
+
+    Raises:
+        ConfigError: ``base``'s sizes refused (see :meth:`check`).
+    """
+
+    def __init__(self, base: StreamSpec, split: SplitInfo) -> None:
+        self.base = base
+        self.split = split
+        # Length of this rank's part; the loader keeps it to what the daemon sends.
+        self.samples_per_rank = plan_length(split.num_samples, base.world_size, base.last_batch)
+        self._check_daemon_limits(base.batch_size)
+
+    def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1) -> StreamSpec:
+        """The spec of a stream of ``epochs`` epochs from ``(epoch, cursor)`` at ``sizes``.
+
+        Raises:
+            ConfigError: what the daemon would refuse, with its message.
+        """
+        return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs)
+
+    def check(self, sizes: Sizes, epoch: int | None = None) -> None:
+        """Refuse ``sizes`` (from ``epoch`` on) where the daemon would, or where they
+        would make empty epochs.
+
+        Raises:
+            ConfigError: a value the daemon refuses, a batch over its
+                ``--max-batch-size``, or a ``drop`` batch larger than the rank's part.
+        """
+        self.spec(self.base.epoch if epoch is None else epoch, 0, sizes)
+        self._check_daemon_limits(sizes.batch_size)
+
+    def batches_after(self, cursor: int, batch_size: int) -> int:
+        """Batches of the part after ``cursor``, as the daemon's plan cuts them."""
+        remaining = max(self.samples_per_rank - cursor, 0)
+        if self.base.last_batch is LastBatch.PAD:
+            return -(-remaining // batch_size)
+        return remaining // batch_size
+
+    def _check_daemon_limits(self, batch_size: int) -> None:
+        limit = self.split.max_batch_size
+        if limit and batch_size > limit:  # the daemon's own message
+            raise ConfigError(f"batch_size: {batch_size} is not in 1..{limit}")
+        part, base = self.samples_per_rank, self.base
+        if base.last_batch is LastBatch.DROP and batch_size > part:
+            raise ConfigError(
+                f"batch_size: {batch_size} is larger than rank {base.rank}'s part of {base.dataset}/{base.split} "
+                f"({part} samples: {self.split.num_samples} over {base.world_size} ranks); with last_batch "
+                f"'drop' every epoch would be empty"
+            )
