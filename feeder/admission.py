@@ -1,17 +1,25 @@
 """Which streams the daemon lets in: at most ``max_streams`` in all, at most
-``max_streams_per_peer`` from one client host, and only while the estimated memory
-of every open stream stays within ``max_memory_bytes``.
+``max_streams_per_peer`` from one client (a connection, or a process over the unix
+socket: see :func:`client_key`), at most ``max_streams_per_job`` from one job, and only
+while the estimated memory of every open stream stays within ``max_memory_bytes``.
 
 The memory of a stream is estimated from its request before anything is built (see
 :func:`stream_need_bytes`); the estimate is reserved while the stream is open and
 given back when it closes. Idle pipelines kept by the pool for reuse are not part of
 any stream's estimate.
+
+A refusal for a shared resource (all streams, all memory, all pipelines) makes the
+node *contended* for a while (:meth:`Admission.contended`): the daemon then cancels
+streams whose clients have taken nothing for ``contended_idle_timeout_s`` instead of
+``idle_timeout_s``, so an unread stream never keeps the resources another client is
+asking for.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Hashable
@@ -22,7 +30,7 @@ from core.errors import ResourceExhausted, ServiceUnavailable
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 
-__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Ticket", "peer_key", "stream_need_bytes"]
+__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Ticket", "client_key", "stream_need_bytes"]
 
 # One source photo decoded to RGB before it is cropped and resized: 500 x 400 px,
 # a little above ImageNet's mean (about 400 x 350), so typical batches fit.
@@ -56,24 +64,27 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
     return (queued + _HELD_BATCHES) * batch + pipeline
 
 
-def peer_key(peer: str) -> str:
-    """The client host of a gRPC peer string (``ipv4:10.0.0.1:5123`` ->
-    ``ipv4:10.0.0.1``): streams are counted per host, not per connection. Every
-    unix-socket client is one peer ``unix`` (the socket is owner-only, so that is one
-    user); ``""`` (a caller without gRPC) is ``local``."""
+def client_key(peer: str, pid: int = 0) -> str:
+    """Who a stream's client is, for the per-client limit: the connection, that is
+    the gRPC peer with its port (``ipv4:10.0.0.1:5123``; the channels of one process
+    to a daemon share one connection, so that is the process); over the unix socket,
+    where every peer looks alike, the process its request names (``unix:pid=1234``;
+    ``unix`` without one: the socket is owner-only, so that is one user). ``""`` (a
+    caller without gRPC) is ``local``."""
     if not peer:
         return "local"
     kind, _, address = peer.partition(":")
     if kind == "unix":
-        return "unix"
-    host = urllib.parse.unquote(address).rpartition(":")[0].strip("[]")
+        return f"unix:pid={pid}" if pid else "unix"
+    host, _, port = urllib.parse.unquote(address).rpartition(":")
+    host = host.strip("[]")
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        return f"{kind}:{host}"
+        return f"{kind}:{host}:{port}"
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return f"ipv4:{ip}" if ip.version == 4 else f"ipv6:[{ip}]"
+    return f"ipv4:{ip}:{port}" if ip.version == 4 else f"ipv6:[{ip}]:{port}"
 
 
 @dataclass(frozen=True)
@@ -82,13 +93,15 @@ class Ticket:
 
     Attributes:
         name: how the log names the stream.
-        peer: its client host (:func:`peer_key`).
+        client: its client (:func:`client_key`).
+        job: its job (the request's ``job_id``; its client when it names none).
         need_bytes: its reserved memory estimate.
         cancel: ends the stream's call from the daemon's side (idle timeout).
     """
 
     name: str
-    peer: str
+    client: str
+    job: str
     need_bytes: int
     cancel: Callable[[], None]
 
@@ -98,7 +111,8 @@ class Admission(Generic[Stream]):
 
     Args:
         config: the limits (``max_streams``, ``max_streams_per_peer``,
-            ``max_memory_bytes``).
+            ``max_streams_per_job``, ``max_memory_bytes``) and how long a refusal
+            keeps the node contended (``contended_idle_timeout_s``).
         metrics: where refusals and reserved bytes are counted.
     """
 
@@ -106,28 +120,32 @@ class Admission(Generic[Stream]):
         self._config = config
         self._metrics = metrics
         self._open: dict[Stream, Ticket] = {}
-        self._per_peer: Counter[str] = Counter()
+        self._per_client: Counter[str] = Counter()
+        self._per_job: Counter[str] = Counter()
         self._reserved_bytes = 0
         self._accepting = True
+        self._refused_s: float | None = None  # when a shared resource last ran out
         self._lock = threading.Lock()
         metrics.memory_budget.set(config.max_memory_bytes)
 
-    def check(self, peer: str, need_bytes: int) -> None:
+    def check(self, client: str, job: str, need_bytes: int) -> None:
         """Raise what :meth:`admit` would raise now (to refuse before building)."""
         with self._lock:
-            self._refuse_if_over(peer, need_bytes)
+            self._refuse_if_over(client, job, need_bytes)
 
     def admit(self, stream: Stream, ticket: Ticket) -> None:
         """Register ``stream``.
 
         Raises:
-            ServiceUnavailable: shutting down, or ``max_streams`` open.
-            ResourceExhausted: its peer's limit or the memory budget would be passed.
+            ServiceUnavailable: shutting down.
+            ResourceExhausted: ``max_streams``, its client's or job's limit, or the
+                memory budget would be passed (the message names the limit).
         """
         with self._lock:
-            self._refuse_if_over(ticket.peer, ticket.need_bytes)
+            self._refuse_if_over(ticket.client, ticket.job, ticket.need_bytes)
             self._open[stream] = ticket
-            self._per_peer[ticket.peer] += 1
+            self._per_client[ticket.client] += 1
+            self._per_job[ticket.job] += 1
             self._reserved_bytes += ticket.need_bytes
             self._metrics.reserved.set(self._reserved_bytes)
 
@@ -136,12 +154,25 @@ class Admission(Generic[Stream]):
         with self._lock:
             ticket = self._open.pop(stream, None)
             if ticket is not None:
-                self._per_peer[ticket.peer] -= 1
-                if not self._per_peer[ticket.peer]:
-                    del self._per_peer[ticket.peer]
+                self._per_client -= Counter({ticket.client: 1})
+                self._per_job -= Counter({ticket.job: 1})
                 self._reserved_bytes -= ticket.need_bytes
                 self._metrics.reserved.set(self._reserved_bytes)
             return ticket
+
+    def ran_out(self, reason: str) -> None:
+        """A stream was refused because a resource every client shares ran out
+        (``reason``: the limit, as counted in ``feeder_streams_refused_total``)."""
+        self._metrics.stream_refused(reason)
+        with self._lock:
+            self._refused_s = time.monotonic()
+
+    def contended(self) -> bool:
+        """Whether a client was refused a shared resource lately: within twice
+        ``contended_idle_timeout_s`` (a refused loader asks again within that)."""
+        with self._lock:
+            refused = self._refused_s
+        return refused is not None and time.monotonic() - refused < 2 * self._config.contended_idle_timeout_s
 
     def stop_accepting(self) -> None:
         """Refuse every stream from now on (shutdown)."""
@@ -157,22 +188,36 @@ class Admission(Generic[Stream]):
         with self._lock:
             return len(self._open)
 
-    def _refuse_if_over(self, peer: str, need_bytes: int) -> None:
+    def _refuse_if_over(self, client: str, job: str, need_bytes: int) -> None:
         config = self._config
         if not self._accepting:
             raise ServiceUnavailable("daemon is shutting down")
-        if len(self._open) >= config.max_streams:
-            self._metrics.stream_refused("max_streams")
-            raise ServiceUnavailable(f"max_streams: {config.max_streams} streams already open")
-        if self._per_peer[peer] >= config.max_streams_per_peer:
+        if self._per_client[client] >= config.max_streams_per_peer:
             self._metrics.stream_refused("max_streams_per_peer")
-            raise ResourceExhausted(
-                f"max_streams_per_peer: {peer} already has {self._per_peer[peer]} streams open "
-                f"(limit {config.max_streams_per_peer})"
-            )
+            raise ResourceExhausted(f"max_streams_per_peer: {cut(client)} already has {self._per_client[client]} "
+                                    f"streams open (limit {config.max_streams_per_peer})")
+        if self._per_job[job] >= config.max_streams_per_job:
+            self._metrics.stream_refused("max_streams_per_job")
+            raise ResourceExhausted(f"max_streams_per_job: job {cut(job)} already has {self._per_job[job]} streams "
+                                    f"open (limit {config.max_streams_per_job})")
+        if len(self._open) >= config.max_streams:
+            self._ran_out_locked("max_streams")
+            raise ResourceExhausted(f"max_streams: {config.max_streams} streams already open")
         if self._reserved_bytes + need_bytes > config.max_memory_bytes:
-            self._metrics.stream_refused("max_memory")
+            self._ran_out_locked("max_memory")
             raise ResourceExhausted(
                 f"max_memory: this stream needs {need_bytes / _MIB:.1f} MiB; {len(self._open)} open streams "
                 f"hold {self._reserved_bytes / _MIB:.1f} MiB of the {config.max_memory_bytes / _MIB:.1f} MiB budget"
             )
+
+    def _ran_out_locked(self, reason: str) -> None:
+        self._metrics.stream_refused(reason)
+        self._refused_s = time.monotonic()
+
+
+_NAME_CHARS = 80  # client input echoed in messages and logs is cut to this
+
+
+def cut(text: str) -> str:
+    """``text`` as messages and logs show client input: at most a line's worth."""
+    return text if len(text) <= _NAME_CHARS else f"{text[:_NAME_CHARS]}... ({len(text)} chars)"

@@ -81,8 +81,8 @@ class CachedRunner:
         self._prefix = (dataset, split.split)
         self._split = split
         self._metrics = metrics
-        self._lane = inner.lane  # the stream's share of the daemon's workers
-        self._resizer = BatchResizer(self._lane)
+        self.lane = inner.lane  # the stream's share of the daemon's workers
+        self._resizer = BatchResizer(self.lane)
 
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
         """One outcome per job, in order (as :meth:`PipelineRunner.run_many`)."""
@@ -163,7 +163,7 @@ class CachedRunner:
         def one(i: int) -> None:
             results[i] = work(items[i])
 
-        self._lane.run(one, len(items))
+        self.lane.run(one, len(items))
         return results  # type: ignore[return-value]
 
     @property

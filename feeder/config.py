@@ -117,15 +117,25 @@ class ServerConfig:
             ``queue_batches`` (one batch is always let through, however large).
             Example: 512M.
         max_batch_size: largest batch a request may ask for.
-        max_streams: streams open at once; more are refused as unavailable.
-        max_streams_per_peer: streams one client host may hold open (all unix-socket
-            clients count as one peer); more are refused as resource exhausted.
+        max_streams: streams open at once; more are refused as resource exhausted.
+        max_streams_per_peer: streams one client may hold open: one connection (the
+            channels of one process share one), or over the unix socket one process
+            (by the pid its request names); more are refused as resource exhausted.
+        max_streams_per_job: streams one job may hold open (its ranks share the
+            request's ``job_id``; a request without one is its client's own job). The
+            defaults fit two jobs of 8 ranks with train and validation streams, each
+            with the stream opened ahead of a size change.
         max_memory_bytes: memory budget of all open streams together, each estimated
             from its request (see ``feeder.admission.stream_need_bytes``); a stream
             that would pass it is refused as resource exhausted. Example: 8G.
             Default: half of physical memory.
         idle_timeout_s: a stream whose client has taken no batch for this many
             seconds is cancelled and its memory freed.
+        contended_idle_timeout_s: the same, while the node is contended: for twice
+            this long after a client was refused for all streams, all memory or all
+            pipelines, a stream unread for this many seconds is cancelled, so an unread
+            stream never keeps what another client is asking for (a FeederLoader
+            reopens a cancelled stream at its cursor when it reads again).
         metrics_port: Prometheus HTTP port of ``/metrics`` (0: any free port); None,
             the default: no endpoint.
         grace_s: on shutdown (SIGTERM), seconds in-flight streams get before they are
@@ -198,9 +208,11 @@ class ServerConfig:
     queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
     max_streams: int = 64
-    max_streams_per_peer: int = 32
+    max_streams_per_peer: int = 16
+    max_streams_per_job: int = 32
     max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
     idle_timeout_s: float = 600.0
+    contended_idle_timeout_s: float = 5.0
     metrics_port: int | None = None
     grace_s: float = 5.0
     rpc_threads: int = 0
@@ -238,11 +250,12 @@ class ServerConfig:
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
         for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
-                     "max_streams_per_peer", "max_memory_bytes", "ring_slots"):
+                     "max_streams_per_peer", "max_streams_per_job", "max_memory_bytes", "ring_slots"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if not self.idle_timeout_s > 0:
-            raise ConfigError(f"idle_timeout_s: must be > 0, got {self.idle_timeout_s}")
+        for name in ("idle_timeout_s", "contended_idle_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.grace_s < 0:
             raise ConfigError(f"grace_s: must be >= 0, got {self.grace_s}")
         if self.log_level not in LOG_LEVELS:

@@ -107,6 +107,18 @@ class ServerMetrics:
         self.cache_entries = Gauge("feeder_decoded_cache_entries", "Images in the decoded cache.", registry=r)
         self.cache_bytes = Gauge("feeder_decoded_cache_bytes", "Bytes the decoded cache holds.", registry=r)
         self.cache_budget = Gauge("feeder_decoded_cache_budget_bytes", "Decoded cache budget.", registry=r)
+        self.stream_threads = Gauge(
+            "feeder_stream_threads", "Decode threads each open stream kept busy over the last interval: its "
+            "share of --threads (DALI's own threads not counted).", ["stream"], registry=r,
+        )
+        self.stream_queue_fill = Gauge(
+            "feeder_stream_queue_fill", "Share of each open stream's ready queue that is filled (near 1: its "
+            "consumer is the slow side; near 0: it waits for the daemon).", ["stream"], registry=r,
+        )
+        self.stream_consumer_wait = Gauge(
+            "feeder_stream_consumer_wait_seconds", "Seconds each open stream's consumer has waited for a "
+            "batch since the stream opened.", ["stream"], registry=r,
+        )
         self.stage_s = Histogram(
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
             buckets=_STAGE_BUCKETS_S, registry=r,
@@ -172,6 +184,21 @@ class ServerMetrics:
 
     def decode_retried(self) -> None:
         self.retries.inc()
+
+    def stream_usage(self, stream: str, threads: float, queue_fill: float, consumer_wait_s: float) -> None:
+        """What open stream ``stream`` uses now (see the ``feeder_stream_*`` gauges)."""
+        self.stream_threads.labels(stream=stream).set(threads)
+        self.stream_queue_fill.labels(stream=stream).set(queue_fill)
+        self.stream_consumer_wait.labels(stream=stream).set(consumer_wait_s)
+
+    def stream_gone(self, stream: str) -> None:
+        """Stream ``stream`` closed: its gauges go."""
+        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait):
+            try:
+                gauge.remove(stream)
+            except KeyError:
+                pass  # never reported
+
     def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None:
         """Samples a batch found, missed or bypassed in the decoded cache, and what it
         holds now."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.errors import ServiceUnavailable
+from core.errors import ResourceExhausted
 from core.workers import FairPool
 from feeder.pipeline import PipelineSpec
 from feeder.runner import PipelineRunner
@@ -81,7 +81,7 @@ class PipelinePool:
         runner of another spec when ``max_pipelines`` are alive).
 
         Raises:
-            ServiceUnavailable: ``max_pipelines`` runners are all lent to streams.
+            ResourceExhausted: ``max_pipelines`` runners are all lent to streams.
             RuntimeError: DALI could not build the pipeline.
         """
         with self._lock:
@@ -91,7 +91,7 @@ class PipelinePool:
             evicted = None
             if self._alive >= self.max_pipelines:
                 if not self._idle:
-                    raise ServiceUnavailable(
+                    raise ResourceExhausted(
                         f"max_pipelines: all {self.max_pipelines} pipelines are lent to open streams"
                     )
                 evicted = self._idle.pop(0).runner

@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from core.errors import DataError, SampleCorrupt
+from core.workers import Lane
 from feeder.augment import Crops, sample_crops
 from core.bad_input import OnError
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
@@ -67,6 +68,7 @@ class BatchRunner(Protocol):
     or one in front of the decoded cache (:class:`feeder.cached_runner.CachedRunner`)."""
 
     spec: PipelineSpec
+    lane: Lane  # where its CPU work runs: the stream's share of the daemon's workers
     # Jobs may bring a sample's half-scale copy with its window in the copy's pixels
     # (a pipeline decoding windows); False: the images themselves (the decoded cache
     # keeps whole images, and maps windows in the image's own pixels).

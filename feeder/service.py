@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from core.errors import ConfigError, FeederError, InvalidArgument, NotFound
+from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, peer_key, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_key, cut, stream_need_bytes
 from core.bad_input import OnError
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
@@ -110,7 +110,7 @@ class FeederService:
         self._opening = 0  # streams being opened now (guarded by _lock)
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        threading.Thread(target=self._cancel_idle_streams, name="feeder-idle", daemon=True).start()
+        threading.Thread(target=self._watch_streams, name="feeder-idle", daemon=True).start()
 
     def open_stream(
         self, spec: StreamSpec, peer: str = "", cancel: Callable[[], None] = lambda: None,
@@ -133,9 +133,10 @@ class FeederService:
             NotFound: unknown dataset or split.
             InvalidArgument: a batch larger than ``max_batch_size``, a cursor past the
                 rank's part.
-            ServiceUnavailable: shutting down, or ``max_streams`` already open, or
-                ``max_pipelines`` all lent to open streams.
-            ResourceExhausted: its peer's stream limit or the memory budget is reached.
+            ServiceUnavailable: shutting down.
+            ResourceExhausted: ``max_streams`` already open, ``max_pipelines`` all lent
+                to open streams, its client's or job's stream limit or the memory
+                budget reached (the message names which).
             FeederError: DALI could not build the pipeline.
         """
         split = self._split(spec)
@@ -143,9 +144,11 @@ class FeederService:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
         part = self._part(spec, split, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
-        key, need = peer_key(peer), stream_need_bytes(self.config, spec.batch_size, spec.image_size)
-        self._admission.check(key, need)  # before building anything for a refused stream
-        name = f"stream {next(self._numbers)} ({peer or 'local'}, job {spec.job_id or '-'})"
+        client = client_key(peer, transport.client.pid if transport.client is not None else 0)
+        job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
+        self._admission.check(client, job, need)  # before building anything for a refused stream
+        number = next(self._numbers)
+        name = f"stream {number} ({cut(peer or 'local')}, job {cut(spec.job_id or '-')})"
         with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
@@ -158,8 +161,8 @@ class FeederService:
                     self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction, len(part))),
                 self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
-            stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics)
-            self._admission.admit(stream, Ticket(name, key, need, cancel))
+            stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics, str(number))
+            self._admission.admit(stream, Ticket(name, client, job, need, cancel))
             parts.callback(self._ended, stream)
             self.metrics.stream_opened()
             stream.own(parts.pop_all())
@@ -185,6 +188,9 @@ class FeederService:
         """A pooled runner for ``spec``, given back when ``parts`` closes."""
         try:
             runner = self.pool.acquire(spec)
+        except ResourceExhausted:
+            self._admission.ran_out("max_pipelines")
+            raise
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         parts.callback(self.pool.release, runner)
@@ -253,19 +259,39 @@ class FeederService:
         log.log(logging.WARNING if failed else logging.INFO, "%s closed, %s%s: %d samples in %d batches, %.1f s",
                 ticket.name if ticket else "stream", stream.outcome.value, detail, stream.samples_sent,
                 stream.batches_sent, time.monotonic() - stream.opened_s)
+        self.metrics.stream_gone(stream.label)
         self.metrics.stream_closed()
 
-    def _cancel_idle_streams(self) -> None:
-        """Until closed: cancel streams whose client took no batch for ``idle_timeout_s``."""
-        timeout_s = self.config.idle_timeout_s
-        while not self._closed.wait(min(1.0, timeout_s / 4)):
-            for stream, ticket in self._admission.open():
+    def _watch_streams(self) -> None:
+        """Until closed, about once a second: cancel streams whose client took no batch
+        for ``idle_timeout_s`` (``contended_idle_timeout_s`` while another client is
+        refused for what they hold), and report what each stream uses."""
+        tick_s = min(1.0, self.config.idle_timeout_s / 4, self.config.contended_idle_timeout_s / 4)
+        busy: dict[BatchStream, tuple[float, float]] = {}  # stream -> (busy_s, when) at the last tick
+        while not self._closed.wait(tick_s):
+            timeout_s = self.config.idle_timeout_s
+            if self._admission.contended():
+                timeout_s = min(timeout_s, self.config.contended_idle_timeout_s)
+            streams = self._admission.open()
+            for stream, ticket in streams:
                 idle_s = stream.idle_s()
                 if idle_s > timeout_s:
                     stream.mark_idle(f"no batch taken for {idle_s:.1f} s (idle timeout {timeout_s:g} s), cancelled")
                     self.metrics.stream_idle_cancelled()
                     ticket.cancel()
                     stream.close()
+                else:
+                    self._report(stream, busy)
+            open_now = {stream for stream, _ in streams}
+            for gone in [s for s in busy if s not in open_now]:
+                del busy[gone]
+
+    def _report(self, stream: BatchStream, busy: dict[BatchStream, tuple[float, float]]) -> None:
+        now, used_s = time.monotonic(), stream.busy_s
+        last_used_s, last_s = busy.get(stream, (used_s, stream.opened_s))
+        threads = (used_s - last_used_s) / max(now - last_s, 1e-6)
+        busy[stream] = (used_s, now)
+        self.metrics.stream_usage(stream.label, threads, stream.queue_fill, stream.consumer_wait_s)
 
     def open_streams(self) -> int:
         """Streams open now."""

@@ -51,6 +51,7 @@ class BatchStream:
             slots.
         slices: the plan's batches for this stream.
         metrics: daemon counters.
+        label: the stream's name in per-stream metrics (unique in the daemon).
     """
 
     def __init__(
@@ -59,7 +60,9 @@ class BatchStream:
         sender: BatchSender,
         slices: Iterator[BatchSlice],
         metrics: ServerMetrics,
+        label: str = "",
     ) -> None:
+        self.label = label
         self.context = context
         self.sender = sender
         self._producer = Producer(context, metrics)
@@ -75,6 +78,7 @@ class BatchStream:
         # When the consumer last took a batch; None while it waits for the next one.
         self._taken_s: float | None = self.opened_s
         self.samples_sent = self.batches_sent = 0
+        self.consumer_wait_s = 0.0  # how long the consumer has waited for batches
         self.outcome = StreamOutcome.OPEN
         self.detail = ""  # what ended it, for the log (an error, an idle timeout)
 
@@ -99,9 +103,10 @@ class BatchStream:
 
     def __iter__(self) -> Iterator[ReadyBatch]:
         while True:
-            self._taken_s = None
+            asked, self._taken_s = time.monotonic(), None
             item = self._get()
             self._taken_s = time.monotonic()
+            self.consumer_wait_s += self._taken_s - asked
             if item is _END:
                 if not self._stop.is_set():
                     self._end(StreamOutcome.FINISHED)
@@ -117,6 +122,17 @@ class BatchStream:
             self._metrics.batch_sent(len(item.meta), item.images.nbytes)
             self.samples_sent += len(item.meta)
             self.batches_sent += 1
+
+    @property
+    def queue_fill(self) -> float:
+        """Share of the ready queue filled now (by batches)."""
+        return len(self._queue) / self.context.queue_batches
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds of the daemon's decode threads this stream's pipeline has used
+        (while it was lent to this stream, and before: it is pooled)."""
+        return self.context.runner.lane.busy_s
 
     @property
     def pipeline(self) -> PipelineSpec:

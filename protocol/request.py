@@ -104,6 +104,7 @@ class CropRange:
 # Inclusive ranges of the integer fields (batch_size is also checked against the
 # daemon's limit, start_cursor against the rank's part).
 _INT_RANGES: dict[str, tuple[int, int]] = {
+    "seed": (-(2**63), _MAX_INT64),
     "epoch": (0, MAX_EPOCH),
     "epochs": (1, MAX_EPOCH),
     "rank": (0, MAX_WORLD_SIZE - 1),

@@ -320,6 +320,7 @@ class HostIdentity:
     boot_id: str
     hostname: str
     shm_device: int
+    pid: int = 0  # the process (for the daemon's per-client limits; 0: not said)
 
     @classmethod
     def of_this_process(cls, shm_dir: Path = Path("/dev/shm")) -> HostIdentity:
@@ -332,16 +333,18 @@ class HostIdentity:
             shm_device = os.stat(shm_dir).st_dev
         except OSError:
             shm_device = 0
-        return cls(boot_id=boot_id, hostname=socket.gethostname(), shm_device=shm_device)
+        return cls(boot_id=boot_id, hostname=socket.gethostname(), shm_device=shm_device, pid=os.getpid())
 
     @classmethod
     def from_message(cls, message: feeder_pb2.ClientHost) -> HostIdentity:
-        return cls(boot_id=message.boot_id, hostname=message.hostname, shm_device=message.shm_device)
+        return cls(boot_id=message.boot_id, hostname=message.hostname, shm_device=message.shm_device,
+                   pid=message.pid)
 
     def to_message(self, gpu_uuid: str = "") -> feeder_pb2.ClientHost:
         """The ``ClientHost`` a client puts in its ``StreamRequest``."""
         return feeder_pb2.ClientHost(
-            boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device, gpu_uuid=gpu_uuid
+            boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device, gpu_uuid=gpu_uuid,
+            pid=self.pid,
         )
 
     def shares_shm_with(self, other: HostIdentity) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from core.errors import ResourceExhausted
-from feeder.admission import DECODED_SAMPLE_BYTES, peer_key, stream_need_bytes
+from feeder.admission import DECODED_SAMPLE_BYTES, client_key, stream_need_bytes
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.producer import ReadyBatch
@@ -84,39 +84,56 @@ def test_a_request_larger_than_the_whole_budget_is_refused(private_server, shard
         assert len(list(stub.StreamBatches(request(max_samples=5)))) == 1
 
 
-# -- streams per peer -----------------------------------------------------------
+# -- streams per client and per job ---------------------------------------------
 
-@pytest.mark.parametrize("peer,key", [
-    ("ipv4:127.0.0.1:50312", "ipv4:127.0.0.1"),
-    ("ipv4:10.1.2.3:1", "ipv4:10.1.2.3"),
-    ("ipv6:[::1]:50312", "ipv6:[::1]"),
-    ("ipv6:[::ffff:127.0.0.1]:50312", "ipv4:127.0.0.1"),
-    ("ipv6:%5B::1%5D:50312", "ipv6:[::1]"),
-    ("unix:/run/feeder.sock", "unix"),
-    ("unix:", "unix"),
-    ("", "local"),
+@pytest.mark.parametrize("peer,pid,key", [
+    ("ipv4:127.0.0.1:50312", 0, "ipv4:127.0.0.1:50312"),
+    ("ipv4:10.1.2.3:1", 7, "ipv4:10.1.2.3:1"),
+    ("ipv6:[::1]:50312", 0, "ipv6:[::1]:50312"),
+    ("ipv6:[::ffff:127.0.0.1]:50312", 0, "ipv4:127.0.0.1:50312"),
+    ("ipv6:%5B::1%5D:50312", 0, "ipv6:[::1]:50312"),
+    ("unix:/run/feeder.sock", 0, "unix"),
+    ("unix:/run/feeder.sock", 4321, "unix:pid=4321"),
+    ("unix:", 12, "unix:pid=12"),
+    ("", 0, "local"),
 ])
-def test_peer_key_is_the_host_without_the_port(peer, key):
-    assert peer_key(peer) == key
+def test_a_client_is_its_connection_or_over_the_unix_socket_its_process(peer, pid, key):
+    assert client_key(peer, pid) == key
 
 
-def test_one_peer_cannot_take_every_stream(shards):
+def _open_from(service, peer: str, job_id: str = ""):
+    return service.open_stream(StreamSpec(dataset="sample", split="val", batch_size=4, image_size=16,
+                                          job_id=job_id), peer)
+
+
+def test_one_client_cannot_take_every_stream(shards):
     config = _config(shards, max_streams=8, max_streams_per_peer=2)
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     try:
-        def open_from(peer: str):
-            return service.open_stream(StreamSpec(dataset="sample", split="val", batch_size=4, image_size=16), peer)
-
-        streams = [open_from("ipv4:10.0.0.1:1000"), open_from("ipv4:10.0.0.1:1001")]
-        with pytest.raises(ResourceExhausted, match=r"max_streams_per_peer: ipv4:10\.0\.0\.1 .*2"):
-            open_from("ipv4:10.0.0.1:1002")
-        streams.append(open_from("ipv4:10.0.0.2:1000"))
+        streams = [_open_from(service, "ipv4:10.0.0.1:1000"), _open_from(service, "ipv4:10.0.0.1:1000")]
+        with pytest.raises(ResourceExhausted, match=r"max_streams_per_peer: ipv4:10\.0\.0\.1:1000 .*2"):
+            _open_from(service, "ipv4:10.0.0.1:1000")
+        streams.append(_open_from(service, "ipv4:10.0.0.1:1001"))  # another process of the same host
         assert service.open_streams() == 3
         streams[0].close()
-        streams.append(open_from("ipv4:10.0.0.1:1003"))
+        streams.append(_open_from(service, "ipv4:10.0.0.1:1000"))
         for stream in streams:
             stream.close()
         assert service.open_streams() == 0
+    finally:
+        service.close()
+
+
+def test_one_job_cannot_take_every_stream_whatever_its_connections(shards):
+    config = _config(shards, max_streams=8, max_streams_per_job=3)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    try:
+        streams = [_open_from(service, f"ipv4:127.0.0.1:{1000 + i}", job_id="j") for i in range(3)]
+        with pytest.raises(ResourceExhausted, match=r"max_streams_per_job: job j .*3"):
+            _open_from(service, "ipv4:127.0.0.1:2000", job_id="j")
+        streams.append(_open_from(service, "ipv4:127.0.0.1:2000", job_id="other"))
+        for stream in streams:
+            stream.close()
     finally:
         service.close()
 
@@ -130,7 +147,7 @@ def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server
         with pytest.raises(grpc.RpcError) as caught:
             next(stub.StreamBatches(request()))
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_streams_per_peer: ipv4:127.0.0.1" in caught.value.details()
+        assert "max_streams_per_peer: ipv4:127.0.0.1:" in caught.value.details()
         for call in unread:
             call.cancel()
         assert wait_for(lambda: server.service.open_streams() == 0)

@@ -92,7 +92,7 @@ def test_a_slow_client_fills_only_its_own_bounded_queue(private_server):
         assert wait_for(lambda: server.service.open_streams() == 0)
 
 
-def test_max_streams_refuses_more_as_unavailable(private_server):
+def test_max_streams_refuses_more_as_resource_exhausted(private_server):
     _, port = private_server(max_streams=2, queue_batches=1)
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
@@ -101,7 +101,7 @@ def test_max_streams_refuses_more_as_unavailable(private_server):
             next(stream)
         with pytest.raises(grpc.RpcError) as caught:
             list(stub.StreamBatches(request()))
-        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "max_streams" in caught.value.details()
         for stream in held:
             stream.cancel()

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from core.errors import ServiceUnavailable
+from core.errors import ResourceExhausted
 from protocol.request import CropRange
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
@@ -60,7 +60,7 @@ def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(ser
     service = service_with(max_pipelines=1)
     held = service.open_stream(StreamSpec("sample", "train", batch_size=4, image_size=16))
     try:
-        with pytest.raises(ServiceUnavailable, match="max_pipelines"):
+        with pytest.raises(ResourceExhausted, match="max_pipelines"):
             service.open_stream(StreamSpec("sample", "val", batch_size=4, image_size=16))
     finally:
         held.close()

@@ -43,6 +43,7 @@ def test_a_spec_survives_the_wire():
     (dict(rank=3, world_size=3), "rank"),
     (dict(epochs=0), "epochs"),
     (dict(batch_size=1 << 20, image_size=1024), "batch_size"),
+    (dict(seed=2**63), "seed"),
 ])
 def test_a_spec_out_of_range_is_refused_naming_the_field(fields, name):
     with pytest.raises(InvalidArgument) as caught:

@@ -1,0 +1,129 @@
+"""A node shared by several jobs and a careless process: one local process holding
+64 unread streams and most of the memory budget cannot lock out the ranks of two
+jobs, nor slow them down (each job keeps >= 0.9x the images/s it gets alone)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from feeder.launcher import DaemonProcess
+from protos import feeder_pb2, feeder_pb2_grpc
+from tests.common.waiting import wait_for
+
+pytestmark = pytest.mark.slow
+
+_RANKS, _JOBS = 8, 2
+_OPTIONS = ("--threads", "2", "--contended-idle-timeout-s", "2", "--max-memory-bytes", "400M",
+            "--max-batch-size", "64")
+# One connection per channel, as separate processes have (channels of one process
+# otherwise share one).
+_OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1)]
+
+
+def _request(split: str, job: str, rank: int, **fields) -> feeder_pb2.StreamRequest:
+    base = dict(dataset="sample", split=split, job_id=job, rank=rank, world_size=_RANKS, batch_size=8,
+                image_size=32, epochs=10_000, last_batch=feeder_pb2.LAST_BATCH_PAD)
+    return feeder_pb2.StreamRequest(**(base | fields))
+
+
+class _Rank:
+    """One rank of a job: a train and a validation stream on a connection of its
+    own, read in turn; refused streams asked again, as FeederLoader does."""
+
+    def __init__(self, address: str, job: str, rank: int) -> None:
+        self.channel = grpc.insecure_channel(address, options=_OWN_CONNECTION)
+        self.stub = feeder_pb2_grpc.FeederStub(self.channel)
+        self.job, self.rank = job, rank
+        self.samples: list[tuple[float, int]] = []  # (when, samples) per batch
+        self.opened = threading.Event()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self, split: str):
+        while not self._stop.is_set():
+            call = self.stub.StreamBatches(_request(split, self.job, self.rank))
+            try:
+                first = next(call)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                time.sleep(0.25)
+                continue
+            return call, first
+        raise RuntimeError("stopped")
+
+    def _run(self) -> None:
+        try:
+            (train, first), (val, _) = self._open("train"), self._open("val")
+            self.opened.set()
+            self.samples.append((time.monotonic(), len(first.keys)))
+            while not self._stop.is_set():
+                for call in (train, val):
+                    batch = next(call)
+                    self.samples.append((time.monotonic(), len(batch.keys)))
+        except (grpc.RpcError, RuntimeError):
+            if not self._stop.is_set():
+                raise
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.channel.close()
+
+
+def _job_rates(ranks: list[_Rank], seconds: float) -> dict[str, float]:
+    time.sleep(1.0)  # past the first batches
+    start = time.monotonic()
+    time.sleep(seconds)
+    end = time.monotonic()
+    rates: dict[str, float] = {}
+    for rank in ranks:
+        got = sum(n for t, n in rank.samples if start <= t < end)
+        rates[rank.job] = rates.get(rank.job, 0.0) + got / (end - start)
+    return rates
+
+
+def _run_jobs(address: str, seconds: float = 3.0) -> dict[str, float]:
+    ranks = [_Rank(address, f"job-{j}", r) for j in range(_JOBS) for r in range(_RANKS)]
+    try:
+        assert all(rank.opened.wait(30) for rank in ranks), "every rank opens its train and val streams"
+        return _job_rates(ranks, seconds)
+    finally:
+        for rank in ranks:
+            rank.stop()
+
+
+def _hoard(address: str, stats) -> tuple[list, list]:
+    """The careless process: 4 connections of 16 unread streams (its per-client
+    limit), 64 in all (the daemon's max_streams), holding most of the memory budget."""
+    hog = [grpc.insecure_channel(address, options=_OWN_CONNECTION) for _ in range(4)]
+    unread = [feeder_pb2_grpc.FeederStub(channel).StreamBatches(
+        _request("train", "", 0, world_size=1, batch_size=4, image_size=16)) for channel in hog for _ in range(16)]
+    assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams == 64, timeout_s=30)
+    time.sleep(3.0)  # its first batches made: the producers wait on unread queues
+    return hog, unread
+
+
+def test_a_process_hoarding_unread_streams_and_memory_locks_out_and_slows_no_job(shards: Path):
+    alone: list[dict[str, float]] = []
+    shared: list[dict[str, float]] = []
+    with DaemonProcess({"sample": shards}, _OPTIONS) as daemon:
+        stats = feeder_pb2_grpc.FeederStub(grpc.insecure_channel(daemon.address)).GetStats
+        for _ in range(2):  # alternated, so that the machine's drift does not pick a side
+            alone.append(_run_jobs(daemon.address))
+            assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams == 0, timeout_s=20)
+            hog, unread = _hoard(daemon.address, stats)
+            shared.append(_run_jobs(daemon.address))
+            for call in unread:
+                call.cancel()
+            for channel in hog:
+                channel.close()
+            assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams == 0, timeout_s=20)
+    for job in alone[0]:
+        best_alone, best_shared = max(r[job] for r in alone), max(r[job] for r in shared)
+        assert best_shared >= 0.9 * best_alone, (alone, shared)
