@@ -55,6 +55,10 @@ class Decoder(Protocol):
             SampleDecodeError: some of its samples did not decode.
         """
 
+    def release_buffers(self) -> None:
+        """Gives back buffers kept from run to run (nothing in flight): an idle
+        pipeline holds nothing that grows with its batches."""
+
     def close(self) -> None:
         """Frees threads and buffers now; the decoder cannot run after this."""
 
@@ -102,8 +106,11 @@ class TurboDecoder:
         self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
         return slot
 
+    def release_buffers(self) -> None:
+        self._windows.release_buffers()
+
     def close(self) -> None:
-        pass  # buffers only: the threads are the lane's
+        self.release_buffers()  # the threads are the lane's
 
 
 def _feed(pipe: Any, job: Job, gpu: bool) -> None:
@@ -155,6 +162,9 @@ class DaliCpuDecoder:
         self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
         return slot
 
+    def release_buffers(self) -> None:
+        pass  # DALI keeps its peak buffers while the pipeline lives
+
     def close(self) -> None:
         _shutdown(self._pipe)
 
@@ -182,6 +192,9 @@ class DaliGpuDecoder:
             np.copyto(slot.array, out.as_cpu().as_array())
             self.host_copies += 1
         return slot
+
+    def release_buffers(self) -> None:
+        pass  # DALI keeps its peak buffers while the pipeline lives
 
     def close(self) -> None:
         _shutdown(self._pipe)

@@ -156,9 +156,12 @@ class PipelineRunner:
         return not isinstance(self._finish_oldest(None)[1], SampleDecodeError)
 
     def drain(self) -> None:
-        """Finish and drop every run still in flight (a stream stopped early)."""
+        """Finish and drop every run still in flight (a stream stopped early), and
+        give back the buffers kept from run to run: an idle runner holds nothing that
+        grows with its batches."""
         while self._in_flight:
             self._finish_oldest(None)
+        self._decoder.release_buffers()
 
     def close(self) -> None:
         """Release the decoder's threads and buffers now, not whenever the runner is

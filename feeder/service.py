@@ -17,7 +17,7 @@ from feeder.admission import Admission, Ticket, client_key, cut, stream_need_byt
 from core.bad_input import OnError
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
-from feeder.config import ServerConfig, cpu_decoder_in_use
+from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
 from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
@@ -64,6 +64,17 @@ def _where(device: str, device_id: int) -> str:
     return f"gpu {device_id}" if device == "gpu" else "cpu"
 
 
+def _say_footprint(config: ServerConfig) -> None:
+    """One line on the most memory this daemon should take; a warning where that is
+    more than the machine has."""
+    gib = 1 << 30
+    footprint, physical = config.footprint_bytes, physical_memory_bytes()
+    level = logging.WARNING if footprint > physical else logging.INFO
+    log.log(level, "memory: at most %.1f GiB (streams %.1f, shared memory %.1f, decoded cache %.1f, libraries "
+            "%.1f) of the machine's %.1f GiB", footprint / gib, config.max_memory_bytes / gib,
+            config.shm_budget_bytes / gib, config.decoded_cache_bytes / gib, LIBRARY_BYTES / gib, physical / gib)
+
+
 def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
     """Open and check every configured dataset (raises on the first bad one)."""
     return {name: ShardDataset.open(name, Path(path)) for name, path in paths.items()}
@@ -90,6 +101,7 @@ class FeederService:
         self.datasets = datasets
         self.metrics = metrics
         self.device = resolve_device(config.device)
+        _say_footprint(config)
         self.devices = DevicePlacer.of_this_process(self.device)
         # The node's decode threads (``--threads``), shared fairly by every stream.
         self.workers = FairPool(config.threads)

@@ -297,3 +297,7 @@ class WindowDecoder:
 
         batch.loop = self._lane.parallel(work, n)
         return batch
+
+    def release_buffers(self) -> None:
+        """Drop the buffers kept for the next batches (none may be in flight)."""
+        self._arenas = [[] for _ in self._arenas]
