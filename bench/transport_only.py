@@ -102,8 +102,9 @@ def _encode_before(images: np.ndarray, meta: Any) -> bytes:
     """How the daemon serialized a batch before the transport package: the small
     fields by protobuf, then the pixels joined on (one copy into the message)."""
     from core.wire import BYTES, field_key, varint
+    from protocol.batch import to_message
 
-    head = meta.to_message(images.shape).SerializeToString()
+    head = to_message(meta, images.shape).SerializeToString()
     pixels = np.ascontiguousarray(images).data.cast("B")
     return b"".join((head, field_key(5, BYTES), varint(pixels.nbytes), pixels))
 
