@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import socket
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = ["TokenInterceptor", "listen_on_socket", "read_token", "server_credent
 # Calls that need no token: load balancers and launchers probe health without one.
 _OPEN_PREFIX = "/grpc.health.v1.Health/"
 _SOCKET_MODE = 0o600
+_PROBE_TIMEOUT_S = 2.0  # a live daemon accepts at once; this only bounds a wedged one
 
 
 def _read(option: str, path: Path) -> bytes:
@@ -105,17 +107,39 @@ class TokenInterceptor(grpc.ServerInterceptor):
         ))
 
 
-def listen_on_socket(server: grpc.Server, path: Path) -> None:
-    """Listen on the unix socket ``path``, created with mode 0600. A socket left by
-    a daemon that died is replaced; any other file at ``path`` is left alone.
+def _answers(path: Path) -> bool:
+    """True when something listens on the unix socket ``path`` (a connection is
+    accepted); False when nothing does (refused: a socket left by a daemon that died).
 
     Raises:
-        ConfigError: ``path`` is another kind of file, or the socket cannot be made.
+        ConfigError: the socket cannot be probed (another user's, say).
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_PROBE_TIMEOUT_S)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError as e:
+            raise ConfigError(f"socket_path: {path} exists and cannot be checked ({e.strerror or e})") from e
+    return True
+
+
+def listen_on_socket(server: grpc.Server, path: Path) -> None:
+    """Listen on the unix socket ``path``, created with mode 0600. A socket nothing
+    listens on (left by a daemon that died) is replaced; a live one, or any other
+    file at ``path``, is left alone.
+
+    Raises:
+        ConfigError: a daemon is serving on ``path``, ``path`` is another kind of
+            file, or the socket cannot be made.
     """
     path = Path(path)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ConfigError(f"socket_path: {path} exists and is not a socket")
+        if _answers(path):
+            raise ConfigError(f"socket_path: a daemon is serving on {path}; stop it or choose another --socket")
         path.unlink()
     previous = os.umask(0o777 & ~_SOCKET_MODE)  # the socket is never group/other-accessible
     try:
