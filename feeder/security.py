@@ -16,6 +16,7 @@ import grpc
 
 from core.errors import ConfigError, Unauthenticated, grpc_code
 from feeder.config import ServerConfig
+from feeder.log_lines import RateLimitedLog
 from feeder.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: bytes, metrics: ServerMetrics) -> None:
         self._expected = b"Bearer " + token
         self._metrics = metrics
+        self._lines = RateLimitedLog(log)
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -101,10 +103,14 @@ class TokenInterceptor(grpc.ServerInterceptor):
         if hmac.compare_digest(sent_bytes, self._expected):
             return handler
         self._metrics.unauthenticated_call()
-        log.warning("UNAUTHENTICATED %s: %s token", method, "wrong" if sent else "no")
+        self._lines.warning("unauthenticated", "UNAUTHENTICATED %s: %s token", method, "wrong" if sent else "no")
         return _refusing(handler, Unauthenticated(
             "authorization: missing or wrong token (send metadata 'authorization: Bearer <token>')"
         ))
+
+    def flush(self) -> None:
+        """Write the count of refusals the log rate limit left out."""
+        self._lines.flush()
 
 
 def _answers(path: Path) -> bool:

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError
 from feeder.config import ServerConfig, cpu_decoder_in_use
+from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
@@ -52,8 +53,8 @@ class FeederServer:
         self.metrics = ServerMetrics()
         # Files first: a bad certificate or token stops the start before anything runs.
         self._credentials = server_credentials(config)
-        interceptors = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
-                                                                                self.metrics)]
+        self._token_check = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
+                                                                                     self.metrics)]
         swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
         if swept:
             log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
@@ -61,7 +62,7 @@ class FeederServer:
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
-            interceptors=interceptors,
+            interceptors=self._token_check,
             options=[("grpc.so_reuseport", 0)],
         )
         add_to_server(FeederServicer(self.service), self._grpc)
@@ -113,6 +114,8 @@ class FeederServer:
         def finish() -> None:
             stopped.wait()
             self.service.close()
+            for check in self._token_check:
+                check.flush()
             if self._http is not None:
                 self._http.shutdown()
                 self._http.server_close()
@@ -157,6 +160,8 @@ def serve(config: ServerConfig) -> None:
     """
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for output in logging.getLogger().handlers:
+        output.addFilter(LineLimitFilter())  # no client input makes a line longer than this
     server, port = create_server(config)
     # The one line on stdout: launchers read the port from it.
     print(f"feeder: serving on {format_address(config.bind, port)}", flush=True)
