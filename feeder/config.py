@@ -100,7 +100,8 @@ class ServerConfig:
             cancelled and its memory freed.
         metrics_port: Prometheus HTTP port (0: any free port), None for no endpoint.
         grace_s: on shutdown, seconds in-flight streams get before they are cancelled.
-        rpc_threads: gRPC worker threads (each open stream holds one).
+        rpc_threads: gRPC worker threads (each open stream holds one); calls waiting
+            for their request message have ``max_waiting_calls`` threads more.
         log_level: least severe log records written to stderr (one of ``LOG_LEVELS``).
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
@@ -141,6 +142,13 @@ class ServerConfig:
             than the machine's memory.
         decoded_cache_side: cached images keep their shorter side at most this many
             pixels; streams asking for a larger image_size decode from JPEG (counted).
+        first_message_timeout_s: a call whose request message has not come this many
+            seconds after the call began is cancelled (clients send it with the call;
+            a waiting call holds a gRPC worker thread).
+        max_waiting_calls: calls that may wait for their request message at once,
+            each on a gRPC thread beyond ``rpc_threads``; more are refused as resource
+            exhausted. Calls without the token are refused before they wait; health
+            checks have a small gate and threads of their own.
     """
 
     datasets: Mapping[str, Path]
@@ -177,6 +185,8 @@ class ServerConfig:
     pipeline_idle_s: float = 30.0
     decoded_cache_bytes: int = 0
     decoded_cache_side: int = 256
+    first_message_timeout_s: float = 10.0
+    max_waiting_calls: int = 16
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -212,6 +222,13 @@ class ServerConfig:
             raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
         self._check_decoded_cache()
+        self._check_waiting()
+
+    def _check_waiting(self) -> None:
+        if self.max_waiting_calls < 1:
+            raise ConfigError(f"max_waiting_calls: must be >= 1, got {self.max_waiting_calls}")
+        if not self.first_message_timeout_s > 0:  # NaN too
+            raise ConfigError(f"first_message_timeout_s: must be > 0, got {self.first_message_timeout_s}")
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -97,6 +97,15 @@ class ServerMetrics:
         self.unauthenticated = Counter(
             "feeder_unauthenticated", "Calls refused for a missing or wrong token.", registry=r
         )
+        self.waiting_calls = Gauge(
+            "feeder_waiting_calls", "Calls waiting for their request message now (see --max-waiting-calls).",
+            registry=r,
+        )
+        self.calls_refused = Counter(
+            "feeder_calls_refused", "Calls ended before their handler ran: 'waiting' (--max-waiting-calls "
+            "calls already waiting), 'timeout' (no request message within --first-message-timeout-s), "
+            "'malformed' (not a valid request message).", ["reason"], registry=r,
+        )
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
@@ -130,6 +139,13 @@ class ServerMetrics:
 
     def unauthenticated_call(self) -> None:
         self.unauthenticated.inc()
+
+    def call_waiting(self, change: int) -> None:
+        """A call began (+1) or ended (-1) waiting for its request message."""
+        self.waiting_calls.inc(change)
+
+    def call_refused(self, reason: str) -> None:
+        self.calls_refused.labels(reason=reason).inc()
 
     def stream_idle_cancelled(self) -> None:
         self.idle_cancelled.inc()

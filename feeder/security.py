@@ -8,13 +8,13 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from core.errors import ConfigError, Unauthenticated, grpc_code
+from feeder.call_guard import HEALTH_PREFIX
 from feeder.config import ServerConfig
 from feeder.log_lines import RateLimitedLog
 from feeder.metrics import ServerMetrics
@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TokenInterceptor", "listen_on_socket", "read_token", "server_credentials"]
 
-# Calls that need no token: load balancers and launchers probe health without one.
-_OPEN_PREFIX = "/grpc.health.v1.Health/"
 _SOCKET_MODE = 0o600
 _PROBE_TIMEOUT_S = 2.0  # a live daemon accepts at once; this only bounds a wedged one
 
@@ -63,20 +61,15 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 
 
 def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that aborts with ``error``."""
+    """A handler that aborts with ``error`` before it reads a request: served as
+    request-streaming whatever ``handler`` is (the wire is the same for the client),
+    so grpcio does not wait for, or parse, the request of a call it will refuse."""
 
-    def abort(_request: Any, context: grpc.ServicerContext) -> None:
+    def abort(_requests: Any, context: grpc.ServicerContext) -> None:
         context.abort(grpc_code(error), str(error))
 
-    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(abort, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    return make(abort, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -96,7 +89,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or method.startswith(_OPEN_PREFIX):
+        if handler is None or method.startswith(HEALTH_PREFIX):
             return handler
         sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError
+from feeder.call_guard import CallGuard
 from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
@@ -53,16 +54,21 @@ class FeederServer:
         self.metrics = ServerMetrics()
         # Files first: a bad certificate or token stops the start before anything runs.
         self._credentials = server_credentials(config)
-        self._token_check = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
-                                                                                     self.metrics)]
+        token = None if config.token_file is None else read_token(config.token_file)
+        # The token is checked first: a call without it is refused before it may wait.
+        self._guard = CallGuard(config.max_waiting_calls, config.first_message_timeout_s, self.metrics)
+        self._token_check = [] if token is None else [TokenInterceptor(token, self.metrics)]
         swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
         if swept:
             log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
         self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
         self.health = health.HealthServicer()
+        # Calls waiting for their request hold threads of their own: the gate keeps
+        # them to max_waiting_calls, so worker_threads stay free for the others.
+        threads = config.worker_threads + config.max_waiting_calls
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
-            interceptors=self._token_check,
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feeder-rpc"),
+            interceptors=[*self._token_check, self._guard],
             options=[("grpc.so_reuseport", 0)],
         )
         add_to_server(FeederServicer(self.service), self._grpc)
@@ -114,6 +120,7 @@ class FeederServer:
         def finish() -> None:
             stopped.wait()
             self.service.close()
+            self._guard.close()
             for check in self._token_check:
                 check.flush()
             if self._http is not None:

@@ -69,6 +69,11 @@ def test_a_daemon_writes_bounded_lines_whatever_clients_send(shards):
                     next(stub.StreamBatches(request(**fields), timeout=30))
                 assert len(caught.value.details()) < 1000, "the status is bounded too"
             assert len(list(stub.StreamBatches(request(job_id=huge, max_samples=5), timeout=30))) == 1
+            for _ in range(20):
+                with pytest.raises(grpc.RpcError):
+                    channel.unary_unary("/feeder.v1.Feeder/StreamBatches")(b"\xff\xff\xff\xff", timeout=10)
     assert lines, "the daemon wrote its log"
     assert max(len(line) for line in lines) < 4096 + 200, "every line is bounded"
     assert not [line for line in lines if "Traceback" in line]
+    malformed = [line for line in lines if "malformed request message" in line]
+    assert 1 <= len(malformed) <= 10, "one line per malformed call, rate-limited"
