@@ -149,6 +149,10 @@ class ServerConfig:
             each on a gRPC thread beyond ``rpc_threads``; more are refused as resource
             exhausted. Calls without the token are refused before they wait; health
             checks have a small gate and threads of their own.
+        metrics_threads: threads serving the metrics endpoint; more connections wait
+            for one, 16 per thread at most (past that the oldest waiting is closed).
+        metrics_timeout_s: seconds a metrics connection may take in all, counted from
+            its accept: a client that has not sent its request by then is cut off.
     """
 
     datasets: Mapping[str, Path]
@@ -187,6 +191,8 @@ class ServerConfig:
     decoded_cache_side: int = 256
     first_message_timeout_s: float = 10.0
     max_waiting_calls: int = 16
+    metrics_threads: int = 4
+    metrics_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -225,10 +231,12 @@ class ServerConfig:
         self._check_waiting()
 
     def _check_waiting(self) -> None:
-        if self.max_waiting_calls < 1:
-            raise ConfigError(f"max_waiting_calls: must be >= 1, got {self.max_waiting_calls}")
-        if not self.first_message_timeout_s > 0:  # NaN too
-            raise ConfigError(f"first_message_timeout_s: must be > 0, got {self.first_message_timeout_s}")
+        for name in ("max_waiting_calls", "metrics_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("first_message_timeout_s", "metrics_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

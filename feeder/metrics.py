@@ -14,7 +14,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
 )
 
 if TYPE_CHECKING:
@@ -106,6 +105,10 @@ class ServerMetrics:
             "calls already waiting), 'timeout' (no request message within --first-message-timeout-s), "
             "'malformed' (not a valid request message).", ["reason"], registry=r,
         )
+        self.scrapes_refused = Counter(
+            "feeder_metrics_scrapes_refused", "Metrics connections not served: 'token' (missing or wrong), "
+            "'busy' (too many connections pending).", ["reason"], registry=r,
+        )
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
@@ -146,6 +149,9 @@ class ServerMetrics:
 
     def call_refused(self, reason: str) -> None:
         self.calls_refused.labels(reason=reason).inc()
+
+    def scrape_refused(self, reason: str) -> None:
+        self.scrapes_refused.labels(reason=reason).inc()
 
     def stream_idle_cancelled(self) -> None:
         self.idle_cancelled.inc()
@@ -226,8 +232,3 @@ class ServerMetrics:
             gpu_batches=t["gpu_batches"],
             gpu_host_copies=t["gpu_host_copies"],
         )
-
-    def serve_http(self, port: int, addr: str) -> tuple[object, int]:
-        """Start the Prometheus endpoint; returns (http server, bound port)."""
-        httpd, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return httpd, int(httpd.server_address[1])
