@@ -155,7 +155,8 @@ class ServerConfig:
         grace_s: on shutdown (SIGTERM), seconds in-flight streams get before they are
             cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one); 0: enough for
-            ``max_streams`` streams and a few unary calls.
+            ``max_streams`` streams and a few unary calls. Calls waiting for their
+            request message have ``max_waiting_calls`` threads more.
         log_level: least severe log records written to stderr: ``debug``, ``info`` (a
             line per stream opened and closed), ``warning`` (errors only) or
             ``error``.
@@ -211,6 +212,19 @@ class ServerConfig:
             memory.
         decoded_cache_side: cached images keep their shorter side at most this many
             pixels; streams asking for a larger image_size decode from JPEG (counted).
+        first_message_timeout_s: a call whose request message has not come this many
+            seconds after the call began is cancelled (clients send it with the call;
+            a waiting call holds a gRPC worker thread).
+        max_waiting_calls: calls that may wait for their request message at once,
+            each on a gRPC thread beyond ``rpc_threads``; more are refused as resource
+            exhausted. Calls without the token are refused before they wait; health
+            checks have a small gate and threads of their own. The default takes the
+            burst of a node's ranks starting together (their requests come with their
+            calls, but arrive at once).
+        metrics_threads: threads serving the metrics endpoint; more connections wait
+            for one, 16 per thread at most (past that the oldest waiting is closed).
+        metrics_timeout_s: seconds a metrics connection may take in all, counted from
+            its accept: a client that has not sent its request by then is cut off.
     """
 
     datasets: Mapping[str, Path] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
@@ -251,6 +265,10 @@ class ServerConfig:
     pipeline_idle_s: float = 30.0
     decoded_cache_bytes: int = 0
     decoded_cache_side: int = 256
+    first_message_timeout_s: float = 10.0
+    max_waiting_calls: int = 64
+    metrics_threads: int = 4
+    metrics_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -290,6 +308,15 @@ class ServerConfig:
             raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
         self._check_decoded_cache()
+        self._check_waiting()
+
+    def _check_waiting(self) -> None:
+        for name in ("max_waiting_calls", "metrics_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("first_message_timeout_s", "metrics_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

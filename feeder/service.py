@@ -13,12 +13,13 @@ from pathlib import Path
 
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, client_key, cut, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_key, stream_need_bytes
 from core.bad_input import OnError
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
 from feeder.decoded_cache import DecodedCache
+from feeder.log_lines import clip
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
@@ -160,7 +161,7 @@ class FeederService:
         job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(client, job, need)  # before building anything for a refused stream
         number = next(self._numbers)
-        name = f"stream {number} ({cut(peer or 'local')}, job {cut(spec.job_id or '-')})"
+        name = f"stream {number} ({clip(peer or 'local')}, job {clip(spec.job_id or '-')})"
         with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)

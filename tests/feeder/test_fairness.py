@@ -102,9 +102,13 @@ def _hoard(address: str, stats) -> tuple[list, list]:
     """The careless process: 4 connections of 16 unread streams (its per-client
     limit), 64 in all (the daemon's max_streams), holding most of the memory budget."""
     hog = [grpc.insecure_channel(address, options=_OWN_CONNECTION) for _ in range(4)]
-    unread = [feeder_pb2_grpc.FeederStub(channel).StreamBatches(
-        _request("train", "", 0, world_size=1, batch_size=4, image_size=16)) for channel in hog for _ in range(16)]
-    assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams == 64, timeout_s=30)
+    unread = []
+    for channel in hog:
+        for _ in range(16):  # one at a time, as a loop of careless code opens them
+            open_before = stats(feeder_pb2.StatsRequest()).open_streams
+            unread.append(feeder_pb2_grpc.FeederStub(channel).StreamBatches(
+                _request("train", "", 0, world_size=1, batch_size=4, image_size=16)))
+            assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams > open_before, timeout_s=10)
     time.sleep(3.0)  # its first batches made: the producers wait on unread queues
     return hog, unread
 
