@@ -352,6 +352,8 @@ class StreamFetcher:
         request = feeder_pb2.StreamRequest()
         request.CopyFrom(self.request)
         request.epoch, request.start_cursor, request.epochs = epoch, cursor, self.end_epoch - epoch
+        if epoch != self.request.epoch:
+            del request.consumed[:]  # what earlier ranks consumed was of the first epoch only
         call = self._open(request)
         with self._call_lock:
             self._call, self._stall_note = call, None

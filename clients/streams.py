@@ -75,7 +75,7 @@ class Connection:
         if found is None:
             names = [s.name for s in info.splits]
             raise NotFound(f"daemon {self.address}: dataset {dataset!r} has no split {split!r} (splits: {names})")
-        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size)
+        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size, info.manifest_sha256)
 
     def close(self) -> None:
         """Stops handing slots back and closes the channel."""
@@ -179,7 +179,7 @@ class Streams:
             return
         received_all = fetcher.finished.is_set() or (
             fetcher.epoch == fetcher.end_epoch - 1
-            and self._specs.batches_after(fetcher.cursor, fetcher.request.batch_size) == 0)
+            and self._specs.batches_after(fetcher.cursor, fetcher.request.batch_size, fetcher.epoch) == 0)
         if received_all:
             self.successor = self._start(fetcher.end_epoch, 0, planned)
 
@@ -195,7 +195,8 @@ class Streams:
             end = min([e for e in self.planned if e > epoch], default=epoch + _EPOCHS_PER_STREAM)
         else:
             end = epoch + 1
-        spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch)
+        spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch,
+                                consumed=self._specs.consumed.get(epoch, ()))
         request = to_request(spec)
         request.transport = config.transport_kind.value
         request.client_host.CopyFrom(self._client_host)

@@ -27,7 +27,8 @@ from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchRunner, StreamContext
 from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
-from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, tail_skipped
+from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, remaining_order
+from protocol.plan import tail_skipped
 from protocol.plan import validate_window
 from protocol.request import AugmentKind, StreamSpec
 from shards.reader import ShardDataset, SplitIndex
@@ -210,8 +211,12 @@ class FeederService:
         return runner
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
+        """The rank's part of ``epoch``: of the whole order, or (the request's first
+        epoch of an elastic resume) of what the job's earlier ranks left of it."""
         shuffle = spec.kind is AugmentKind.TRAIN
         order = epoch_order(len(split), spec.seed, epoch, shuffle=shuffle)
+        if epoch == spec.epoch and spec.consumed:
+            order = remaining_order(order, spec.consumed, spec.last_batch)
         return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:

@@ -43,7 +43,8 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
                 feeder_pb2.SplitInfo(name=s, num_samples=len(index))
                 for s, index in sorted(dataset.splits.items())
             ]
-            datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes))
+            datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes,
+                                                   manifest_sha256=dataset.manifest_sha256))
         return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=self.service.config.max_batch_size)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidArgument
-from protocol.plan import LastBatch
+from protocol.plan import LastBatch, Segment
 from protos import feeder_pb2
 
 __all__ = [
@@ -125,7 +125,9 @@ class StreamSpec:
     validation transform otherwise. Train augmentation also shuffles the order.
     ``epochs`` streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
     ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share
-    it). ``antialias`` None: the daemon's default resize filter.
+    it). ``antialias`` None: the daemon's default resize filter. ``consumed``: what
+    the job read of ``epoch`` at earlier world sizes (an elastic resume: the rank's
+    part is of the rest, see :func:`protocol.plan.remaining_order`).
 
     Raises:
         InvalidArgument: a field out of range (the message starts with its name).
@@ -148,6 +150,7 @@ class StreamSpec:
     job_id: str = ""
     antialias: bool | None = None
     local_world_size: int = 0  # the job's ranks on the client's node (0: not said)
+    consumed: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -159,6 +162,12 @@ class StreamSpec:
         if self.rank >= self.world_size:
             raise InvalidArgument(f"rank: {self.rank} is not in 0..{self.world_size - 1} "
                                   f"(world_size {self.world_size})")
+        for k, segment in enumerate(self.consumed):
+            if not 1 <= segment.world_size <= MAX_WORLD_SIZE or len(segment.cursors) != segment.world_size:
+                raise InvalidArgument(f"consumed[{k}]: {len(segment.cursors)} cursors for world_size "
+                                      f"{segment.world_size} (1..{MAX_WORLD_SIZE})")
+            if any(not 0 <= c <= _MAX_INT64 for c in segment.cursors):
+                raise InvalidArgument(f"consumed[{k}]: a cursor below 0")
         if self.batch_size * self.image_size**2 * 3 > MAX_BATCH_BYTES:
             raise InvalidArgument(f"batch_size: {self.batch_size} images of {self.image_size} px exceed "
                                   f"{MAX_BATCH_BYTES >> 20} MiB per message")
@@ -214,6 +223,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         antialias=request.antialias if request.HasField("antialias") else None,
+        consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
     )
 
 
@@ -234,4 +244,6 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     )
     if spec.antialias is not None:
         request.antialias = spec.antialias
+    for segment in spec.consumed:
+        request.consumed.add(world_size=segment.world_size, cursors=segment.cursors)
     return request

@@ -10,6 +10,8 @@ tars, ``.idx`` files and LMDB values.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -247,12 +249,15 @@ class ShardDataset:
         root: the shard directory.
         classes: class names; label ``i`` is ``classes[i]``.
         splits: split name -> index.
+        manifest_sha256: the manifest's identity (sha256 of its canonical JSON): two
+            daemons serve the same samples, labels and pixels when it is the same.
     """
 
     name: str
     root: Path
     classes: list[str]
     splits: dict[str, SplitIndex]
+    manifest_sha256: str = ""
 
     @classmethod
     def open(cls, name: str, root: Path, recheck_s: float = DEFAULT_RECHECK_S) -> ShardDataset:
@@ -277,5 +282,6 @@ class ShardDataset:
             splits[str(split)] = SplitIndex(root, str(split), read_columns(root, str(split), info), recheck_s)
         if not splits:
             raise DataError(f"{root}: manifest lists no splits")
-        return cls(name=name, root=root, classes=classes, splits=splits)
+        identity = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+        return cls(name=name, root=root, classes=classes, splits=splits, manifest_sha256=identity)
 
