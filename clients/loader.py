@@ -7,59 +7,48 @@ is built), the streams that deliver it (:mod:`clients.streams`), where it is
 
 from __future__ import annotations
 
-import threading
 import time
-import warnings
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import Gauge
 
+from clients.channel import check_address
 from clients.elastic import IDENTITY_KEYS, resume, segments_to
-from clients.fetcher import HostBatch
-from clients.loader_config import LoaderConfig
+from clients.host_batch import HostBatch
+from clients.loader_config import LoaderConfig, MovedToConfig, OnePass
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
 from clients.spec import Sizes, StreamSpecs
-from clients.streams import Connection, Streams
+from clients.pool import DaemonPool
+from clients.streams import Streams
 from clients.transfer import DeviceTransfer
 from core.errors import ConfigError
 from protocol.plan import remaining_length
 from protocol.request import StreamSpec
 from transport.base import HostIdentity
 
-__all__ = ["FeederLoader", "LoaderConfig"]
+__all__ = ["DAEMONS_IN_USE", "FeederLoader", "LoaderConfig"]
 
-
-class _MovedToConfig:
-    """An attribute a loader once had of its own, now read from ``loader.config``
-    (with a deprecation warning)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: FeederLoader | None, owner: type | None = None) -> Any:
-        if loader is None:
-            return self
-        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(loader.config, self.name)
+# In the process's default registry: a training script's own Prometheus endpoint shows it.
+DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
+                       ["dataset", "split", "rank"])
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def _checked_specs(connection: Connection, config: LoaderConfig, base: StreamSpec) -> StreamSpecs:
-    """The loader's requests, ``base`` checked against the daemon's answer to
-    ``ListDatasets``; closes ``connection`` if that fails."""
+def _checked_specs(pool: DaemonPool, config: LoaderConfig, base: StreamSpec) -> StreamSpecs:
+    """The loader's requests, ``base`` checked against the daemons' answer to
+    ``ListDatasets``; closes ``pool`` if that fails."""
     try:
-        return StreamSpecs(base, connection.describe(config.dataset, config.split, config.connect_timeout_s))
+        return StreamSpecs(base, pool.describe(config.connect_timeout_s))
     except BaseException:
-        connection.close()
+        pool.close()
         raise
 
 
@@ -91,7 +80,7 @@ class FeederLoader(Positioned):
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         dataset: str,
         *,
         split: str = "train",
@@ -121,6 +110,8 @@ class FeederLoader(Positioned):
         tls_root: str | Path | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
+        pool: str = "all",
+        pool_stall_timeout_s: float = 3.0,
     ) -> None:
         # First statement: the arguments are LoaderConfig's fields (a test keeps them so).
         config = LoaderConfig(**{name: value for name, value in locals().items() if name != "self"})
@@ -130,9 +121,9 @@ class FeederLoader(Positioned):
         self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
         client_host = HostIdentity.of_this_process(config.shm_dir).to_message(gpu_uuid(self.device))
-        connection = Connection(config)
-        self._specs = _checked_specs(connection, config, base)
-        self._streams = Streams(connection, self._specs, config, client_host, pin=self.device.type == "cuda")
+        daemons = DaemonPool(config, config.addresses)
+        self._specs = _checked_specs(daemons, config, base)
+        self._streams = Streams(daemons, self._specs, config, client_host, pin=self.device.type == "cuda")
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._streams.release)
         self.position = Position()
@@ -141,25 +132,24 @@ class FeederLoader(Positioned):
         self.wait_seconds = 0.0
         self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
-        self._pass_lock = threading.Lock()  # held by the pass under way
-        self._pass_thread = ""
+        self._pass = OnePass()
 
     def __repr__(self) -> str:
         c = self.config
         return (f"FeederLoader({c.address!r}, {c.dataset!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
 
-    last_batch = _MovedToConfig()
-    augment = _MovedToConfig()
-    return_keys = _MovedToConfig()
-    return_padding = _MovedToConfig()
-    job_id = _MovedToConfig()
+    last_batch = MovedToConfig()
+    augment = MovedToConfig()
+    return_keys = MovedToConfig()
+    return_padding = MovedToConfig()
+    job_id = MovedToConfig()
 
     # -- what the daemon has and what is asked for -----------------------------
     @property
     def address(self) -> str:
-        """The daemon's address."""
-        return self.config.address
+        """The daemon's address (the pool's, comma-separated)."""
+        return ",".join(self.config.addresses)
 
     @property
     def dataset(self) -> str:
@@ -198,6 +188,26 @@ class FeederLoader(Positioned):
         this host), ``grpc`` (inside the messages) or ``cuda_ipc``; empty before the
         first batch."""
         return self._streams.transport
+
+    @property
+    def daemons_in_use(self) -> int:
+        """Daemons this loader's batches come from now (with a pool; 1 for one daemon,
+        0 before the first batch)."""
+        return self._streams.daemons_in_use
+
+    def _report_daemons(self) -> None:
+        """Keep the gauge of daemons in use (Prometheus' default registry) current."""
+        DAEMONS_IN_USE.labels(dataset=self.dataset, split=self.split, rank=str(self.rank)).set(self.daemons_in_use)
+
+    def add_daemon(self, address: str) -> None:
+        """Draw batches from ``address`` too, from the next batch on once it answers
+        (with the pool's dataset and manifest).
+
+        Raises:
+            ConfigError: ``address`` is not an address.
+        """
+        check_address(address)
+        self._streams.pool.add(address)
 
     @property
     def reconnects(self) -> int:
@@ -315,22 +325,8 @@ class FeederLoader(Positioned):
 
     # -- iteration -------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        with self._one_pass():
+        with self._pass.held_by(repr(self)):
             yield from self._epoch()
-
-    @contextmanager
-    def _one_pass(self) -> Iterator[None]:
-        """Holds the loader for one pass; a second pass meanwhile would take batches
-        of the first one's epoch (and move the position under it)."""
-        if not self._pass_lock.acquire(blocking=False):
-            raise RuntimeError(f"{self!r} is already being iterated (by thread {self._pass_thread!r}); "
-                               f"one pass at a time: finish or close that one, or give each thread its own loader")
-        self._pass_thread = threading.current_thread().name
-        try:
-            yield
-        finally:
-            self._pass_thread = ""
-            self._pass_lock.release()
 
     def _epoch(self) -> Iterator[tuple[Any, ...]]:
         self._epoch_wait_s = self._epoch_wall_s = 0.0
@@ -357,6 +353,7 @@ class FeederLoader(Positioned):
         meta = host.meta
         self.position.cursor = meta.cursor
         self._skipped += len(meta.failed_keys)
+        self._report_daemons()
         images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)

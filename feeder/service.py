@@ -220,12 +220,19 @@ class FeederService:
         return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        """The batches of every requested epoch; counts what ``drop`` skips."""
+        """The batches of every requested epoch (every ``batch_stride``-th from
+        ``batch_offset``, counted from the stream's first: a rank's share of a pool of
+        daemons); counts what ``drop`` skips (once, by the stream of offset 0)."""
+        for number, batch in enumerate(self._all_slices(spec, split, first)):
+            if number % spec.batch_stride == spec.batch_offset:
+                yield batch
+
+    def _all_slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
         for k in range(spec.epochs):
             epoch = spec.epoch + k
             part = first if k == 0 else self._part(spec, split, epoch)
             cursor, limit = (spec.start_cursor, spec.max_samples) if k == 0 else (0, 0)
-            if spec.last_batch is LastBatch.DROP:
+            if spec.last_batch is LastBatch.DROP and spec.batch_offset == 0:
                 tail = tail_skipped(len(part), cursor, spec.batch_size, limit)
                 remainder = part.skipped if cursor == 0 and spec.rank == 0 else 0  # once per job
                 self.metrics.samples_skipped(tail + remainder)

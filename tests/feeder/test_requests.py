@@ -89,6 +89,7 @@ USUAL = dict(
     local_world_size=[0, 1, 2],
     client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
     consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
+    batch_stride=[0, 1, 3], batch_offset=[0],
 )
 # Anything the wire can carry in each field.
 ODD = dict(
@@ -104,6 +105,7 @@ ODD = dict(
                           pid=st.integers(0, 2**32 - 1)),
     consumed=st.lists(st.builds(feeder_pb2.EpochSegment, world_size=_ints(*INT32),
                                 cursors=st.lists(_ints(*INT64), max_size=4)), max_size=3),
+    batch_stride=_ints(*INT32), batch_offset=_ints(*INT32),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 
