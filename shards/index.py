@@ -112,7 +112,7 @@ def read_served_manifest(root: Path) -> dict[str, Any]:
 
 def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
     """The split has WebDataset tars (the daemon reads sample bytes out of them; an
-    LMDB-only split, ``feeder shard --format lmdb``, has none), and each one the
+    LMDB-only split, ``feeder shard --formats lmdb``, has none), and each one the
     manifest lists exists with the recorded size (a cheap check; ``feeder verify``
     compares checksums).
 
@@ -122,8 +122,8 @@ def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
     """
     if info.get("num_samples") and not info.get("shards"):
         raise ConfigError(
-            f"{root}: split {split!r} has no WebDataset tars (sharded with --format lmdb only); "
-            "reshard with --format wds or wds,lmdb to serve it"
+            f"{root}: split {split!r} has no WebDataset tars (sharded with --formats lmdb only); "
+            "reshard with --formats wds or wds,lmdb to serve it"
         )
     for shard in info.get("shards", []):
         file = root / str(shard["path"])

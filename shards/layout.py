@@ -67,7 +67,7 @@ Shape (``FORMAT_VERSION`` 1)::
      "options": {...}}
 
 ``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
-RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than kept as it came
+RGB JPEG (odd formats, ``--max-side-px``, ``--quality``) rather than kept as it came
 (with restart markers added losslessly, ``options.restart_interval``). A
 directory under SRC that could not be listed is one of the ``rejects`` (its path, and
 the reason). ``skipped_links`` are the symbolic links under SRC not followed, because
