@@ -79,8 +79,9 @@ do not use them. So was ``index_version`` (the index's own version is the one re
 ``options.half_copies`` says whether half-scale copies were made.
 
 Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`
-(the manifest and indexes through :mod:`shards.index`, the members of tars, ``.idx`` files and
-LMDB values through :mod:`shards.members`, open tars through :mod:`shards.tars`).
+(the manifest through :mod:`shards.manifest`, the indexes through :mod:`shards.index`, the
+members of tars, ``.idx`` files and LMDB values through :mod:`shards.members`, open tars
+through :mod:`shards.tars`).
 """
 
 from __future__ import annotations
