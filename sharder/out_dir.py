@@ -22,6 +22,7 @@ from typing import Any
 
 from core.errors import ConfigError, os_error_reason
 from sharder.config import ShardConfig
+from sharder.out_lock import LOCK_NAME
 from sharder.sources import SourceTree
 from shards.writers import write_json_atomic
 
@@ -69,14 +70,14 @@ def _recorded_identity(run_file: Path) -> Any:
 
 
 def _contents(out: Path) -> list[Path]:
-    """What OUT holds."""
-    return list(out.iterdir()) if out.is_dir() else []
+    """What OUT holds, but for the lock of the run (``sharder.out_lock``)."""
+    return [child for child in out.iterdir() if child.name != LOCK_NAME] if out.is_dir() else []
 
 
 def prepare_out(config: ShardConfig, identity: dict[str, Any]) -> None:
     """Accept OUT as empty (or new), clear it (--overwrite), or accept it as an
     unfinished run to resume (the same ``identity``, :func:`run_identity`); then
-    record ``identity`` in it.
+    record ``identity`` in it. The caller holds OUT's lock.
 
     Raises:
         ConfigError: OUT is not empty, holds another run, or is not writable.

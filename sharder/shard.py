@@ -15,6 +15,7 @@ from sharder.config import ShardConfig, progress_shown
 from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.out_dir import WORK_DIR, check_out_path, prepare_out, run_identity, write_errors_named
+from sharder.out_lock import OutLock
 from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
@@ -132,7 +133,7 @@ def shard(config: ShardConfig) -> ShardReport:
     Raises:
         NotFound: SRC does not exist.
         ConfigError: no images, unusable ground truth, OUT not empty or not writable,
-            or a write into OUT that
+            another run sharding into OUT (names its pid), or a write into OUT that
             failed (names the file and the reason: no space left, a read-only file
             system; the same call resumes).
         DataError: a bad input or a directory that cannot be listed, with
@@ -142,7 +143,7 @@ def shard(config: ShardConfig) -> ShardReport:
     if config.restart_interval != config.stored_restart_interval:
         log.warning("JPEGs are stored as they come, without restart markers: %s", jpeg.unavailable_reason())
     check_out_path(config)
-    with write_errors_named(config.out):
+    with OutLock(config.out), write_errors_named(config.out):
         tree = find_sources(config.src, config.on_error)
         prepare_out(config, run_identity(config, tree))
         splits = _write_splits(config, tree)
