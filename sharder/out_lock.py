@@ -63,6 +63,12 @@ def _holder(fd: int) -> str:
     return f"pid {pid}{where} (started {started})"
 
 
+def _write_owner(fd: int) -> None:
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(owner).encode("utf-8") + b"\n", 0)
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """The lock file ``fd`` is still the one at ``path`` (not removed by a run that
     ended while this one opened it)."""
@@ -132,21 +138,19 @@ class OutLock:
         self._created = []
 
     def _take(self) -> int:
+        """The descriptor of the lock file, locked, with this run written into it."""
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 self._lock(fd)
                 if _same_file(fd, self.path):
-                    break
+                    _write_owner(fd)
+                    _HELD.add(fd)
+                    return fd
             except BaseException:
                 os.close(fd)
                 raise
             os.close(fd)  # removed meanwhile by the run that held it: open the new one
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(owner).encode("utf-8") + b"\n", 0)
-        _HELD.add(fd)
-        return fd
 
     def _lock(self, fd: int) -> None:
         try:
