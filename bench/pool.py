@@ -90,9 +90,11 @@ def _daemons(shards: Path, count: int, cpus: float, threads: int, batch: int) ->
         yield [d.address for d in procs], procs
 
 
-def _loader(addresses: list[str], args: argparse.Namespace, **extra: object) -> FeederLoader:
+def _loader(addresses: list[str], args: argparse.Namespace, return_keys: bool = False,
+            pool_stall_timeout_s: float = 3.0) -> FeederLoader:
     return FeederLoader(addresses, "bench", split="train", batch_size=args.batch_size, image_size=args.image_size,
-                        seed=args.seed, rank=0, world_size=1, normalize=False, augment="train", **extra)
+                        seed=args.seed, rank=0, world_size=1, normalize=False, augment="train",
+                        return_keys=return_keys, pool_stall_timeout_s=pool_stall_timeout_s)
 
 
 def _endless(loader: FeederLoader) -> Iterator[tuple]:

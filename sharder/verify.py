@@ -24,7 +24,8 @@ from tqdm import tqdm
 from core.errors import DataError
 from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
-from shards.index import read_index, read_manifest
+from shards.index import read_index
+from shards.manifest import read_served_manifest
 from shards.layout import sample_checksum
 from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.writers import file_sha256
@@ -276,7 +277,8 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
 
     Raises:
         NotFound: no manifest in the directory.
-        DataError: the manifest is unreadable or of an unknown version.
+        DataError: the manifest is unreadable, of an unknown version or of the wrong
+            shape (:func:`shards.manifest.read_served_manifest`).
         TypeError: options given with a VerifyConfig.
     """
     if isinstance(config, VerifyConfig) and options:
@@ -284,7 +286,7 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
     if not isinstance(config, VerifyConfig):
         config = VerifyConfig(Path(config), **options)
     root = config.out
-    manifest = read_manifest(root)
+    manifest = read_served_manifest(root)
     result = VerifyResult(root)
     total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
     with tqdm(total=total, unit="shard", desc="verify", disable=not progress_shown(config.progress)) as bar:

@@ -3,9 +3,9 @@ the tars through each split's index. The daemon, ``feeder verify`` and the bench
 read shards only through this package; :mod:`shards.writers` is its counterpart.
 
 :class:`ShardDataset` opens a shard directory (the manifest and the indexes, checked
-by :mod:`shards.index`); each split is a :class:`SplitIndex`, which reads sample bytes
-from the tars (:mod:`shards.tars`). :mod:`shards.members` lists the members of the
-tars, ``.idx`` files and LMDB values.
+by :mod:`shards.manifest` and :mod:`shards.index`); each split is a :class:`SplitIndex`,
+which reads sample bytes from the tars (:mod:`shards.tars`). :mod:`shards.members`
+lists the members of the tars, ``.idx`` files and LMDB values.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from core.errors import DataError, SampleCorrupt
-from shards.index import IndexColumns, check_split_shards, read_columns, read_served_manifest
+from shards.index import IndexColumns, check_split_shards, read_columns
+from shards.manifest import read_served_manifest
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
 from shards.tars import DEFAULT_RECHECK_S, TarFiles
@@ -271,17 +272,17 @@ class ShardDataset:
 
         Raises:
             NotFound: the directory or its manifest does not exist.
-            DataError: the manifest or an index is unreadable or inconsistent.
+            DataError: the manifest or an index is unreadable, of the wrong shape
+                (valid JSON but not an object, a field of another type) or
+                inconsistent (a label past the manifest's classes); names the file.
         """
         root = Path(root)
         manifest = read_served_manifest(root)
-        classes = [str(c) for c in manifest.get("classes", [])]
+        classes = list(manifest["classes"])
         splits = {}
         for split, info in manifest["splits"].items():
-            check_split_shards(root, str(split), info)
-            splits[str(split)] = SplitIndex(root, str(split), read_columns(root, str(split), info), recheck_s)
-        if not splits:
-            raise DataError(f"{root}: manifest lists no splits")
+            check_split_shards(root, split, info)
+            splits[split] = SplitIndex(root, split, read_columns(root, split, info, len(classes)), recheck_s)
         identity = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
         return cls(name=name, root=root, classes=classes, splits=splits, manifest_sha256=identity)
 
