@@ -24,6 +24,8 @@ LOADERS = {
     "feeder-grpc": "feeder_grpc",
     "inprocess": "inprocess",
     "tfdata": "tfdata",
+    "ffcv": "ffcv_beton",
+    "spdl": "spdl_pipeline",
     "torchvision": "imagefolder",
     "webdataset": "webdataset_tars",
     "decode-only": "decode_only",

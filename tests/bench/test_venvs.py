@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.loaders import LoaderUnavailable
+from bench.loaders import LOADERS, LoaderUnavailable, loader_module
 from bench.venvs import Environment, interpreter, is_made, missing_debian_packages
 
 ENV = Environment(name="peer", requirements=("somepeer==1.0",), check="import somepeer", debian_packages=("bash",))
@@ -83,3 +83,11 @@ def test_environments_need_a_plain_name_and_requirements() -> None:
     with pytest.raises(ValueError):
         Environment(name="x", requirements=(), check="pass")
 
+
+def test_the_peers_with_environments_name_their_pins_and_their_system_packages() -> None:
+    environments = {n: getattr(loader_module(n), "ENVIRONMENT", None) for n in LOADERS}
+
+    assert {n for n, e in environments.items() if e is not None} == {"ffcv", "spdl"}
+    for env in filter(None, environments.values()):
+        assert all("==" in r for r in env.requirements), env.name  # pinned
+        assert env.debian_packages and env.check
