@@ -20,6 +20,7 @@ from clients.spec import Sizes, SplitInfo, StreamSpecs
 from core.errors import NotFound, ServiceUnavailable
 from protocol.request import MAX_EPOCH, to_request
 from protos import feeder_pb2, feeder_pb2_grpc
+from transport.base import TransportKind
 from transport.client import STREAM_BATCHES, SlotReleaser
 
 __all__ = ["Connection", "Streams"]
@@ -111,6 +112,9 @@ class Streams:
         self.planned: dict[int, Sizes] = {}  # epoch -> sizes from then on
         self._closed_reconnects = 0
         self._last_transport = ""
+        # What new streams ask for: the configured transport, or the one a stream fell
+        # back to because this process cannot use it (asked for once, warned once).
+        self._transport = config.transport_kind
 
     @property
     def transport(self) -> str:
@@ -197,7 +201,7 @@ class Streams:
             end = epoch + 1
         spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch)
         request = to_request(spec)
-        request.transport = config.transport_kind.value
+        request.transport = self._usable_transport().value
         request.client_host.CopyFrom(self._client_host)
         conn = self.connection
         fetcher = StreamFetcher(conn.stream_batches, request, conn.address, config.prefetch_batches,
@@ -205,8 +209,17 @@ class Streams:
                                 release=conn.releaser, shm_dir=config.shm_dir)
         return OpenStream(fetcher, sizes)
 
+    def _usable_transport(self) -> TransportKind:
+        """The transport new streams ask for: a fetcher changes its request only to
+        fall back, so one that differs is what works here."""
+        for stream in (self.current, self.successor):
+            if stream is not None and stream.fetcher.request.transport != self._transport.value:
+                self._transport = TransportKind(stream.fetcher.request.transport)
+        return self._transport
+
     def drop(self) -> None:
         """Close the open stream and any opened ahead; forget a taken-ahead batch."""
+        self._usable_transport()
         for stream in (self.current, self.successor):
             if stream is not None:
                 self._last_transport = stream.fetcher.transport or self._last_transport

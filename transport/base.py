@@ -177,6 +177,11 @@ class BatchSender(ABC):
     def close(self) -> None:
         """Frees the stream's buffers (unlinks its segment). Idempotent."""
 
+    def retire(self) -> bool:
+        """After :meth:`close`: gives back what may outlive the stream (a device ring
+        a client still holds); True once nothing is left. Called again until True."""
+        return True
+
     @property
     def reserved_bytes(self) -> int:
         """Shared memory this sender holds (counted against the daemon's budget)."""
