@@ -52,13 +52,15 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     for name, row in rows.items():
         assert "error" not in row, f"{name}: {row.get('error')}"
         assert row["problems"] == [], f"{name}: {row['problems']}"
-        assert set(row) == ROW_KEYS, name
+        assert set(row) == ROW_KEYS | ({"daemon"} if name.startswith("feeder") else set()), name
         assert row["batches"] >= 2 and row["images_per_s"] > 0, name
         assert row["cpus"] == sorted(os.sched_getaffinity(0))[:THREADS], "the thread budget pins that many CPUs"
         assert row["peak_pss_bytes"] > 0
     assert code == 0
     for feeder in ("feeder-shm", "feeder-grpc"):
         assert rows[feeder]["clients"] == 2 and len(rows[feeder]["per_client_images_per_s"]) == 2
+        daemon = rows[feeder]["daemon"]  # its counters: batches made on the CPU
+        assert daemon["images_served"] >= rows[feeder]["batches"] * BATCH and daemon["gpu_host_copies"] == 0
     assert rows["inprocess"]["clients"] == 1
     assert rows["torchvision"]["x_torchvision"] == pytest.approx(1.0)
     assert rows["decode-only"]["x_decode_only"] == pytest.approx(1.0)
