@@ -37,6 +37,7 @@ from bench.report import format_table, format_targets, plot, write_json  # noqa:
 from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
+from core.processes import die_with_parent  # noqa: E402
 from core.errors import FeederError  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
@@ -145,6 +146,21 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
+# Workers running now. Each leads a session of its own (so its tree can be killed as a
+# whole without this process), so a signal to this process's group (a timeout's)
+# does not reach them: they go with this process, however it ends.
+# A worker killed with this process (die_with_parent) takes its daemon along (the daemon's
+# own die_with_parent).
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def _stop_workers(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT: kill the running workers' trees (their daemons too), then exit."""
+    for proc in list(_RUNNING):
+        _kill_tree(proc)
+    raise SystemExit(128 + signum)
+
+
 def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> dict:
     """Runs loader ``name`` once in a fresh process.
 
@@ -162,9 +178,10 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
     load = os.getloadavg()[0]
     with open(log, "w") as log_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker", str(request), str(result)],
-            cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-m", "bench.worker", str(request), str(result)], cwd=REPO, env=env,
+            stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
         )
+        _RUNNING.add(proc)
         watch = _MemoryWatch(proc.pid)
         watch.start()
         try:
@@ -172,8 +189,10 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             proc.wait()
-        memory = watch.stop()
-    _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+        finally:
+            memory = watch.stop()
+            _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+            _RUNNING.discard(proc)
     if result.is_file():
         outcome = json.loads(result.read_text())
     else:
@@ -224,6 +243,15 @@ def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds:
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 0 when every loader produced correct batches."""
     args = parse_args(argv)
+    previous = {signum: signal.signal(signum, _stop_workers) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args, argv)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         data, names = _data(args), args.loaders.split(",")
     except (OSError, FeederError) as e:  # no shards there, or the sample data cannot be made

@@ -38,7 +38,7 @@ def _daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
 @contextmanager
 def open_shared(spec: LoaderSpec) -> Iterator[str]:
     """Starts ``feeder serve`` on a free port; yields its ``host:port``; stops it after."""
-    with DaemonProcess({DATASET: spec.shards}, _daemon_options(spec)) as daemon:
+    with DaemonProcess({DATASET: spec.shards}, _daemon_options(spec), die_with_parent=True) as daemon:
         yield daemon.address
 
 

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench import throughput
+from bench.proctree import kill_env, pids_with_env
+from tests.common.env import ROOT, child_env
+from tests.common.waiting import wait_for
 
 SMOKE_LOADERS = ["feeder-shm", "feeder-grpc", "inprocess", "torchvision", "webdataset", "decode-only", "synthetic"]
 IMAGE_SIZE_PX = 32
@@ -129,3 +135,23 @@ def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards:
         assert "tensorflow" in row["skipped"] and "\n" not in row["skipped"]
     else:
         assert row["problems"] == [] and row["images_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_and_their_daemon_go_with_the_bench_however_it_is_stopped(bench_shards: Path, signum: int) -> None:
+    mark = f"throughput-{os.getpid()}-{signum}"
+    argv = [sys.executable, "bench/throughput.py", "--data", str(bench_shards), "--loaders", "feeder-grpc",
+            "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH), "--threads", "1", "--seconds", "600"]
+    bench = subprocess.Popen(argv, cwd=ROOT, env=child_env(FEEDER_TEST_RUN=mark), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        # The worker (a session of its own) and its daemon are running.
+        assert wait_for(lambda: len(pids_with_env("FEEDER_TEST_RUN", mark)) >= 3, timeout_s=120)
+        bench.send_signal(signum)
+        bench.wait(30)
+        assert wait_for(lambda: pids_with_env("FEEDER_TEST_RUN", mark) == [], timeout_s=30)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        kill_env("FEEDER_TEST_RUN", mark)
