@@ -57,8 +57,9 @@ __all__ = [
 
 
 class TransportUnavailable(FeederError):
-    """A transport cannot be set up here (``/dev/shm`` full, another host, no GPU);
-    the daemon falls back to the gRPC payload."""
+    """A transport cannot be set up here (``/dev/shm`` full, another host, no GPU, CUDA
+    IPC refused); the stream falls back to the next one down (CUDA IPC, shared memory,
+    the gRPC payload)."""
 
 
 class TransportClosed(FeederError):
