@@ -151,3 +151,16 @@ def test_device_uuids_match_whichever_way_they_are_written():
     assert normalise_uuid("MIG-ABC") == "MIG-abc"
     assert find_device(nvml[4:], ["GPU-00000000-0000-0000-0000-000000000000", nvml]) == 1
     assert find_device("", [nvml]) is None and find_device(nvml, []) is None
+
+
+def test_the_client_process_keeps_the_packages_this_one_was_given(tmp_path, monkeypatch):
+    # The GPU machine brings its packages in a folder of its own on PYTHONPATH: the
+    # client process must import those (and this repository), not the machine's own.
+    carried = tmp_path / "site"
+    carried.mkdir()
+    (carried / "carried_probe.py").write_text("WHERE = 'carried'\n")
+    monkeypatch.setenv("PYTHONPATH", str(carried))
+    code = "import carried_probe, transport.cuda_ipc; print(carried_probe.WHERE, transport.cuda_ipc.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["carried", str(ROOT / "transport" / "cuda_ipc.py")]
