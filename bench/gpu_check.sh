@@ -26,6 +26,9 @@
 # the shared-memory daemon, short windows, sample data made afresh, a 240 s budget),
 # so the script itself is tested on any machine (tests/bench/test_gpu_check.py).
 #
+# Settings (environment): OUT, PYTHON (python3), SITE (/tmp/site), BUDGET_S, THREADS, BATCH,
+# WINDOW_S / WARMUP_S / REPEATS (the measured windows), BENCH_CACHE (the sample data).
+#
 # Usage (repository root):
 #   PYTHONPATH=/tmp/site bash bench/gpu_check.sh [--site-parts DIR]
 #   PYTHON=.venv/bin/python bash bench/gpu_check.sh --rehearse
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --rehearse) REHEARSE=1 ;;
     --site-parts) PARTS=${2:?--site-parts needs a folder}; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -50,12 +53,14 @@ SITE=${SITE:-/tmp/site}
 if [ "$REHEARSE" = 1 ]; then
   MODE=rehearsal DEVICE=cpu DAEMON=feeder-shm
   BUDGET_S=${BUDGET_S:-240} THREADS=${THREADS:-2} BATCH=${BATCH:-32}
-  WINDOWS=(--seconds 1 --warmup 0.5 --repeats 1) PIPE_WINDOWS=(--seconds 1 --warmup-s 0.5 --repeats 1)
+  WINDOW_S=${WINDOW_S:-1} WARMUP_S=${WARMUP_S:-0.5} REPEATS=${REPEATS:-1}
 else
   MODE=gpu DEVICE=gpu DAEMON=feeder-cuda-ipc
   BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-12} BATCH=${BATCH:-256}
-  WINDOWS=(--seconds 4 --warmup 2 --repeats 2) PIPE_WINDOWS=(--seconds 4 --warmup-s 2 --repeats 2)
+  WINDOW_S=${WINDOW_S:-4} WARMUP_S=${WARMUP_S:-2} REPEATS=${REPEATS:-2}
 fi
+WINDOWS=(--seconds "$WINDOW_S" --warmup "$WARMUP_S" --repeats "$REPEATS")
+PIPE_WINDOWS=(--seconds "$WINDOW_S" --warmup-s "$WARMUP_S" --repeats "$REPEATS")
 MIN_STEP_S=10
 KILL_AFTER_S=5                    # from SIGTERM to SIGKILL at a step's limit
 SUMMARY_S=15                      # kept back for the summary
@@ -74,6 +79,7 @@ LOG=$OUT/logs.txt
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 HAVE_SMI=0; command -v nvidia-smi >/dev/null 2>&1 && HAVE_SMI=1
 SAMPLER=""
+CURRENT="" CURRENT_START=0 CURRENT_LIMIT=0   # the step running now
 
 note() { printf '%s\n' "$*" >>"$LOG"; }
 
@@ -104,9 +110,12 @@ step() {
   fi
   if [ "$limit" -gt $((left - KILL_AFTER_S)) ]; then limit=$((left - KILL_AFTER_S)); fi
   note "===== $name (limit ${limit} s, $((SECONDS - START)) s into the run): $*"
+  CURRENT=$name CURRENT_START=$SECONDS CURRENT_LIMIT=$limit
   case $name in throughput-*|pipeline-*) sample_gpu "$name" ;; esac
-  # timeout leads a process group of its own and signals all of it at the limit.
-  FEEDER_CHECK_RUN=$RUN_ID timeout --signal=TERM --kill-after="$KILL_AFTER_S" "$limit" "$@" >>"$LOG" 2>&1 </dev/null
+  # timeout leads a process group of its own and signals all of it at the limit. In the
+  # background, so that a signal to this script is handled at once (finish sweeps it).
+  FEEDER_CHECK_RUN=$RUN_ID timeout --signal=TERM --kill-after="$KILL_AFTER_S" "$limit" "$@" >>"$LOG" 2>&1 </dev/null &
+  wait $!
   rc=$?
   stop_sampling
   left_behind=$(sweep)
@@ -118,11 +127,21 @@ step() {
   note "===== $name: $status after $((SECONDS - started)) s${left_behind:+; $left_behind}"
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((SECONDS - started))" "$limit" \
     "$left_behind" >>"$WORK/steps.tsv"
+  CURRENT=""
   return 0
+}
+
+interrupted() {
+  note "===== interrupted${CURRENT:+ during $CURRENT}"
+  [ -z "$CURRENT" ] || printf '%s\tinterrupted\t143\t%s\t%s\t\n' "$CURRENT" "$((SECONDS - CURRENT_START))" \
+    "$CURRENT_LIMIT" >>"$WORK/steps.tsv"
+  INTERRUPTED=143
+  exit 143
 }
 
 finish() {
   trap - EXIT TERM INT
+  exec 2>>"$LOG"  # the shell's own notes (a step killed meanwhile) go to the log, not the screen
   stop_sampling
   local left_behind summary_rc=1
   left_behind=$(sweep)
@@ -138,7 +157,7 @@ finish() {
   exit "$summary_rc"
 }
 trap finish EXIT
-trap 'note "===== interrupted"; INTERRUPTED=143; exit 143' TERM INT
+trap interrupted TERM INT
 
 note "feeder GPU check ($MODE) in $PWD: budget ${BUDGET_S} s, $THREADS CPU threads, batch $BATCH, out $OUT"
 

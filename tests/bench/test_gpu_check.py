@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.data import prepare_sample
 from bench.proctree import kill_env, pids_with_env
 from tests.common.env import ROOT
 
@@ -86,3 +87,25 @@ def test_the_rehearsal_ends_inside_its_budget_with_its_files_and_nothing_left_ru
     assert summary["tests"] and {t["outcome"] for t in summary["tests"]} == {"skipped"}  # no CUDA here
     assert (site / "feeder_carried_probe.py").is_file() and "===== unpack: ok" in logs
     assert list(work.iterdir()) == []  # its work folder (and the sample data in it) is gone
+
+
+@pytest.mark.slow
+def test_a_step_at_its_limit_is_killed_with_everything_it_started_and_the_rest_is_skipped(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    prepare_sample(cache)  # so that the budget runs out in the first throughput step
+    out, mark, budget_s = tmp_path / "out", f"cut-{os.getpid()}", 45
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "BENCH_CACHE": str(cache),
+           "BUDGET_S": str(budget_s), "WINDOW_S": "600", "FEEDER_TEST_RUN": mark}  # a step that cannot finish
+    started = time.monotonic()
+    try:
+        done = subprocess.run(["bash", "bench/gpu_check.sh", "--rehearse"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=budget_s + 60)
+        elapsed_s = time.monotonic() - started
+        left = pids_with_env("FEEDER_TEST_RUN", mark)
+    finally:
+        kill_env("FEEDER_TEST_RUN", mark)
+    steps = {s["name"]: s["status"] for s in json.loads((out / "summary.json").read_text())["steps"]}
+    assert done.returncode == 1 and "step(s) not ok" in done.stdout.splitlines()[0]
+    assert elapsed_s < budget_s + 10 and left == []
+    assert steps["throughput-224"] == "killed at its limit", steps  # its workers ran in sessions of their own
+    assert steps["gpu-tests"] == "skipped (budget)"
