@@ -51,8 +51,8 @@ _END = object()  # queued after the last batch of a stream
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between them
 _POLL_S = 0.25  # most time get() waits between two checks for a stalled stream
-# Where a stream goes when this process cannot use the transport that carried it.
-_NEXT_DOWN = {TransportKind.CUDA_IPC: TransportKind.SHM, TransportKind.SHM: TransportKind.GRPC}
+# The transports a stream falls through when this process cannot use one, best first.
+_DOWN = (TransportKind.CUDA_IPC, TransportKind.SHM, TransportKind.GRPC)
 _NAMES = {TransportKind.CUDA_IPC: "CUDA IPC", TransportKind.SHM: "shared memory", TransportKind.GRPC: "gRPC"}
 
 
@@ -340,10 +340,14 @@ class StreamFetcher:
         stream is asked for over the next one down, CUDA IPC -> shared memory -> the
         gRPC payload, with one warning. False (the error queued) when none is left."""
         failed = self._receiver.kind
-        instead = _NEXT_DOWN.get(failed) if failed is not None else None
-        if failed is None or instead is None:
+        asked = TransportKind(self.request.transport)
+        # Below both what failed and what was asked for: a daemon that answered a
+        # request for shared memory with CUDA IPC again must not make this loop.
+        below = max(_DOWN.index(k) if k in _DOWN else 0 for k in (failed, asked)) + 1
+        if failed is None or below >= len(_DOWN):
             self._put(error)
             return False
+        instead = _DOWN[below]
         _log.warning("daemon %s: %s unusable here (%s); batches come over %s", self._address,
                      _NAMES[failed], error, _NAMES[instead])
         self._cancel_call()

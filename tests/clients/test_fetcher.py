@@ -205,18 +205,20 @@ def _fallback_batch(request: feeder_pb2.StreamRequest, cursor: int, where: str) 
 
 
 class FallbackFeeder(StallingFeeder):
-    """Sends a stream's first batch over the transport asked for (CUDA IPC for auto),
-    all of them inline once asked for gRPC; records what each request asked for."""
+    """Sends a stream's first batch over the transport asked for (CUDA IPC for auto;
+    for shm, ``shm_as``), all of them inline once asked for gRPC; records what each
+    request asked for."""
 
-    def __init__(self) -> None:
+    def __init__(self, shm_as: str = "shm") -> None:
         super().__init__(lambda call, cursor: False)
         self.asked: list[TransportKind] = []
+        self.shm_as = shm_as
 
     def StreamBatches(self, request, context) -> Iterator[feeder_pb2.Batch]:
         kind = TransportKind(request.transport)
         self.asked.append(kind)
         if kind != TransportKind.GRPC:
-            yield _fallback_batch(request, request.start_cursor, "shm" if kind == TransportKind.SHM else "cuda")
+            yield _fallback_batch(request, request.start_cursor, self.shm_as if kind == TransportKind.SHM else "cuda")
             while context.is_active():  # the client cancels once it cannot open the batch
                 time.sleep(0.01)
             return
@@ -224,8 +226,9 @@ class FallbackFeeder(StallingFeeder):
             yield _fallback_batch(request, cursor, "inline")
 
 
-def test_transports_this_process_cannot_use_fall_back_to_the_next_with_one_warning_each(caplog) -> None:
-    feeder = FallbackFeeder()
+@pytest.mark.parametrize("shm_as", ["shm", "cuda"])  # cuda: a daemon that still answers shm with CUDA IPC
+def test_transports_this_process_cannot_use_fall_back_to_the_next_with_one_warning_each(caplog, shm_as) -> None:
+    feeder = FallbackFeeder(shm_as)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     feeder_pb2_grpc.add_FeederServicer_to_server(feeder, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -244,4 +247,5 @@ def test_transports_this_process_cannot_use_fall_back_to_the_next_with_one_warni
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 2
     assert "CUDA IPC unusable here" in warnings[0] and "batches come over shared memory" in warnings[0]
-    assert "shared memory unusable here" in warnings[1] and "batches come over gRPC" in warnings[1]
+    failed_second = "shared memory" if shm_as == "shm" else "CUDA IPC"
+    assert f"{failed_second} unusable here" in warnings[1] and "batches come over gRPC" in warnings[1]
