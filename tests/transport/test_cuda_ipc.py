@@ -32,8 +32,14 @@ assert batch.images.device.type == "cuda"
 total = int(batch.images.sum())  # ordered after the daemon's write by the slot's event
 batch.release(torch.cuda.Event())
 print(total, batch.images.device.index, released, flush=True)
+if len(sys.argv) > 3 and sys.argv[3] == "let-go":  # drops the ring, then lives on
+    import gc
+    del batch
+    receiver.close()
+    gc.collect()
+    print("let go", flush=True)
 if len(sys.argv) > 3:
-    time.sleep(600)  # holds the ring until killed
+    time.sleep(600)  # until killed
 """
 SLOT_BYTES = 4 * 8 * 8 * 3
 
@@ -132,6 +138,23 @@ def test_a_killed_clients_ring_is_freed_and_a_live_ones_is_not(shm_dir, tmp_path
         if client.poll() is None:
             client.kill()
     assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+
+
+@pytest.mark.gpu
+def test_a_live_client_that_let_go_of_the_ring_frees_it(shm_dir, tmp_path):
+    hub, request, before = _hub(shm_dir)
+    sender = hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=request.gpu_uuid)
+    _sent(sender, tmp_path)
+    client = _client(tmp_path / "msg", shm_dir, "let-go")
+    try:
+        assert client.stdout is not None and client.stdout.readline()  # it has opened the ring
+        assert client.stdout.readline().strip() == "let go"  # and dropped it (its storage's finalizer)
+        hub.close_sender(sender)
+        assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+        assert client.poll() is None  # alive all along
+    finally:
+        client.kill()
+        client.wait(10)
 
 
 @pytest.mark.gpu
