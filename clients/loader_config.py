@@ -76,7 +76,8 @@ class LoaderConfig:
             process can share the daemon's ``/dev/shm``, else inside the gRPC
             messages, with one log line saying why), ``"cuda_ipc"``, ``"shm"`` (host
             shared memory, also for a CUDA consumer) or ``"grpc"``. Where the one
-            asked for does not work, the next one down is used, with one warning.
+            asked for does not work, the next one down is used, with one warning
+            per step down.
             ``loader.transport`` says which one is in use.
         shm_dir: The shared-memory directory (the daemon's ``--shm-dir``).
         connect_timeout_s: How long the first contact may take.
