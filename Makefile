@@ -29,8 +29,11 @@ install: $(STAMP) $(PROTO_OUT) $(JPEG_LIB)
 
 proto: $(PROTO_OUT)
 
+# Two workers for the tests that wait more than they compute; the ones comparing rates
+# or shares of the machine (marked serial) after them, alone.
 test: install typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 typecheck: install
 	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench

@@ -19,7 +19,7 @@ from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.waiting import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 _RANKS, _JOBS = 8, 2
 _OPTIONS = ("--threads", "2", "--contended-idle-timeout-s", "2", "--max-memory-bytes", "400M",

@@ -16,7 +16,7 @@ from feeder.service import FeederService, open_datasets
 from protocol.request import StreamSpec
 from shards import jpeg
 
-pytestmark = pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason()))
+pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason())), pytest.mark.serial]
 
 _THREADS = 2
 

@@ -20,6 +20,7 @@ from core.errors import ConfigError, NotFound
 from sharder import ShardConfig, shard
 from sharder.out_lock import LOCK_NAME, OutLock
 from tests.common.shards import build_sample_tree
+from tests.common.waiting import wait_for
 from tests.sharder.runs import REPO, SHARD_BYTES, killing_command, shard_command, tree_bytes
 
 # A run that stops after its first shard until a line comes on stdin.
@@ -48,6 +49,14 @@ with OutLock(sys.argv[1]):
     print(child.pid, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 """
+
+
+def _takes(out: Path) -> bool:
+    try:
+        with OutLock(out):
+            return True
+    except ConfigError:
+        return False
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +129,10 @@ def test_a_forked_child_outliving_a_killed_run_does_not_keep_its_lock(tmp_path: 
     try:
         assert killed.wait(timeout=60) == -signal.SIGKILL
         os.kill(child, 0)  # still alive, and it was forked while the lock was held
+        # The child lets go in its fork hook, which a loaded machine may not have run
+        # by the time its parent is killed: taken within a few seconds, then.
+        assert wait_for(lambda: _takes(out), timeout_s=10)
+        os.kill(child, 0)
         with OutLock(out):
             assert json.loads((out / LOCK_NAME).read_text())["pid"] == os.getpid()
     finally:
