@@ -22,10 +22,10 @@ from pathlib import Path
 
 import grpc
 
+from clients.host_batch import HostBatch, to_host
 from core.errors import FeederError, ServiceUnavailable, error_for_code
 from protos import feeder_pb2
 from transport.base import ReleaseSink, TransportKind, TransportUnavailable
-from clients.host_batch import HostBatch, to_host
 from transport.client import StreamReceiver
 from transport.grpc_payload import parse_batch
 from transport.ring_holder import RingRetired

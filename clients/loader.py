@@ -20,10 +20,10 @@ from clients.channel import check_address
 from clients.elastic import IDENTITY_KEYS, resume, segments_to
 from clients.host_batch import HostBatch
 from clients.loader_config import LoaderConfig, MovedToConfig, OnePass
+from clients.pool import DaemonPool
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
 from clients.spec import Sizes, StreamSpecs
-from clients.pool import DaemonPool
 from clients.streams import Streams
 from clients.transfer import DeviceTransfer
 from core.errors import ConfigError

@@ -20,9 +20,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from clients.connection import Connection
 from clients.loader_config import LoaderConfig
 from clients.spec import SplitInfo
-from clients.connection import Connection
 from core.errors import FeederError, ServiceUnavailable
 
 __all__ = ["DaemonPool", "Member", "expand_addresses"]

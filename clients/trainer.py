@@ -23,8 +23,8 @@ from clients.checkpoint import (
 from clients.config import TrainConfig
 from clients.data import make_loaders
 from clients.distributed import (
-    all_gather_objects,
     Dist,
+    all_gather_objects,
     all_reduce_sum,
     init_distributed,
     shutdown_distributed,

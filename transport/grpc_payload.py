@@ -35,8 +35,8 @@ import torch
 
 from core.errors import DataError, InvalidArgument
 from core.wire import read_varint, varint
-from protos import feeder_pb2
 from protocol.batch import BatchMeta, to_message
+from protos import feeder_pb2
 from transport.base import (
     BatchReceiver,
     BatchSender,

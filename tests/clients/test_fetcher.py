@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from clients import FeederLoader
+from clients.connection import Connection
 from clients.fetcher import StreamFetcher
 from clients.loader_config import LoaderConfig
-from clients.connection import Connection
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
 from protocol.batch import BatchMeta, to_message

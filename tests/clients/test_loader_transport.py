@@ -143,7 +143,8 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
                 client.kill()
         assert sum(other_keys.values()) == N_TRAIN
         # The daemon notices the dead client (its call is cancelled) and unlinks the ring.
-        assert wait_for(timeout_s=30, predicate=lambda: not _segments(os.getpid()) and server.service.open_streams() == 0)
+        assert wait_for(timeout_s=30,
+                        predicate=lambda: not _segments(os.getpid()) and server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator

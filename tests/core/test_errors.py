@@ -43,8 +43,9 @@ def test_each_error_has_one_code_and_one_line(error, code, prefix):
 def test_a_corrupt_sample_is_bad_data_and_carries_what_failed():
     error = SampleCorrupt(Path("/d/train/shard-000001.tar"), "00000007_x", 7, half=True)
     assert isinstance(error, DataError) and grpc_code(error) == grpc.StatusCode.DATA_LOSS
-    assert (error.path, error.key, error.index, error.half) == (Path("/d/train/shard-000001.tar"), "00000007_x", 7, True)
-    assert cli_message(error).startswith("feeder: bad data: /d/train/shard-000001.tar: the half-scale copy of sample 00000007_x ")
+    shard = Path("/d/train/shard-000001.tar")
+    assert (error.path, error.key, error.index, error.half) == (shard, "00000007_x", 7, True)
+    assert cli_message(error).startswith(f"feeder: bad data: {shard}: the half-scale copy of sample 00000007_x ")
     copy = pickle.loads(pickle.dumps(error))  # crosses process boundaries whole
     assert (type(copy), str(copy), copy.index, copy.half) == (SampleCorrupt, str(error), 7, True)
 

@@ -9,14 +9,15 @@ import pytest
 
 from core.errors import InvalidArgument
 from protocol.plan import (
-    Segment,
-    remaining_length,
-    remaining_order,
     LastBatch,
+    RankPart,
+    Segment,
     epoch_order,
     iter_batches,
     plan_length,
     rank_part,
+    remaining_length,
+    remaining_order,
     tail_skipped,
 )
 

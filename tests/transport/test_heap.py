@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from transport import heap
 from protocol.batch import BatchMeta
+from transport import heap
 from transport.grpc_payload import GrpcPayloadSender, InlineReceiver, parse_batch
 
 
