@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,12 @@ from shards.layout import (
     index_path,
     index_schema,
 )
+
+if TYPE_CHECKING:
+    from shards.remote_root import ObjectPath
+
+# A shard directory: local, or in an object store (read through the same calls).
+Root: TypeAlias = "Path | ObjectPath"
 
 __all__ = [
     "IndexColumns",
@@ -76,7 +82,7 @@ class IndexColumns:
     half_checksums: np.ndarray | None
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Root) -> dict[str, Any]:
     """The manifest of shard directory ``root``.
 
     Raises:
@@ -95,7 +101,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_served_manifest(root: Path) -> dict[str, Any]:
+def read_served_manifest(root: Root) -> dict[str, Any]:
     """The manifest of ``root``, with the ``splits`` and ``classes`` serving needs.
 
     Raises:
@@ -110,7 +116,7 @@ def read_served_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
+def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
     """The split has WebDataset tars (the daemon reads sample bytes out of them; an
     LMDB-only split, ``feeder shard --format lmdb``, has none), and each one the
     manifest lists exists with the recorded size (a cheap check; ``feeder verify``
@@ -133,7 +139,7 @@ def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
 
 
-def index_version(path: Path) -> int:
+def index_version(path: Root) -> int:
     """The format version of the index at ``path`` (:mod:`shards.layout`): the one in
     its schema metadata, or, where there is none, 2 when it has the columns of the
     half-scale copies, else 1.
@@ -162,7 +168,7 @@ def index_version(path: Path) -> int:
     return version
 
 
-def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
+def read_index(root: Root, split: str, columns: Sequence[str] | None = None) -> pa.Table:
     """The rows of ``<split>/index.parquet`` (``columns`` of them, or all those of
     ``INDEX_SCHEMA``), from an index of any version this code reads, with that
     version in the table's schema metadata (``INDEX_VERSION_KEY``). Columns the
@@ -200,7 +206,7 @@ def _absent(field: pa.Field, rows: int) -> pa.Array:
     return pa.array(np.full(rows, fill), field.type)
 
 
-def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
+def read_columns(root: Root, split: str, info: dict[str, Any]) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
     and the tars: the row count and format version, every sample inside its tar, an
     image size on every row, and the columns of the half-scale copies either locating
@@ -239,7 +245,7 @@ def read_columns(root: Path, split: str, info: dict[str, Any]) -> IndexColumns:
     return columns
 
 
-def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.ndarray | None:
+def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.ndarray | None:
     if version < 3:
         return None
     values = table.column(column)
@@ -248,7 +254,7 @@ def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.nda
     return values.to_numpy().astype(np.uint64)
 
 
-def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:
+def _check_extents(root: Root, path: Root, cols: IndexColumns) -> None:
     for shard_id, shard in enumerate(cols.shards):
         file = root / shard
         if not file.is_file():
@@ -260,14 +266,14 @@ def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
 
 
-def _check_image_sizes(path: Path, cols: IndexColumns) -> None:
+def _check_image_sizes(path: Root, cols: IndexColumns) -> None:
     """Crop windows are drawn from the index's sizes; a row without one cannot be served."""
     bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
     if len(bad):
         raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")
 
 
-def _check_half_copies(path: Path, cols: IndexColumns) -> None:
+def _check_half_copies(path: Root, cols: IndexColumns) -> None:
     """A half-scale copy the index locates lies in its tar (``_check_extents`` has the
     end); a row's columns of the copies either locate one or say there is none."""
     bad = np.flatnonzero((cols.half_sizes < 0) | ((cols.half_sizes > 0) & (cols.half_offsets < 0)))
