@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
+from core.cli import parse_bytes
 from core.errors import ConfigError
 from core.fields import cli
 
@@ -44,20 +45,31 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def parse_datasets(values: list[str], option: str = "--dataset") -> dict[str, Path]:
-    """``["imagenet=/data/shards", ...]`` -> ``{"imagenet": Path("/data/shards")}``.
+def parse_datasets(values: list[str], option: str = "--dataset") -> dict[str, Path | str]:
+    """``["imagenet=/data/shards", "web=s3://bucket/shards"]`` -> ``{"imagenet":
+    Path("/data/shards"), "web": "s3://bucket/shards"}``: local roots as paths
+    (``file:///x`` is ``/x``), object store roots as their URLs.
 
     Raises:
-        ConfigError: an entry without ``=``, or a name given twice (naming ``option``).
+        ConfigError: an entry without ``=``, a name given twice, or a store URL that
+            cannot be (naming ``option``).
     """
-    datasets: dict[str, Path] = {}
+    from shards.objects import ObjectUrl, is_remote, local_path  # no client library loads here
+
+    datasets: dict[str, Path | str] = {}
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:
             raise ConfigError(f"{option} {value!r}: expected NAME=PATH, e.g. imagenet=/data/shards")
         if name in datasets:
             raise ConfigError(f"{option} {name!r}: given twice")
-        datasets[name] = Path(path).expanduser()
+        if is_remote(path):
+            try:
+                datasets[name] = str(ObjectUrl.parse(path))
+            except ConfigError as e:
+                raise ConfigError(f"{option} {value!r}: {e}") from e
+        else:
+            datasets[name] = local_path(path)
     return datasets
 
 
@@ -110,8 +122,11 @@ class ServerConfig:
 
     Args:
         datasets: dataset name -> shard directory (made by ``feeder shard``), given
-            as NAME=PATH, once per dataset. Example: imagenet=/data/shards. Clients
-            ask by name; they can never make the daemon open another path.
+            as NAME=PATH, once per dataset: a local path, or an object store URL
+            (s3://bucket/prefix, gs://, az://; credentials from the environment,
+            ~/.aws/credentials and config, or instance metadata). Example:
+            imagenet=/data/shards. Clients ask by name; they can never make the
+            daemon open another path.
         port: TCP port to listen on; 0 picks any free port (printed on start).
         bind: address to bind: loopback by default, 0.0.0.0 for all. Any other than
             a loopback address needs TLS and a token (``tls_cert``, ``tls_key``,
@@ -211,9 +226,23 @@ class ServerConfig:
             memory.
         decoded_cache_side: cached images keep their shorter side at most this many
             pixels; streams asking for a larger image_size decode from JPEG (counted).
+        s3_endpoint: the S3 API of an S3-compatible store (MinIO, SeaweedFS, Ceph),
+            e.g. http://127.0.0.1:8333; default: AWS_ENDPOINT_URL, else AWS itself.
+        cache_dir: node-local shard cache of remote datasets (a local disk, e.g.
+            /nvme/feeder): each remote shard is fetched whole in the background the
+            first time it is read, checked against the manifest's sha256, and read
+            locally from then on; kept across restarts, shared by every stream and
+            job of this daemon (a second daemon is refused it). None, the default:
+            ranged reads only.
+        cache_bytes: budget of ``cache_dir``, e.g. 800G; the least recently used shard
+            not being read is evicted past it; smaller than a shard: ranged reads
+            only. Default: 100G.
+        cache_fetch_bytes_per_s: the most bytes per second each background shard
+            download takes (two run at once), e.g. 200M, so downloads leave the ranged
+            reads of current batches their bandwidth; 0, the default: no limit.
     """
 
-    datasets: Mapping[str, Path] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
+    datasets: Mapping[str, Path | str] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
     port: int = 50051
     bind: str = "127.0.0.1"
     device: str = "auto"
@@ -251,6 +280,10 @@ class ServerConfig:
     pipeline_idle_s: float = 30.0
     decoded_cache_bytes: int = 0
     decoded_cache_side: int = 256
+    s3_endpoint: str | None = None
+    cache_dir: Path | None = None
+    cache_bytes: int = 100 << 30
+    cache_fetch_bytes_per_s: int = field(default=0, metadata=cli(parse=parse_bytes))
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -290,6 +323,7 @@ class ServerConfig:
             raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
         self._check_decoded_cache()
+        self._check_remote()
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -321,6 +355,19 @@ class ServerConfig:
             from feeder.decoded_cache import check_budget
 
             check_budget(self.decoded_cache_bytes)
+
+    def _check_remote(self) -> None:
+        if self.s3_endpoint is not None and not self.s3_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"s3_endpoint: {self.s3_endpoint!r} is not an http:// or https:// URL")
+        if self.cache_bytes < 0 or self.cache_fetch_bytes_per_s < 0:
+            raise ConfigError("cache_bytes and cache_fetch_bytes_per_s: must be >= 0")
+        if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
+            raise ConfigError(f"cache_dir: {self.cache_dir} exists and is not a directory")
+
+    @property
+    def remote_datasets(self) -> list[str]:
+        """The names of the datasets in object stores."""
+        return [name for name, root in self.datasets.items() if isinstance(root, str)]
 
     @property
     def footprint_bytes(self) -> int:

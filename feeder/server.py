@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from core.errors import ConfigError
 from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.metrics import ServerMetrics
+from feeder.remote import close_remote, remote_access
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
@@ -57,7 +58,13 @@ class FeederServer:
         swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
         if swept:
             log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
-        self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
+        remote = remote_access(config)
+        try:
+            datasets = open_datasets(config.datasets, remote)
+        except BaseException:
+            close_remote(remote)
+            raise
+        self.service = FeederService(config, datasets, self.metrics, remote)
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),

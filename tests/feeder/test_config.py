@@ -50,9 +50,23 @@ def test_defaults_are_loopback_and_a_bounded_worker_pool():
 
 def test_parse_datasets():
     assert parse_datasets(["a=/data/a", "b=rel/b"]) == {"a": Path("/data/a"), "b": Path("rel/b")}
-    for bad in (["nopath"], ["=x"], ["a=x", "a=y"]):
+    for bad in (["nopath"], ["=x"], ["a=x", "a=y"], ["a=s3://b/../x"]):
         with pytest.raises(ConfigError, match="--dataset"):
             parse_datasets(bad)
+
+
+def test_store_urls_stay_urls_and_file_urls_are_paths():
+    found = parse_datasets(["w=s3://bucket/shards/", "g=gs://b/p", "f=file:///data/f"])
+    assert found == {"w": "s3://bucket/shards", "g": "gs://b/p", "f": Path("/data/f")}
+    config = ServerConfig(datasets=found)
+    assert config.remote_datasets == ["w", "g"] and config.cache_dir is None
+
+
+def test_remote_options_are_checked():
+    with pytest.raises(ConfigError, match="s3_endpoint"):
+        ServerConfig(**OK, s3_endpoint="localhost:9000")
+    with pytest.raises(ConfigError, match="cache_bytes"):
+        ServerConfig(**OK, cache_bytes=-1)
 
 
 @pytest.mark.parametrize("text,value", [
