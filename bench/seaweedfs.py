@@ -153,7 +153,11 @@ class SeaweedFS:
             # 2.5 s but first starts in 4 to 9 s, against 3.6 to 3.8 s.)
             "-master.electionTimeout=1s",
             # No 10 s pause before the volume server stops (it waits for a load balancer).
-            "-volume.preStopSeconds=0", "-master.volumeSizeLimitMB=1024", "-volume.max=0",
+            "-volume.preStopSeconds=0", "-master.volumeSizeLimitMB=1024",
+            # Each bucket grows 7 volumes of its own; -volume.max=0 would allow free disk
+            # / 1 GiB volumes in all, which a session of tests (a bucket each) runs out
+            # of. Volumes are not preallocated, so a high count costs no disk.
+            "-volume.max=1000",
         ]
 
     def start(self, timeout_s: float = _START_TIMEOUT_S) -> None:
