@@ -250,8 +250,8 @@ class RemoteShards:
     def _want(self, shard: int) -> None:
         entry = self._entries[shard]
         if self._cache is not None and entry is not None:
-            name, size = self._shards[shard], entry.size
-            self._cache.want(entry, lambda: self._store.chunks(name, size))
+            name, size, chunk = self._shards[shard], entry.size, self._cache.chunk_bytes
+            self._cache.want(entry, lambda: self._store.chunks(name, size, chunk))
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """After a copy's bytes failed their checksum: the copy is dropped and the

@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[0-9a-f]{64}\.tar$")
 _TOUCH_EVERY_S = 60.0  # a shard's mtime (its recency across restarts) is brought up at most this often
 _FAILED_RETRY_S = 60.0  # a shard whose download failed is not tried again sooner
-_WRITE_BYTES = 8 << 20
+_CHUNK_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,10 @@ class ShardCache:
             raise ConfigError("cache: budget_bytes and fetch_bytes_per_s must be >= 0, fetch_threads >= 1")
         self.directory, self.budget_bytes = Path(directory), budget_bytes
         self._fetch_bytes_per_s = fetch_bytes_per_s
+        # Bytes per request of a download: a quarter second's worth where it is
+        # throttled (so the rate is smooth), else large ranges.
+        self.chunk_bytes = min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4)) if fetch_bytes_per_s else _CHUNK_BYTES
+        self._stopping = threading.Event()
         self._lock_fd = _take_lock(self.directory)
         self._shards, self._partial = self.directory / "shards", self.directory / "partial"
         self._mutex = threading.Lock()
@@ -251,12 +255,12 @@ class ShardCache:
         digest, written, started = hashlib.sha256(), 0, time.monotonic()
         with open(partial, "wb") as out:
             for chunk in chunks:
-                if self._closed:
-                    raise OSError(errno.ECANCELED, "the daemon is stopping")
                 out.write(chunk)
                 digest.update(chunk)
                 written += len(chunk)
                 self._throttle(written, started)
+                if self._stopping.is_set():
+                    raise OSError(errno.ECANCELED, "the daemon is stopping")
             out.flush()
             os.fsync(out.fileno())
         if written != shard.size or digest.hexdigest() != shard.sha256:
@@ -269,7 +273,7 @@ class ShardCache:
         if self._fetch_bytes_per_s:
             ahead_s = written / self._fetch_bytes_per_s - (time.monotonic() - started)
             if ahead_s > 0:
-                time.sleep(ahead_s)
+                self._stopping.wait(ahead_s)
 
     def _fetch_failed(self, shard: CachedShard, partial: Path, why: str | None) -> None:
         partial.unlink(missing_ok=True)
@@ -311,6 +315,7 @@ class ShardCache:
         if self._closed:
             return
         self._closed = True
+        self._stopping.set()
         self._fetchers.shutdown(wait=True, cancel_futures=True)
         for leftover in self._partial.glob(f"*.{os.getpid()}.part"):
             leftover.unlink(missing_ok=True)
