@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -60,36 +61,42 @@ class RemoteAccess:
 
 class RequestPool:
     """``threads`` threads running requests, lower priority first, then in order.
-    One per dataset."""
+    One per dataset; its threads end once nothing refers to it (the dataset's splits
+    are gone)."""
 
     def __init__(self, threads: int, name: str) -> None:
-        self._queue: queue.PriorityQueue[tuple[int, int, Future[Any] | None, Callable[[], Any] | None]] = \
-            queue.PriorityQueue()
+        self._queue: queue.PriorityQueue[_Queued] = queue.PriorityQueue()
         self._order = itertools.count()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
+        for i in range(threads):  # the threads hold the queue, not the pool
+            threading.Thread(target=_work, args=(self._queue,), name=f"{name}-{i}", daemon=True).start()
+        weakref.finalize(self, _stop, self._queue, threads)
 
     def submit(self, request: Callable[[], Any], priority: int = _NEEDED) -> Future[Any]:
         future: Future[Any] = Future()
         self._queue.put((priority, next(self._order), future, request))
         return future
 
-    def _work(self) -> None:
-        while True:
-            _, _, future, request = self._queue.get()
-            if future is None or request is None:
-                return
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(request())
-            except BaseException as e:  # handed to whoever waits on the future
-                future.set_exception(e)
 
-    def close(self) -> None:
-        for _ in self._threads:
-            self._queue.put((2, next(self._order), None, None))
+_Queued = tuple[int, int, "Future[Any] | None", "Callable[[], Any] | None"]
+
+
+def _work(requests: queue.PriorityQueue[_Queued]) -> None:
+    while True:
+        _, _, future, request = requests.get()
+        if future is None or request is None:
+            return
+        if not future.set_running_or_notify_cancel():
+            continue
+        try:
+            future.set_result(request())
+        except BaseException as e:  # handed to whoever waits on the future
+            future.set_exception(e)
+        del future, request  # while waiting for the next, hold nothing that holds the pool
+
+
+def _stop(requests: queue.PriorityQueue[_Queued], threads: int) -> None:
+    for number in range(threads):
+        requests.put((_AHEAD + 1, -1 - number, None, None))  # after every request queued
 
 
 class Span(NamedTuple):

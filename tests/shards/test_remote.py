@@ -4,6 +4,8 @@ ranged GETs, and what the store refuses named with its URL and the sample's key.
 
 from __future__ import annotations
 
+import gc
+import threading
 import time
 from pathlib import Path
 
@@ -192,3 +194,20 @@ def test_one_datasets_stuck_store_does_not_hold_another_datasets_reads(s3_server
         assert time.monotonic() - started < 15  # not behind the 20 s timeouts of the other
     finally:
         proxy.close()
+
+
+def test_a_datasets_request_threads_serve_its_splits_and_end_with_them(s3_server: SeaweedFS, remote: str) -> None:
+    def threads() -> int:
+        return sum(t.name.startswith("feeder-get-short-lived-") for t in threading.enumerate())
+
+    access = RemoteAccess(StoreOptions(endpoint_url=s3_server.endpoint_url), StoreCounters(), max_requests=3)
+    with pointed_at(s3_server):
+        split = ShardDataset.open("short-lived", remote, remote=access).splits["val"]  # the dataset itself is gone
+    gc.collect()
+    assert threads() == 3 and len(split.read_many(np.arange(4))) == 4
+    del split
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads() == 0
