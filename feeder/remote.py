@@ -33,7 +33,7 @@ def remote_access(config: ServerConfig) -> RemoteAccess | None:
         usage = cache.usage()
         log.info("shard cache %s: %d shards, %.1f of %.1f GiB", config.cache_dir, usage.cached_shards,
                  usage.cached_bytes / (1 << 30), usage.budget_bytes / (1 << 30))
-    return RemoteAccess(StoreOptions(endpoint_url=config.s3_endpoint), StoreCounters(), cache)
+    return RemoteAccess(StoreOptions(endpoint_url=config.s3_endpoint), StoreCounters(), cache, config.store_requests)
 
 
 def close_remote(remote: RemoteAccess | None) -> None:

@@ -35,6 +35,7 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"max_pixels": 0}, "max_pixels"),
         ({"max_pipelines": 0}, "max_pipelines"),
         ({"pipeline_idle_s": float("nan")}, "pipeline_idle_s"),
+        ({"store_requests": 0}, "store_requests"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):
