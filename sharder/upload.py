@@ -1,7 +1,7 @@
 """``feeder shard SRC s3://bucket/prefix``: shard into a local stage and upload there.
 
 The run is :func:`sharder.shard.shard` into ``config.stage_dir``; each shard is
-uploaded (in parts of 16 MiB when larger) as soon as it is durable in the stage,
+uploaded (in parts of 64 MiB above 1 GiB) as soon as it is durable in the stage,
 by one uploader thread while the next shard is written, and removed from the stage
 once stored (with ``lmdb``, whose database is built from the tars, at the end). The
 indexes and LMDB follow when the run is done, the manifest last: a reader never

@@ -1,7 +1,8 @@
 """``feeder shard SRC s3://bucket/prefix`` and ``feeder verify s3://...`` against a real
-S3 server: the store ends up with the bytes a local run writes, the manifest last; a
-killed run uploads only what is missing; a prefix holding a dataset is refused
-without ``--overwrite``; verify checks the store's copy and names URLs."""
+S3 server: the store ends up with the bytes a local run writes, the manifest last,
+and a daemon serves it with the local copy's pixels, every sample once; a killed
+run uploads only what is missing; a prefix holding a dataset is refused without
+``--overwrite``; verify checks the store's copy and names URLs."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from bench.seaweedfs import SeaweedFS
 from core.errors import ConfigError
 from feeder.cli import app
 from sharder import ShardConfig, shard, shard_to_store
+from protos import feeder_pb2_grpc
 from sharder.verify import verify
+from shards.index import read_index
 from shards.layout import shard_name
 from tests.common.s3 import fresh_bucket, pointed_at, store_of
 from tests.common.shards import build_sample_tree
+from tests.feeder.conftest import connect, request, start
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_BYTES = 60_000
@@ -68,6 +72,27 @@ def test_sharding_into_a_store_uploads_the_bytes_of_a_local_run(
         checked = CliRunner().invoke(app, ["verify", url, "--full"])
     assert checked.exit_code == 0, checked.output
     assert checked.stdout.strip().endswith("images decoded: OK") and url in checked.stdout
+    _served_alike(s3_server, url, reference)
+
+
+def _served_alike(server: SeaweedFS, url: str, local: Path) -> None:
+    """A daemon serving ``url`` gives every sample once, with the pixels of ``local``."""
+    with pointed_at(server):
+        daemon, port = start({"remote": url, "local": local}, s3_endpoint=server.endpoint_url)
+    try:
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            for split in ("train", "val"):
+                fields = dict(split=split, batch_size=3, image_size=32, seed=1)  # 36 and 6 samples: no remainder
+                there = [(tuple(b.keys), tuple(b.padding), b.images)
+                         for b in stub.StreamBatches(request(dataset="remote", **fields))]
+                here = [(tuple(b.keys), tuple(b.padding), b.images)
+                        for b in stub.StreamBatches(request(dataset="local", **fields))]
+                assert there == here
+                keys = [k for batch_keys, pads, _ in there for k, p in zip(batch_keys, pads) if not p]
+                assert len(keys) == len(set(keys)) == len(read_index(local, split))
+    finally:
+        daemon.stop(0).wait(10)
 
 
 def test_the_manifest_is_uploaded_after_every_other_file(s3_server: SeaweedFS, src: Path, tmp_path: Path) -> None:
