@@ -16,7 +16,15 @@ Paths, each a real gRPC stream over loopback from a server process:
   bytes it receives (no producer copy, no parse, no tensor; malloc set as the gRPC
   payload sets it): what no gRPC payload through grpcio can beat on this machine;
 - ``memcpy``: ``np.copyto`` of the same bytes into as many buffers as the ring has
-  slots, in one process (upper bound).
+  slots, in one process (upper bound);
+- ``shm-guard`` and ``grpc-guard``: ``shm`` and ``grpc`` with the same handlers, the
+  same batches and the same client, the thread-per-call server behind the daemon's
+  ``feeder.call_guard.CallGuard`` (every call read as request-streaming, its request
+  through the gate and deadline of calls waiting for it): what the guard costs;
+- ``shm-aio`` and ``grpc-aio``: the same again, served by a ``grpc.aio`` server (the
+  handlers, plain generators as the daemon's servicer is, run in its thread pool),
+  where a call waiting for its request holds no thread: what serving the daemon
+  from ``grpc.aio`` instead would cost or gain.
 
 As in the daemon, a producer thread writes each batch (the pipeline's output: a copy
 of the pre-made batch) ahead of the gRPC handler through a queue of 4, while the
@@ -37,6 +45,7 @@ Usage: ``python bench/transport_only.py [--batch-sizes 64 256] [--json out.json]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing as mp
 import queue
 import statistics
@@ -67,7 +76,9 @@ _Batch = TypeVar("_Batch")
 _UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 _TODAY = "today"  # job_id that selects the current encode path
 _CEILING = "ceiling"  # job_id: one pre-serialized message, sent again and again
-_PATHS = ("memcpy", "shm", "grpc", _TODAY, _CEILING)
+# Path suffixes: the same path from another server (see the module docstring).
+_GUARD, _AIO = "-guard", "-aio"
+_PATHS = ("memcpy", "shm", "grpc", _TODAY, _CEILING, *(f"{p}{s}" for s in (_GUARD, _AIO) for p in ("shm", "grpc")))
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ def _encode_before(images: np.ndarray, meta: Any) -> bytes:
     """How the daemon serialized a batch before the transport package: the small
     fields by protobuf, then the pixels joined on (one copy into the message)."""
     from core.wire import BYTES, field_key, varint
+    from protocol.batch import to_message
 
-    head = meta.to_message(images.shape).SerializeToString()
+    head = to_message(meta, images.shape).SerializeToString()
     pixels = np.ascontiguousarray(images).data.cast("B")
     return b"".join((head, field_key(5, BYTES), varint(pixels.nbytes), pixels))
 
@@ -141,8 +153,18 @@ def _produced(make: Callable[[], _Batch], count: int) -> Iterator[_Batch]:
         yield item
 
 
-def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
-    """The daemon side, in its own process: streams the pre-made batch."""
+def _server_of(path: str) -> tuple[str, str]:
+    """(the path, the server suffix: "", ``_GUARD`` or ``_AIO``)."""
+    for suffix in (_GUARD, _AIO):
+        if path.endswith(suffix):
+            return path.removesuffix(suffix), suffix
+    return path, ""
+
+
+def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any, server_kind: str) -> None:
+    """The daemon side, in its own process: streams the pre-made batch, from a
+    thread-per-call ``grpc.server`` (behind the daemon's call guard for ``_GUARD``) or
+    a ``grpc.aio`` one (``_AIO``)."""
     from protocol.batch import BatchMeta
     from transport.base import Slot, TransportConfig
     from transport.daemon import TransportHub, TransportRequest
@@ -191,13 +213,42 @@ def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any) -> None:
             release, request_deserializer=feeder_pb2.ReleaseRequest.FromString,
             response_serializer=feeder_pb2.ReleaseResponse.SerializeToString),
     }
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("feeder.v1.Feeder", handlers),))
+    generic = grpc.method_handlers_generic_handler("feeder.v1.Feeder", handlers)
+    try:
+        if server_kind == _AIO:
+            asyncio.run(_run_aio(generic, ports, stop))
+        else:
+            _run_sync(generic, ports, stop, guarded=server_kind == _GUARD)
+    finally:
+        hub.close_all()
+
+
+def _run_sync(generic: grpc.GenericRpcHandler, ports: Any, stop: Any, guarded: bool) -> None:
+    """Serve ``generic`` from a thread-per-call server until ``stop`` is set."""
+    from feeder.call_guard import CallGuard
+    from feeder.metrics import ServerMetrics
+
+    guard = CallGuard(max_waiting_calls=16, timeout_s=10.0, metrics=ServerMetrics()) if guarded else None
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED,
+                         interceptors=[] if guard is None else [guard])
+    server.add_generic_rpc_handlers((generic,))
     ports.put(server.add_insecure_port("127.0.0.1:0"))
     server.start()
     stop.wait()
     server.stop(0)
-    hub.close_all()
+    if guard is not None:
+        guard.close()
+
+
+async def _run_aio(generic: grpc.GenericRpcHandler, ports: Any, stop: Any) -> None:
+    """Serve ``generic`` from a ``grpc.aio`` server until ``stop`` is set; the (sync)
+    handlers run in a pool of as many threads as the sync server has."""
+    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED)
+    server.add_generic_rpc_handlers((generic,))
+    ports.put(server.add_insecure_port("127.0.0.1:0"))
+    await server.start()
+    await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+    await server.stop(0)
 
 
 def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_size: int, shm_dir: Path) -> float:
@@ -206,6 +257,7 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
     from transport.client import STREAM_BATCHES, SlotReleaser, StreamReceiver
     from transport.grpc_payload import parse_batch
 
+    path, _ = _server_of(path)  # the same client whichever server
     transport = {"shm": feeder_pb2.TRANSPORT_SHM, "grpc": feeder_pb2.TRANSPORT_GRPC}.get(path, feeder_pb2.TRANSPORT_AUTO)
     request = feeder_pb2.StreamRequest(
         batch_size=batch_size, max_samples=config.warmup_batches + config.batches, transport=transport,
@@ -262,7 +314,7 @@ def _fresh_rate(config: BenchConfig, path: str, batch_size: int, shm_dir: str, r
     context = mp.get_context("spawn")
     ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
     stop = context.Event()
-    server = context.Process(target=_serve, args=(config, shm_dir, ports, stop), daemon=True)
+    server = context.Process(target=_serve, args=(config, shm_dir, ports, stop, _server_of(path)[1]), daemon=True)
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=120)}", options=_UNLIMITED) as channel:
@@ -302,18 +354,21 @@ def _measure_all(config: BenchConfig, shm_dir: Path) -> list[dict]:
         for path, gbps in rates.items():
             rows.append({"path": path, "batch_size": batch_size, "gb_per_s": statistics.median(gbps),
                          "repeats_gb_per_s": gbps, "batch_bytes": batch_size * config.side_px ** 2 * 3})
-            print(f"{path:>7} batch {batch_size:>4}: {statistics.median(gbps):6.2f} GB/s  "
+            print(f"{path:>10} batch {batch_size:>4}: {statistics.median(gbps):6.2f} GB/s  "
                   f"(repeats {', '.join(f'{g:.2f}' for g in gbps)})", flush=True)
     return rows
 
 
 def targets(rows: list[dict]) -> list[dict]:
     """shm >= 0.5x memcpy; new gRPC payload >= 1.5x today's, per batch size; and,
-    with no goal of its own, how far grpcio's ceiling lies above today's path."""
+    with no goal of their own, how far grpcio's ceiling lies above today's path and
+    each path behind the call guard and from ``grpc.aio`` against the plain
+    thread-per-call server."""
     rate = {(r["path"], r["batch_size"]): r["gb_per_s"] for r in rows}
     checks = []
     for size in sorted({r["batch_size"] for r in rows}):
-        for path, peer, goal in (("shm", "memcpy", 0.5), ("grpc", _TODAY, 1.5), (_CEILING, _TODAY, None)):
+        servers = [(f"{p}{s}", p, None) for s in (_GUARD, _AIO) for p in ("shm", "grpc")]
+        for path, peer, goal in (("shm", "memcpy", 0.5), ("grpc", _TODAY, 1.5), (_CEILING, _TODAY, None), *servers):
             if goal is None:
                 ratio = rate[(path, size)] / rate[(peer, size)]
                 checks.append({"name": f"{path} / {peer} at batch {size} (no target)", "ratio": ratio,

@@ -12,6 +12,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from clients.elastic import merge_states
     from clients.loader import FeederLoader, LoaderConfig
     from clients.schedule import Phase, Schedule, load_schedule
     from clients.synthetic import SyntheticLoader
@@ -26,6 +27,7 @@ __all__ = [
     "Schedule",
     "SyntheticLoader",
     "load_schedule",
+    "merge_states",
 ]
 
 _HOMES = {
@@ -37,6 +39,7 @@ _HOMES = {
     "Schedule": "clients.schedule",
     "SyntheticLoader": "clients.synthetic",
     "load_schedule": "clients.schedule",
+    "merge_states": "clients.elastic",
 }
 
 

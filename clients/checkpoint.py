@@ -2,8 +2,9 @@
 
 Layout under the checkpoint directory::
 
-    step-000120/shared.pt     model, optimizer, scaler, trainer state (rank 0 writes)
-    step-000120/rank-0.pt     loader state and RNG of rank 0 (each rank its own)
+    step-000120/shared.pt     model, optimizer, scaler, trainer state, the job's loader
+                              state (rank 0 writes)
+    step-000120/rank-0.pt     RNG and visit counts of rank 0 (each rank its own)
     LATEST                    name of the last complete step directory
 
 ``LATEST`` moves only after every rank has written its file, so a crash while writing
@@ -93,20 +94,22 @@ def latest_checkpoint(root: Path) -> Path | None:
     return root / marker.read_text().strip()
 
 
-def load_checkpoint(root: Path, dist: Dist) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Reads the latest checkpoint: ``(shared, this rank's state)``.
+def load_checkpoint(root: Path, dist: Dist) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Reads the latest checkpoint: ``(shared, the states of the ranks this rank takes
+    over)``. At the world size it was written at, that is this rank's own state; at
+    another, rank ``r`` of ``w`` takes the saved ranks ``r, r + w, r + 2w, ...`` (none,
+    for a rank the job did not have then), so that what they hold (their visit counts)
+    is carried over once.
 
     Raises:
-        NotFound: No complete checkpoint under ``root``, or none for this rank.
+        NotFound: No complete checkpoint under ``root``.
     """
     folder = latest_checkpoint(root)
     if folder is None:
         raise NotFound(f"no checkpoint under {root} (no {LATEST} file)")
-    mine = folder / f"rank-{dist.rank}.pt"
-    if not mine.is_file():
-        raise NotFound(f"checkpoint {folder} has no state for rank {dist.rank} "
-                       f"(saved with another world size?)")
+    saved = sorted(int(p.stem.removeprefix("rank-")) for p in folder.glob("rank-*.pt"))
+    mine = [r for r in saved if r % dist.world_size == dist.rank]
     # weights_only=False: the files hold RNG states and plain dicts this trainer wrote
     shared = torch.load(folder / "shared.pt", map_location=dist.device, weights_only=False)
-    per_rank = torch.load(mine, map_location="cpu", weights_only=False)
-    return shared, per_rank
+    states = [torch.load(folder / f"rank-{r}.pt", map_location="cpu", weights_only=False) for r in mine]
+    return shared, states

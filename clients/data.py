@@ -43,7 +43,7 @@ def make_loaders(
     if config.data == "synthetic":
         samples, classes = _describe_synthetic(config)
         train = SyntheticLoader(samples, classes, first.batch_size, first.image_size,
-                                world_size=dist.world_size, device=dist.device,
+                                world_size=dist.world_size, rank=dist.rank, device=dist.device,
                                 seed=config.seed)
         return train, None, classes
     common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,

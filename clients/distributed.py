@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["Dist", "all_reduce_sum", "barrier", "init_distributed", "shutdown_distributed"]
+__all__ = ["Dist", "all_gather_objects", "all_reduce_sum", "barrier", "init_distributed", "shutdown_distributed"]
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,12 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     if dist.is_initialized():
         dist.all_reduce(tensor)
     return tensor.tolist()
+
+
+def all_gather_objects(value: object) -> list[object]:
+    """``value`` of every rank, rank 0 first (``[value]`` alone)."""
+    if not dist.is_initialized():
+        return [value]
+    gathered: list[object] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered

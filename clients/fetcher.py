@@ -18,22 +18,20 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import torch
 
 from core.errors import FeederError, ServiceUnavailable, error_for_code
-from protocol.batch import BatchMeta
 from protos import feeder_pb2
-from transport.base import ReceivedBatch, ReleaseSink, TransportKind, TransportUnavailable
+from transport.base import ReleaseSink, TransportKind, TransportUnavailable
+from clients.host_batch import HostBatch, to_host
 from transport.client import StreamReceiver
 from transport.grpc_payload import parse_batch
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["HostBatch", "StreamFetcher", "error_from_rpc", "is_transient"]
+__all__ = ["PENDING", "StreamFetcher", "error_from_rpc", "is_transient"]
 
 # Codes that a daemon restart, a dropped connection or an overloaded daemon produce.
 _TRANSIENT = {
@@ -47,38 +45,10 @@ _TRANSIENT = {
 # attempt of a reconnect run ended with (a stall, a cancel) does not replace them.
 _REFUSALS = {grpc.StatusCode.RESOURCE_EXHAUSTED}
 _END = object()  # queued after the last batch of a stream
+PENDING = object()  # what poll() returns when no batch came in time
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between them
 _POLL_S = 0.25  # most time get() waits between two checks for a stalled stream
-
-
-def _no_release(after: torch.cuda.Event | None = None) -> None:
-    """Nothing to hand back (the pixels are not in a transport's memory)."""
-
-
-@dataclass(frozen=True)
-class HostBatch:
-    """One batch as it arrived: in host memory, or on the consumer's GPU (CUDA IPC).
-
-    Attributes:
-        images: uint8 ``[N, H, W, 3]``: in host memory (pinned when the consumer is
-            on CUDA), or a view of the daemon's device slot on the consumer's GPU.
-        labels: int64 ``[N]`` (``meta.labels`` as a tensor, pinned like ``images``).
-        padding: bool ``[N]`` (``meta.padding`` as a tensor).
-        meta: Every small field of the batch (epoch, cursor, keys, ...), as sent.
-        release: Hands the transport's memory back once ``images`` has been copied
-            elsewhere (optionally after a CUDA event); without a call it goes back
-            when ``images`` is no longer referenced.
-        ready: For device ``images``: recorded once they may be read (after the
-            daemon's write); the consumer's stream waits on it. None in host memory.
-    """
-
-    images: torch.Tensor
-    labels: torch.Tensor
-    padding: torch.Tensor
-    meta: BatchMeta
-    release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
-    ready: torch.cuda.Event | None = None
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -94,29 +64,6 @@ def error_from_rpc(error: grpc.RpcError, address: str) -> FeederError:
     """The project error for a failed call to the daemon at ``address``."""
     cls = error_for_code(error.code())
     return cls(f"daemon {address}: {error.details()} ({error.code().name})")
-
-
-def _to_host(received: ReceivedBatch, pin: bool) -> HostBatch:
-    """The loader's view of a received batch. The pixels stay where the transport put
-    them (a shared-memory slot, the received message, a device slot) unless ``pin``
-    and in host memory: a CUDA consumer copies from pinned memory without blocking, so
-    they are copied there once and the slot goes back at once."""
-    meta, images = received.meta, received.images
-    release, ready = received.release, None
-    if images.device.type == "cuda":
-        # The receiver made this thread's stream wait for the daemon's write; the
-        # consumer's stream (another thread's) waits on this event in turn.
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(images.device))
-    if pin and images.device.type == "cpu":
-        pinned = torch.empty(images.shape, dtype=torch.uint8, pin_memory=True)
-        pinned.copy_(images)
-        received.release()
-        images, release = pinned, _no_release
-    labels, padding = torch.from_numpy(meta.labels), torch.from_numpy(meta.padding)
-    if pin:
-        labels, padding = labels.pin_memory(), padding.pin_memory()
-    return HostBatch(images=images, labels=labels, padding=padding, meta=meta, release=release, ready=ready)
 
 
 class StreamFetcher:
@@ -187,7 +134,20 @@ class StreamFetcher:
             ResourceExhausted: The daemon refused the stream for a budget until then.
             FeederError: What else ended the stream (bad request, closed fetcher).
         """
-        item = self._wait_for_item()
+        return self._taken(self._wait_for_item())
+
+    def poll(self, within_s: float) -> HostBatch | None | object:
+        """As :meth:`get`, but waiting at most ``within_s``: :data:`PENDING` when no
+        batch came by then (a pool of daemons decides itself when one has stalled)."""
+        try:
+            item = self._queue.get(timeout=within_s)
+        except queue.Empty:
+            if not self._thread.is_alive() and self._queue.empty():
+                raise FeederError(f"stream from {self._address} is closed") from None
+            return PENDING
+        return self._taken(item)
+
+    def _taken(self, item: object) -> HostBatch | None:
         if item is _END:
             self._queue.put(_END)  # later calls see the end too
             return None
@@ -195,6 +155,12 @@ class StreamFetcher:
             self._queue.put(item)
             raise item
         return item  # type: ignore[return-value]
+
+    @property
+    def failing(self) -> bool:
+        """Whether the stream's last call failed and it is being reopened (the daemon
+        gone, or refusing it for a budget)."""
+        return self._failing_since is not None
 
     def _wait_for_item(self) -> object:
         poll_s = min(self._stall_s / 4, _POLL_S)
@@ -302,7 +268,7 @@ class StreamFetcher:
         while not self._stop.is_set():
             try:
                 for message in self._messages(self._stream_from(self.epoch, self.cursor)):
-                    batch = _to_host(self._receiver.receive(parse_batch(message)), self._pin)
+                    batch = to_host(self._receiver.receive(parse_batch(message)), self._pin)
                     self.epoch, self.cursor = batch.meta.epoch, batch.meta.cursor
                     self._failing_since, self._refusal, delay_s = None, None, _FIRST_DELAY_S
                     if not self._put(batch):
@@ -352,6 +318,8 @@ class StreamFetcher:
         request = feeder_pb2.StreamRequest()
         request.CopyFrom(self.request)
         request.epoch, request.start_cursor, request.epochs = epoch, cursor, self.end_epoch - epoch
+        if epoch != self.request.epoch:
+            del request.consumed[:]  # what earlier ranks consumed was of the first epoch only
         call = self._open(request)
         with self._call_lock:
             self._call, self._stall_note = call, None

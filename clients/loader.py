@@ -7,91 +7,48 @@ is built), the streams that deliver it (:mod:`clients.streams`), where it is
 
 from __future__ import annotations
 
-import os
-import threading
 import time
-import warnings
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from prometheus_client import Gauge
 
-from clients.fetcher import HostBatch
-from clients.loader_config import LoaderConfig
+from clients.channel import check_address
+from clients.elastic import IDENTITY_KEYS, resume, segments_to
+from clients.host_batch import HostBatch
+from clients.loader_config import LoaderConfig, MovedToConfig, OnePass
 from clients.position import Position, Positioned
+from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
 from clients.spec import Sizes, StreamSpecs
-from clients.streams import Connection, Streams
+from clients.pool import DaemonPool
+from clients.streams import Streams
 from clients.transfer import DeviceTransfer
 from core.errors import ConfigError
-from protocol.request import MAX_WORLD_SIZE, StreamSpec
+from protocol.plan import remaining_length
+from protocol.request import StreamSpec
 from transport.base import HostIdentity
 
-__all__ = ["FeederLoader", "LoaderConfig", "resolve_rank"]
+__all__ = ["DAEMONS_IN_USE", "FeederLoader", "LoaderConfig"]
 
-
-class _MovedToConfig:
-    """An attribute a loader once had of its own, now read from ``loader.config``
-    (with a deprecation warning)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: FeederLoader | None, owner: type | None = None) -> Any:
-        if loader is None:
-            return self
-        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(loader.config, self.name)
-
-
-def _gpu_uuid(device: torch.device) -> str:
-    """The CUDA device's UUID (names the GPU whatever CUDA_VISIBLE_DEVICES says);
-    empty for a CPU consumer."""
-    if device.type != "cuda":
-        return ""
-    from transport.cuda_ipc import device_uuid  # torch.cuda only for a CUDA consumer
-
-    return device_uuid(device.index if device.index is not None else torch.cuda.current_device())
+# In the process's default registry: a training script's own Prometheus endpoint shows it.
+DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
+                       ["dataset", "split", "rank"])
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: as given, else from torch.distributed, else torchrun's env."""
-    if rank is not None and world_size is not None:
-        return rank, world_size
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        found = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    return (found[0] if rank is None else rank), (found[1] if world_size is None else world_size)
-
-
-def _local_world_size(world_size: int) -> int:
-    """Ranks of this job on this node: torchrun says; else all of them (a daemon
-    serves one node, so a job that does not say is taken to be on it)."""
-    return max(0, min(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)), world_size, MAX_WORLD_SIZE))
-
-
-def _resolve_device(device: str | torch.device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _checked_specs(connection: Connection, config: LoaderConfig, base: StreamSpec) -> StreamSpecs:
-    """The loader's requests, ``base`` checked against the daemon's answer to
-    ``ListDatasets``; closes ``connection`` if that fails."""
+def _checked_specs(pool: DaemonPool, config: LoaderConfig, base: StreamSpec) -> StreamSpecs:
+    """The loader's requests, ``base`` checked against the daemons' answer to
+    ``ListDatasets``; closes ``pool`` if that fails."""
     try:
-        return StreamSpecs(base, connection.describe(config.dataset, config.split, config.connect_timeout_s))
+        return StreamSpecs(base, pool.describe(config.connect_timeout_s))
     except BaseException:
-        connection.close()
+        pool.close()
         raise
 
 
@@ -123,7 +80,7 @@ class FeederLoader(Positioned):
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         dataset: str,
         *,
         split: str = "train",
@@ -153,18 +110,20 @@ class FeederLoader(Positioned):
         tls_root: str | Path | None = None,
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
+        pool: str = "all",
+        pool_stall_timeout_s: float = 3.0,
     ) -> None:
         # First statement: the arguments are LoaderConfig's fields (a test keeps them so).
         config = LoaderConfig(**{name: value for name, value in locals().items() if name != "self"})
         self.config = config
         self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
-        base = config.stream_spec(self.rank, self.world_size, _local_world_size(self.world_size))
-        self.device = _resolve_device(config.device)
+        base = config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))
+        self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
-        client_host = HostIdentity.of_this_process(config.shm_dir).to_message(_gpu_uuid(self.device))
-        connection = Connection(config)
-        self._specs = _checked_specs(connection, config, base)
-        self._streams = Streams(connection, self._specs, config, client_host, pin=self.device.type == "cuda")
+        client_host = HostIdentity.of_this_process(config.shm_dir).to_message(gpu_uuid(self.device))
+        daemons = DaemonPool(config, config.addresses)
+        self._specs = _checked_specs(daemons, config, base)
+        self._streams = Streams(daemons, self._specs, config, client_host, pin=self.device.type == "cuda")
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._streams.release)
         self.position = Position()
@@ -173,25 +132,24 @@ class FeederLoader(Positioned):
         self.wait_seconds = 0.0
         self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = 0.0
-        self._pass_lock = threading.Lock()  # held by the pass under way
-        self._pass_thread = ""
+        self._pass = OnePass()
 
     def __repr__(self) -> str:
         c = self.config
         return (f"FeederLoader({c.address!r}, {c.dataset!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
 
-    last_batch = _MovedToConfig()
-    augment = _MovedToConfig()
-    return_keys = _MovedToConfig()
-    return_padding = _MovedToConfig()
-    job_id = _MovedToConfig()
+    last_batch = MovedToConfig()
+    augment = MovedToConfig()
+    return_keys = MovedToConfig()
+    return_padding = MovedToConfig()
+    job_id = MovedToConfig()
 
     # -- what the daemon has and what is asked for -----------------------------
     @property
     def address(self) -> str:
-        """The daemon's address."""
-        return self.config.address
+        """The daemon's address (the pool's, comma-separated)."""
+        return ",".join(self.config.addresses)
 
     @property
     def dataset(self) -> str:
@@ -210,8 +168,9 @@ class FeederLoader(Positioned):
 
     @property
     def samples_per_rank(self) -> int:
-        """Length of this rank's part of an epoch, in samples."""
-        return self._specs.samples_per_rank
+        """Length of this rank's part of the current epoch, in samples (of what was
+        left of it, after a resume at another world size)."""
+        return self._specs.part_length(self.position.epoch)
 
     @property
     def batch_size(self) -> int:
@@ -229,6 +188,26 @@ class FeederLoader(Positioned):
         this host), ``grpc`` (inside the messages) or ``cuda_ipc``; empty before the
         first batch."""
         return self._streams.transport
+
+    @property
+    def daemons_in_use(self) -> int:
+        """Daemons this loader's batches come from now (with a pool; 1 for one daemon,
+        0 before the first batch)."""
+        return self._streams.daemons_in_use
+
+    def _report_daemons(self) -> None:
+        """Keep the gauge of daemons in use (Prometheus' default registry) current."""
+        DAEMONS_IN_USE.labels(dataset=self.dataset, split=self.split, rank=str(self.rank)).set(self.daemons_in_use)
+
+    def add_daemon(self, address: str) -> None:
+        """Draw batches from ``address`` too, from the next batch on once it answers
+        (with the pool's dataset and manifest).
+
+        Raises:
+            ConfigError: ``address`` is not an address.
+        """
+        check_address(address)
+        self._streams.pool.add(address)
 
     @property
     def reconnects(self) -> int:
@@ -296,47 +275,58 @@ class FeederLoader(Positioned):
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (equal on every rank)."""
-        return self._specs.batches_after(self.position.cursor, self._sizes.batch_size)
+        return self._specs.batches_after(self.position.cursor, self._sizes.batch_size, self.position.epoch)
 
     # -- resumable state -----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Position to resume from: epoch and sample cursor (not a batch index)."""
-        return self.position.state_dict() | {"seed": self.seed, "world_size": self.world_size,
-                                             "dataset": self.dataset, "split": self.split}
+        """This rank's position: epoch and sample cursor (not a batch index), the world
+        size and batch size it ran at, and what earlier ranks consumed of the epoch.
+        To resume at another world size, save :func:`clients.merge_states` of every
+        rank's state (see :mod:`clients.elastic`)."""
+        consumed = self._specs.consumed.get(self.position.epoch, ())
+        return self.position.state_dict() | {
+            "rank": self.rank, "world_size": self.world_size, "batch_size": self._sizes.batch_size,
+            "consumed": segments_to(consumed), "dataset": self.dataset, "split": self.split, "seed": self.seed,
+            "manifest_sha256": self._specs.split.manifest_sha256,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from ``state``: the next batch starts at its cursor.
+        """Continues from ``state``: one rank's ``state_dict()`` (same world size), or
+        the job's :func:`clients.merge_states` (any world size and batch size: the rest
+        of the epoch is split among this loader's ranks, each sample once).
 
         Raises:
-            ConfigError: The state was saved for another dataset, split, seed or world,
-                or holds a position the daemon would refuse.
+            ConfigError: the state was saved for another dataset, split, seed or
+                manifest, is one rank's at another world size, or holds a position the
+                daemon would refuse.
         """
-        for key in ("dataset", "split", "seed", "world_size"):
-            if key in state and state[key] != getattr(self, key):
-                raise ConfigError(f"loader state is for {key}={state[key]!r}, "
-                                  f"this loader has {getattr(self, key)!r}")
-        self._specs.spec(int(state["epoch"]), int(state["cursor"]), self._sizes)
-        self.position.load_state_dict(state)
+        for key in IDENTITY_KEYS:
+            mine = getattr(self, key) if key != "manifest_sha256" else self._specs.split.manifest_sha256
+            if state.get(key, mine) != mine and (key != "manifest_sha256" or mine):
+                raise ConfigError(f"loader state is for {key}={state[key]!r}, this loader has {mine!r}")
+        at = resume(state, self.rank, self.world_size)
+        self._specs.spec(at.epoch, at.cursor, self._sizes, consumed=at.consumed)
+        self._specs.consumed = {at.epoch: at.consumed} if at.consumed else {}
+        self._specs.part_length(at.epoch)  # refuses segments that cannot describe the epoch
+        self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})
         self._streams.drop()
+
+    @property
+    def epoch_progress(self) -> float:
+        """Share of the current epoch the whole job has consumed (0 to 1), counting
+        what earlier ranks consumed before a resume at another world size: where a
+        learning-rate schedule stands, by samples seen rather than steps."""
+        epoch, total = self.position.epoch, self.num_samples
+        before = total - remaining_length(total, self._specs.consumed.get(epoch, ()), self._specs.base.last_batch)
+        part = self._specs.part_length(epoch)
+        done = before + min(self.position.cursor, part) * self.world_size
+        whole = before + part * self.world_size
+        return done / whole if whole else 0.0
 
     # -- iteration -------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        with self._one_pass():
+        with self._pass.held_by(repr(self)):
             yield from self._epoch()
-
-    @contextmanager
-    def _one_pass(self) -> Iterator[None]:
-        """Holds the loader for one pass; a second pass meanwhile would take batches
-        of the first one's epoch (and move the position under it)."""
-        if not self._pass_lock.acquire(blocking=False):
-            raise RuntimeError(f"{self!r} is already being iterated (by thread {self._pass_thread!r}); "
-                               f"one pass at a time: finish or close that one, or give each thread its own loader")
-        self._pass_thread = threading.current_thread().name
-        try:
-            yield
-        finally:
-            self._pass_thread = ""
-            self._pass_lock.release()
 
     def _epoch(self) -> Iterator[tuple[Any, ...]]:
         self._epoch_wait_s = self._epoch_wall_s = 0.0
@@ -363,8 +353,7 @@ class FeederLoader(Positioned):
         meta = host.meta
         self.position.cursor = meta.cursor
         self._skipped += len(meta.failed_keys)
-        if meta.samples_per_rank:
-            self._specs.samples_per_rank = meta.samples_per_rank
+        self._report_daemons()
         images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)

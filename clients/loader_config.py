@@ -3,8 +3,13 @@ it asks the daemon for is checked with the daemon's own checks (:mod:`clients.sp
 
 from __future__ import annotations
 
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,13 +20,16 @@ from protocol.plan import LastBatch
 from protocol.request import AugmentKind, StreamSpec
 from transport.base import TransportKind
 
-__all__ = ["AUGMENTS", "LAST_BATCHES", "TRANSPORTS", "LoaderConfig"]
+__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "MovedToConfig", "OnePass"]
 
 LAST_BATCHES = tuple(policy.value for policy in LastBatch)
 AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
 # The transports a loader may ask for; CUDA IPC comes with ``auto`` and ``shm`` for a
 # consumer on the daemon's GPU.
 TRANSPORTS = tuple(kind.name.lower() for kind in (TransportKind.AUTO, TransportKind.SHM, TransportKind.GRPC))
+
+
+POOL_MODES = ("all", "as-needed")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -36,7 +44,9 @@ class LoaderConfig:
 
     Args:
         address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
-            ``unix:/path`` of its socket.
+            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
+            serving the same dataset, as a list or comma-separated, the one on this
+            host first (a host name with several addresses counts as a pool).
         dataset: Name of a dataset the daemon serves.
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
@@ -84,6 +94,12 @@ class LoaderConfig:
         tls_cert: This client's PEM certificate, for a daemon that requires one
             (``--tls-client-ca``); with ``tls_key`` and ``tls_root``.
         tls_key: Private key of ``tls_cert``.
+        pool: With several daemons: ``"all"`` draws batches from every daemon that
+            answers; ``"as-needed"`` starts on the first and adds the next while the
+            loop waits for data more than 2 % of its time (and drops one below 0.5 %).
+        pool_stall_timeout_s: With several daemons: a daemon that sends nothing for
+            this long while its batch is due is left for the others (and tried again
+            later); one whose stream breaks or is refused, at once.
 
     Raises:
         ConfigError: A value that cannot work, or that the daemon would refuse in a
@@ -91,7 +107,7 @@ class LoaderConfig:
             field's name.
     """
 
-    address: str
+    address: str | Sequence[str]
     dataset: str
     split: str = "train"
     batch_size: int = 256
@@ -120,15 +136,19 @@ class LoaderConfig:
     tls_root: str | Path | None = None
     tls_cert: str | Path | None = None
     tls_key: str | Path | None = None
+    pool: str = "all"
+    pool_stall_timeout_s: float = 3.0
 
     def __post_init__(self) -> None:
-        check_address(self.address)
+        for address in self.addresses or ("",):  # no address at all: refused as an empty one
+            check_address(address)
+        _choice("pool", self.pool, POOL_MODES)
         _choice("last_batch", self.last_batch, LAST_BATCHES)
         _choice("augment", self.augment, AUGMENTS)
         _choice("transport", self.transport, TRANSPORTS)
         if self.prefetch_batches < 1:
             raise ConfigError(f"prefetch_batches: must be >= 1, got {self.prefetch_batches}")
-        for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s"):
+        for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s", "pool_stall_timeout_s"):
             if not getattr(self, name) > 0:  # NaN too
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
         if self.token is not None:
@@ -141,6 +161,12 @@ class LoaderConfig:
         # loader is built (then checked again), and these stand-ins refuse nothing.
         rank = 0 if self.rank is None else self.rank
         self.stream_spec(rank, rank + 1 if self.world_size is None else self.world_size)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The daemons, in the order given (``address`` split at commas)."""
+        given = [self.address] if isinstance(self.address, str) else list(self.address)
+        return tuple(part.strip() for entry in given for part in str(entry).split(",") if part.strip())
 
     @property
     def sizes(self) -> Sizes:
@@ -172,3 +198,44 @@ class LoaderConfig:
     def transport_kind(self) -> TransportKind:
         """``transport`` as the request's kind."""
         return TransportKind[self.transport.upper()]
+
+
+class MovedToConfig:
+    """An attribute a loader once had of its own, now read from ``loader.config``
+    (with a deprecation warning)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: Any, owner: type | None = None) -> Any:
+        if loader is None:
+            return self
+        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(loader.config, self.name)
+
+
+class OnePass:
+    """Who iterates a loader now: one pass at a time (a second pass meanwhile would
+    take batches of the first one's epoch, and move the position under it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread = ""
+
+    @contextmanager
+    def held_by(self, loader: str) -> Iterator[None]:
+        """Hold it for one pass of ``loader`` (named in the error).
+
+        Raises:
+            RuntimeError: another pass is under way.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"{loader} is already being iterated (by thread {self._thread!r}); one pass at a "
+                               f"time: finish or close that one, or give each thread its own loader")
+        self._thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._thread = ""
+            self._lock.release()

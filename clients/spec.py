@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError, InvalidArgument
-from protocol.plan import LastBatch, plan_length
+from protocol.plan import LastBatch, Segment, plan_length, remaining_length
 from protocol.request import CropRange, StreamSpec, from_request, to_request
 
 __all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
@@ -57,11 +57,13 @@ class SplitInfo:
         num_samples: Samples in the split.
         classes: Class names, in label order.
         max_batch_size: The daemon's ``--max-batch-size``; 0: not said (an older daemon).
+        manifest_sha256: The dataset's manifest identity ("" from an older daemon).
     """
 
     num_samples: int
     classes: list[str]
     max_batch_size: int = 0
+    manifest_sha256: str = ""
 
 
 @contextmanager
@@ -113,17 +115,31 @@ class StreamSpecs:
     def __init__(self, base: StreamSpec, split: SplitInfo) -> None:
         self.base = base
         self.split = split
-        # Length of this rank's part; the loader keeps it to what the daemon sends.
+        # Length of this rank's part of a whole epoch.
         self.samples_per_rank = plan_length(split.num_samples, base.world_size, base.last_batch)
+        # Epoch -> what the job read of it at earlier world sizes (an elastic resume).
+        self.consumed: dict[int, tuple[Segment, ...]] = {}
         self._check_daemon_limits(base.batch_size)
 
-    def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1) -> StreamSpec:
-        """The spec of a stream of ``epochs`` epochs from ``(epoch, cursor)`` at ``sizes``.
+    def part_length(self, epoch: int) -> int:
+        """Length of this rank's part of ``epoch``: of the whole epoch, or of what the
+        earlier ranks left of it."""
+        consumed = self.consumed.get(epoch, ())
+        if not consumed:
+            return self.samples_per_rank
+        with _refused_as_config():
+            rest = remaining_length(self.split.num_samples, consumed, self.base.last_batch)
+        return plan_length(rest, self.base.world_size, self.base.last_batch)
+
+    def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1,
+             consumed: tuple[Segment, ...] = ()) -> StreamSpec:
+        """The spec of a stream of ``epochs`` epochs from ``(epoch, cursor)`` at ``sizes``
+        (``consumed``: of ``epoch``, at earlier world sizes).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
         """
-        return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs)
+        return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs, consumed=consumed)
 
     def check(self, sizes: Sizes, epoch: int | None = None) -> None:
         """Refuse ``sizes`` (from ``epoch`` on) where the daemon would, or where they
@@ -136,9 +152,11 @@ class StreamSpecs:
         self.spec(self.base.epoch if epoch is None else epoch, 0, sizes)
         self._check_daemon_limits(sizes.batch_size)
 
-    def batches_after(self, cursor: int, batch_size: int) -> int:
-        """Batches of the part after ``cursor``, as the daemon's plan cuts them."""
-        remaining = max(self.samples_per_rank - cursor, 0)
+    def batches_after(self, cursor: int, batch_size: int, epoch: int | None = None) -> int:
+        """Batches of the part of ``epoch`` (None: a whole one) after ``cursor``, as the
+        daemon's plan cuts them."""
+        part = self.samples_per_rank if epoch is None else self.part_length(epoch)
+        remaining = max(part - cursor, 0)
         if self.base.last_batch is LastBatch.PAD:
             return -(-remaining // batch_size)
         return remaining // batch_size

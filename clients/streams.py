@@ -1,4 +1,4 @@
-"""The loader's streams and its connection: which stream delivers the next batch.
+"""The loader's streams: which stream delivers the next batch.
 
 One stream runs across epochs while the sizes stay the same; a stream is opened
 ahead of a planned size change (the *successor*) as soon as the current one has
@@ -9,84 +9,31 @@ holds no reference to its loader, so a finalizer of the loader can own it.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Union
 
-import grpc
-
-from clients.channel import open_channel, resolve_token
-from clients.fetcher import HostBatch, StreamFetcher, error_from_rpc
+from clients.fetcher import StreamFetcher
+from clients.host_batch import HostBatch
 from clients.loader_config import LoaderConfig
-from clients.spec import Sizes, SplitInfo, StreamSpecs
-from core.errors import NotFound, ServiceUnavailable
+from clients.pool import DaemonPool
+from clients.pooled import PooledFetcher
+from clients.spec import Sizes, StreamSpecs
 from protocol.request import MAX_EPOCH, to_request
-from protos import feeder_pb2, feeder_pb2_grpc
-from transport.client import STREAM_BATCHES, SlotReleaser
+from protos import feeder_pb2
 
-__all__ = ["Connection", "Streams"]
+__all__ = ["Streams"]
 
-# A 256 x 288 x 288 x 3 batch is 64 MB; gRPC's 4 MB default would refuse it.
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
-                    ("grpc.max_send_message_length", -1)]
+# One daemon's stream, or one drawn from a pool of them (the same interface).
+Fetcher = Union[StreamFetcher, PooledFetcher]
+
 # Epochs one stream runs on for when no size change is planned: the daemon plans each
 # epoch only when it gets there, so a long stream costs nothing up front.
 _EPOCHS_PER_STREAM = 1000
 
 
-class Connection:
-    """The channel to the daemon and the calls made on it.
-
-    Args:
-        config: The address, token and TLS files to connect with.
-
-    Raises:
-        ConfigError: a TLS file cannot be read, or ``FEEDER_TOKEN`` is not a token.
-    """
-
-    def __init__(self, config: LoaderConfig) -> None:
-        self.address = config.address
-        self.channel = open_channel(config.address, _CHANNEL_OPTIONS, resolve_token(config.token),
-                                    config.tls_root, config.tls_cert, config.tls_key)
-        self.stub = feeder_pb2_grpc.FeederStub(self.channel)
-        # Batches arrive as the bytes sent: the transport's receiver parses them.
-        self.stream_batches = self.channel.unary_stream(
-            STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
-        self.releaser = SlotReleaser(self.stub.ReleaseSlots)
-
-    def describe(self, dataset: str, split: str, timeout_s: float) -> SplitInfo:
-        """What the daemon serves as ``dataset``/``split``, and its limits.
-
-        Raises:
-            ServiceUnavailable: no answer within ``timeout_s``.
-            NotFound: the daemon does not serve that dataset or split.
-            FeederError: the daemon refused the call (e.g. ``Unauthenticated``).
-        """
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
-            reply = self.stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
-        except grpc.FutureTimeoutError as e:
-            raise ServiceUnavailable(f"daemon {self.address} not reachable within {timeout_s:.0f} s") from e
-        except grpc.RpcError as e:
-            raise error_from_rpc(e, self.address) from e
-        info = next((d for d in reply.datasets if d.name == dataset), None)
-        if info is None:
-            names = [d.name for d in reply.datasets]
-            raise NotFound(f"daemon {self.address} does not serve dataset {dataset!r} (it serves {names})")
-        found = next((s for s in info.splits if s.name == split), None)
-        if found is None:
-            names = [s.name for s in info.splits]
-            raise NotFound(f"daemon {self.address}: dataset {dataset!r} has no split {split!r} (splits: {names})")
-        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size)
-
-    def close(self) -> None:
-        """Stops handing slots back and closes the channel."""
-        self.releaser.close()
-        self.channel.close()
-
-
 class OpenStream(NamedTuple):
     """A stream and the sizes it was opened with."""
 
-    fetcher: StreamFetcher
+    fetcher: Fetcher
     sizes: Sizes
 
 
@@ -94,16 +41,17 @@ class Streams:
     """The stream that delivers a loader's next batch, and the ones kept ready.
 
     Args:
-        connection: The channel the streams are opened on (closed by :meth:`release`).
+        pool: The daemons the streams are opened on (closed by :meth:`release`): one
+            daemon's stream where there is one, else a stream drawn from all of them.
         specs: What each stream asks for.
         config: Prefetch depth, timeouts, transport and shm directory.
         client_host: This process's host (and GPU), sent with each request.
         pin: Put host batches in pinned memory (a CUDA consumer).
     """
 
-    def __init__(self, connection: Connection, specs: StreamSpecs, config: LoaderConfig,
+    def __init__(self, pool: DaemonPool, specs: StreamSpecs, config: LoaderConfig,
                  client_host: feeder_pb2.ClientHost, pin: bool) -> None:
-        self.connection = connection
+        self.pool = pool
         self._specs, self._config, self._client_host, self._pin = specs, config, client_host, pin
         self.current: OpenStream | None = None
         self.successor: OpenStream | None = None  # opened ahead of a planned size change
@@ -154,7 +102,15 @@ class Streams:
                 self.drop()
                 self.current = self._start(next_epoch, 0, sizes)
 
-    def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> StreamFetcher:
+    @property
+    def daemons_in_use(self) -> int:
+        """Daemons the current stream draws from (0 before the first)."""
+        if self.current is None:
+            return 0
+        fetcher = self.current.fetcher
+        return fetcher.daemons_in_use if isinstance(fetcher, PooledFetcher) else 1
+
+    def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> Fetcher:
         """The stream that delivers the next batch at ``(epoch, cursor)`` and ``sizes``:
         the open one, else the one opened ahead, else a new one."""
         if self.current is not None and self.current.sizes == sizes:
@@ -170,7 +126,7 @@ class Streams:
             self.current = self._start(epoch, cursor, sizes)
         return self.current.fetcher
 
-    def _open_successor(self, fetcher: StreamFetcher) -> None:
+    def _open_successor(self, fetcher: Fetcher) -> None:
         """Once ``fetcher`` has received its stream's last batch (the daemon's side is
         done; the consumer still has the queued ones to drain), open the planned next."""
         planned = self.planned.get(fetcher.end_epoch)
@@ -179,7 +135,7 @@ class Streams:
             return
         received_all = fetcher.finished.is_set() or (
             fetcher.epoch == fetcher.end_epoch - 1
-            and self._specs.batches_after(fetcher.cursor, fetcher.request.batch_size) == 0)
+            and self._specs.batches_after(fetcher.cursor, fetcher.request.batch_size, fetcher.epoch) == 0)
         if received_all:
             self.successor = self._start(fetcher.end_epoch, 0, planned)
 
@@ -195,11 +151,14 @@ class Streams:
             end = min([e for e in self.planned if e > epoch], default=epoch + _EPOCHS_PER_STREAM)
         else:
             end = epoch + 1
-        spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch)
+        spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch,
+                                consumed=self._specs.consumed.get(epoch, ()))
         request = to_request(spec)
         request.transport = config.transport_kind.value
         request.client_host.CopyFrom(self._client_host)
-        conn = self.connection
+        if len(self.pool.members) > 1:
+            return OpenStream(PooledFetcher(self.pool, request, self._specs, config, self._pin), sizes)
+        conn = self.pool.members[0].connection
         fetcher = StreamFetcher(conn.stream_batches, request, conn.address, config.prefetch_batches,
                                 config.reconnect_timeout_s, pin=self._pin, stall_timeout_s=config.stall_timeout_s,
                                 release=conn.releaser, shm_dir=config.shm_dir)
@@ -216,7 +175,7 @@ class Streams:
         self.pending = None
 
     def release(self) -> None:
-        """Ends the streams (their threads and the daemon's side) and closes the
-        channel: what a loader gives back however it ends."""
+        """Ends the streams (their threads and the daemons' side) and closes the
+        channels: what a loader gives back however it ends."""
         self.drop()
-        self.connection.close()
+        self.pool.close()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from clients.elastic import resume
 from clients.position import Position, Positioned
 from core.errors import ConfigError
 
@@ -27,6 +28,7 @@ class SyntheticLoader(Positioned):
         batch_size: Samples per batch, per rank.
         image_size: Image side in pixels.
         world_size: Ranks sharing the split.
+        rank: This rank (for its saved state).
         device: Where the tensors are made.
         channels_last: NHWC memory layout behind the NCHW shape.
         dtype: Image dtype.
@@ -44,10 +46,11 @@ class SyntheticLoader(Positioned):
         channels_last: bool = True,
         dtype: torch.dtype = torch.float32,
         seed: int = 0,
+        rank: int = 0,
     ) -> None:
         if num_samples < 1 or num_classes < 1 or world_size < 1:
             raise ConfigError("num_samples, num_classes and world_size must be >= 1")
-        self.num_samples, self.num_classes, self.world_size = num_samples, num_classes, world_size
+        self.num_samples, self.num_classes, self.world_size, self.rank = num_samples, num_classes, world_size, rank
         self.device, self.dtype, self.channels_last, self.seed = (
             torch.device(device), dtype, channels_last, seed)
         self.batch_size, self.image_size = batch_size, image_size
@@ -79,13 +82,21 @@ class SyntheticLoader(Positioned):
     def __len__(self) -> int:
         return max(self.samples_per_rank - self.position.cursor, 0) // self.batch_size
 
+    @property
+    def epoch_progress(self) -> float:
+        """Share of the current epoch consumed."""
+        return min(self.position.cursor / self.samples_per_rank, 1.0)
+
     def state_dict(self) -> dict[str, Any]:
-        """Epoch and sample cursor."""
-        return self.position.state_dict()
+        """Epoch and sample cursor, this rank and the world (as FeederLoader's, so the
+        trainer merges them the same way: :func:`clients.merge_states`)."""
+        return self.position.state_dict() | {"rank": self.rank, "world_size": self.world_size, "consumed": []}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continues from ``state``."""
-        self.position.load_state_dict(state)
+        """Continues from ``state``: one rank's, or the job's at any world size (random
+        tensors: after a resize the epoch simply starts over)."""
+        at = resume(state, self.rank, self.world_size)
+        self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         key = (self.batch_size, self.image_size)

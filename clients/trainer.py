@@ -23,11 +23,13 @@ from clients.checkpoint import (
 from clients.config import TrainConfig
 from clients.data import make_loaders
 from clients.distributed import (
+    all_gather_objects,
     Dist,
     all_reduce_sum,
     init_distributed,
     shutdown_distributed,
 )
+from clients.elastic import merge_states
 from clients.evaluate import Evaluation, evaluate
 from clients.metrics import EpochRecord, MetricsLog, plot_records
 from clients.model import build_model, build_optimizer
@@ -147,10 +149,11 @@ class Trainer:
         wait_before, t0 = loader.wait_seconds, time.perf_counter()
         loss_sum = torch.zeros((), device=self.dist.device)
         count = steps = 0
+        progress = loader.epoch_progress  # of the whole job: the schedule follows samples seen, not steps
         for batch in loader:
             images, labels = batch[0], batch[1]
-            position = epoch + max(loader.cursor - len(labels), 0) / loader.samples_per_rank
-            self._set_hyper(self.schedule.lr_at(position, self.dist.world_size), momentum)
+            self._set_hyper(self.schedule.lr_at(epoch + progress, self.dist.world_size), momentum)
+            progress = loader.epoch_progress
             loss_sum += self._step(images, labels) * len(labels)
             count += len(labels)
             steps += 1
@@ -207,18 +210,21 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------
     def _checkpoint(self) -> None:
+        # Every rank's position, gathered: ranks may be a batch apart, and the job may
+        # resume at another world size (clients.elastic).
+        loader_state = merge_states(all_gather_objects(self.train_loader.state_dict()))  # type: ignore[arg-type]
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
                   "elapsed_s": self.elapsed_s, "time_to_target_s": self.time_to_target_s,
-                  "records": [vars(r) for r in self.log.records]}
-        per_rank = {"loader": self.train_loader.state_dict(), "rng": capture_rng(),
-                    "visits": dict(self.visits)}
+                  "records": [vars(r) for r in self.log.records], "loader": loader_state,
+                  "world_size": self.dist.world_size}
+        per_rank = {"rng": capture_rng(), "visits": dict(self.visits)}
         folder = save_checkpoint(self.config.checkpoints, self.step, shared, per_rank, self.dist)
         self._say(f"  checkpoint {folder} (epoch {self.epoch}, cursor "
                   f"{self.train_loader.cursor})")
 
     def _restore(self) -> None:
-        shared, per_rank = load_checkpoint(self.config.checkpoints, self.dist)
+        shared, taken_over = load_checkpoint(self.config.checkpoints, self.dist)
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         self.scaler.load_state_dict(shared["scaler"])
@@ -226,11 +232,14 @@ class Trainer:
         self.elapsed_s = shared["elapsed_s"]
         self.time_to_target_s = shared.get("time_to_target_s")
         self.log.load_records(shared["records"])
-        self.train_loader.load_state_dict(per_rank["loader"])
-        restore_rng(per_rank["rng"])
-        self.visits = Counter(per_rank["visits"])
-        self._say(f"resumed at step {self.step}: epoch {self.epoch}, cursor "
-                  f"{self.train_loader.cursor}")
+        self.train_loader.load_state_dict(shared["loader"])
+        saved_world = shared.get("world_size", self.dist.world_size)
+        if saved_world == self.dist.world_size and taken_over:
+            restore_rng(taken_over[0]["rng"])  # at another size the ranks' generators start afresh
+        self.visits = sum((Counter(state["visits"]) for state in taken_over), Counter())
+        self._say(f"resumed at step {self.step}: epoch {self.epoch}, cursor {self.train_loader.cursor}"
+                  + (f", {saved_world} ranks then, {self.dist.world_size} now" if saved_world != self.dist.world_size
+                     else ""))
 
     # -- the end -----------------------------------------------------------------
     def _finish(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ __all__ = [
     "cli_message",
     "error_for_code",
     "grpc_code",
+    "os_error_reason",
 ]
 
 
@@ -174,3 +175,14 @@ def grpc_code(error: FeederError) -> grpc.StatusCode:
 def cli_message(error: FeederError) -> str:
     """The single line the CLI prints for ``error`` (no traceback)."""
     return f"feeder: {_lookup(_CLI_PREFIXES, error)}: {error}"
+
+
+def os_error_reason(error: OSError) -> str:
+    """What an ``OSError`` says went wrong, as the tail of a message: the text of its
+    errno (``no space left on device``), whatever wrapped it (pyarrow, LMDB, a
+    buffered write), else its own text, first letter in lower case."""
+    if error.errno:
+        text = os.strerror(error.errno)
+    else:
+        text = error.strerror or str(error) or "unknown error"
+    return text[:1].lower() + text[1:]

@@ -70,13 +70,18 @@ class Lane:
         self.busy_s = 0.0
         self.closed = False
 
-    def parallel(self, work: Callable[[int], None], count: int) -> Loop:
-        """Schedule ``work(i)`` for ``i`` in ``range(count)``; returns at once."""
-        return self.pool._schedule(self, Loop(work, count))
+    def parallel(self, work: Callable[[int], None], count: int, first: bool = False) -> Loop:
+        """Schedule ``work(i)`` for ``i`` in ``range(count)``; returns at once.
+
+        ``first``: ahead of this lane's loops not yet started (what its client waits
+        on now, such as the resize of the batch it is finishing, goes before the
+        decodes it queued for later batches); the other lanes' turns are unchanged.
+        """
+        return self.pool._schedule(self, Loop(work, count), first)
 
     def run(self, work: Callable[[int], None], count: int) -> None:
-        """``parallel`` and wait for it."""
-        self.parallel(work, count).wait()
+        """``parallel(..., first=True)`` and wait for it: the client is waiting."""
+        self.parallel(work, count, first=True).wait()
 
     def close(self) -> None:
         """Drop the loops not yet started (their waiters get :class:`PoolClosed`)."""
@@ -108,8 +113,8 @@ class FairPool:
         started end with :class:`PoolClosed`. Idempotent."""
         self._state.close()
 
-    def _schedule(self, lane: Lane, loop: Loop) -> Loop:
-        return self._state.schedule(lane, loop)
+    def _schedule(self, lane: Lane, loop: Loop, first: bool) -> Loop:
+        return self._state.schedule(lane, loop, first)
 
     def _close_lane(self, lane: Lane) -> None:
         self._state.close_lane(lane)
@@ -135,7 +140,7 @@ class _Shared:
         for lane in lanes:
             self.close_lane(lane)
 
-    def schedule(self, lane: Lane, loop: Loop) -> Loop:
+    def schedule(self, lane: Lane, loop: Loop, first: bool) -> Loop:
         if loop.count == 0:
             return loop
         with self._cond:
@@ -143,7 +148,10 @@ class _Shared:
                 loop._fail(PoolClosed(f"lane {lane.name or '?'}: closed"))
                 loop._end()
                 return loop
-            lane.loops.append(loop)
+            if first:
+                lane.loops.appendleft(loop)  # a loop partly claimed goes on after it
+            else:
+                lane.loops.append(loop)
             if len(lane.loops) == 1:
                 self._ready.append(lane)
             self._cond.notify(min(loop.count, self.threads))

@@ -28,6 +28,7 @@ from typing import Generic, TypeVar
 
 from core.errors import ResourceExhausted, ServiceUnavailable
 from feeder.config import ServerConfig
+from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
 
 __all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Ticket", "client_key", "stream_need_bytes"]
@@ -194,11 +195,11 @@ class Admission(Generic[Stream]):
             raise ServiceUnavailable("daemon is shutting down")
         if self._per_client[client] >= config.max_streams_per_peer:
             self._metrics.stream_refused("max_streams_per_peer")
-            raise ResourceExhausted(f"max_streams_per_peer: {cut(client)} already has {self._per_client[client]} "
+            raise ResourceExhausted(f"max_streams_per_peer: {clip(client)} already has {self._per_client[client]} "
                                     f"streams open (limit {config.max_streams_per_peer})")
         if self._per_job[job] >= config.max_streams_per_job:
             self._metrics.stream_refused("max_streams_per_job")
-            raise ResourceExhausted(f"max_streams_per_job: job {cut(job)} already has {self._per_job[job]} streams "
+            raise ResourceExhausted(f"max_streams_per_job: job {clip(job)} already has {self._per_job[job]} streams "
                                     f"open (limit {config.max_streams_per_job})")
         if len(self._open) >= config.max_streams:
             self._ran_out_locked("max_streams")
@@ -214,10 +215,3 @@ class Admission(Generic[Stream]):
         self._metrics.stream_refused(reason)
         self._refused_s = time.monotonic()
 
-
-_NAME_CHARS = 80  # client input echoed in messages and logs is cut to this
-
-
-def cut(text: str) -> str:
-    """``text`` as messages and logs show client input: at most a line's worth."""
-    return text if len(text) <= _NAME_CHARS else f"{text[:_NAME_CHARS]}... ({len(text)} chars)"

@@ -170,7 +170,8 @@ class ServerConfig:
         grace_s: on shutdown (SIGTERM), seconds in-flight streams get before they are
             cancelled.
         rpc_threads: gRPC worker threads (each open stream holds one); 0: enough for
-            ``max_streams`` streams and a few unary calls.
+            ``max_streams`` streams and a few unary calls. Calls waiting for their
+            request message have ``max_waiting_calls`` threads more.
         log_level: least severe log records written to stderr: ``debug``, ``info`` (a
             line per stream opened and closed), ``warning`` (errors only) or
             ``error``.
@@ -245,6 +246,19 @@ class ServerConfig:
             another dataset's streams). 16 reads 0.9-1.0 thousand 40 KB samples/s from
             a SeaweedFS on the same 2-core machine, against 0.5-0.6 with 4 and 0.7-0.8
             with 8.
+        first_message_timeout_s: a call whose request message has not come this many
+            seconds after the call began is cancelled (clients send it with the call;
+            a waiting call holds a gRPC worker thread).
+        max_waiting_calls: calls that may wait for their request message at once,
+            each on a gRPC thread beyond ``rpc_threads``; more are refused as resource
+            exhausted. Calls without the token are refused before they wait; health
+            checks have a small gate and threads of their own. The default takes the
+            burst of a node's ranks starting together (their requests come with their
+            calls, but arrive at once).
+        metrics_threads: threads serving the metrics endpoint; more connections wait
+            for one, 16 per thread at most (past that the oldest waiting is closed).
+        metrics_timeout_s: seconds a metrics connection may take in all, counted from
+            its accept: a client that has not sent its request by then is cut off.
     """
 
     datasets: Mapping[str, Path | str] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
@@ -290,6 +304,10 @@ class ServerConfig:
     cache_bytes: int = 100 << 30
     cache_fetch_bytes_per_s: int = field(default=0, metadata=cli(parse=parse_bytes))
     store_requests: int = 16
+    first_message_timeout_s: float = 10.0
+    max_waiting_calls: int = 64
+    metrics_threads: int = 4
+    metrics_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -330,6 +348,15 @@ class ServerConfig:
         self._check_security()
         self._check_decoded_cache()
         self._check_remote()
+        self._check_waiting()
+
+    def _check_waiting(self) -> None:
+        for name in ("max_waiting_calls", "metrics_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("first_message_timeout_s", "metrics_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

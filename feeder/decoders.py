@@ -138,66 +138,68 @@ def _shutdown(pipe: Any) -> None:
         shutdown()
 
 
-class DaliCpuDecoder:
+class _DaliDecoder:
+    """What both DALI decoders share: feeding a run, collecting it in order."""
+
+    gpu = False
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self._pipe = build_dali(spec)
+
+    def start(self, job: Job) -> Job:
+        _feed(self._pipe, job, gpu=self.gpu)
+        return job
+
+    def finish(self, job: Job, allocate: Allocate | None) -> Slot | None:
+        out = _outputs(self._pipe, job)
+        if allocate is None:
+            return None
+        slot = allocate(_shape(job))
+        self._write(out, job, slot)
+        return slot
+
+    def _write(self, out: Any, job: Job, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def release_buffers(self) -> None:
+        pass  # DALI keeps its peak buffers while the pipeline lives
+
+    def close(self) -> None:
+        _shutdown(self._pipe)
+
+
+class DaliCpuDecoder(_DaliDecoder):
     """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and OpenCV's resize
     (on ``lane``)."""
 
     device_copies = host_copies = 0
 
     def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
-        self._pipe = build_dali(spec)
+        super().__init__(spec)
         self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
 
-    def start(self, job: Job) -> Job:
-        _feed(self._pipe, job, gpu=False)
-        return job
-
-    def finish(self, job: Job, allocate: Allocate | None) -> Slot | None:
-        out = _outputs(self._pipe, job)
-        if allocate is None:
-            return None
-        slot = allocate(_shape(job))
+    def _write(self, out: Any, job: Job, slot: Slot) -> None:
         windows = [np.asarray(out[i]) for i in range(len(out))]
         self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
-        return slot
-
-    def release_buffers(self) -> None:
-        pass  # DALI keeps its peak buffers while the pipeline lives
-
-    def close(self) -> None:
-        _shutdown(self._pipe)
 
 
-class DaliGpuDecoder:
+class DaliGpuDecoder(_DaliDecoder):
     """nvJPEG ROI decode, DALI's resize and flip on the stream's GPU."""
 
+    gpu = True
+
     def __init__(self, spec: PipelineSpec) -> None:
-        self._pipe = build_dali(spec)
+        super().__init__(spec)
         self.device_copies = self.host_copies = 0
 
-    def start(self, job: Job) -> Job:
-        _feed(self._pipe, job, gpu=True)
-        return job
-
-    def finish(self, job: Job, allocate: Allocate | None) -> Slot | None:
-        out = _outputs(self._pipe, job)
-        if allocate is None:
-            return None
-        slot = allocate(_shape(job))
+    def _write(self, out: Any, job: Job, slot: Slot) -> None:
         if slot.tensor.device.type == "cuda":
             _copy_on_device(out, slot.tensor)
             self.device_copies += 1
         else:
             np.copyto(slot.array, out.as_cpu().as_array())
             self.host_copies += 1
-        return slot
-
-    def release_buffers(self) -> None:
-        pass  # DALI keeps its peak buffers while the pipeline lives
-
-    def close(self) -> None:
-        _shutdown(self._pipe)
 
 
 def _copy_on_device(out: Any, dst: Any) -> None:

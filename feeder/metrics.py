@@ -15,7 +15,6 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -150,6 +149,19 @@ class ServerMetrics:
         self.unauthenticated = Counter(
             "feeder_unauthenticated", "Calls refused for a missing or wrong token.", registry=r
         )
+        self.waiting_calls = Gauge(
+            "feeder_waiting_calls", "Calls waiting for their request message now (see --max-waiting-calls).",
+            registry=r,
+        )
+        self.calls_refused = Counter(
+            "feeder_calls_refused", "Calls ended before their handler ran: 'waiting' (--max-waiting-calls "
+            "calls already waiting), 'timeout' (no request message within --first-message-timeout-s), "
+            "'malformed' (not a valid request message).", ["reason"], registry=r,
+        )
+        self.scrapes_refused = Counter(
+            "feeder_metrics_scrapes_refused", "Metrics connections not served: 'token' (missing or wrong), "
+            "'busy' (too many connections pending).", ["reason"], registry=r,
+        )
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
@@ -195,6 +207,16 @@ class ServerMetrics:
 
     def unauthenticated_call(self) -> None:
         self.unauthenticated.inc()
+
+    def call_waiting(self, change: int) -> None:
+        """A call began (+1) or ended (-1) waiting for its request message."""
+        self.waiting_calls.inc(change)
+
+    def call_refused(self, reason: str) -> None:
+        self.calls_refused.labels(reason=reason).inc()
+
+    def scrape_refused(self, reason: str) -> None:
+        self.scrapes_refused.labels(reason=reason).inc()
 
     def stream_idle_cancelled(self) -> None:
         self.idle_cancelled.inc()
@@ -310,8 +332,3 @@ class ServerMetrics:
             gpu_host_copies=t["gpu_host_copies"],
             **self._remote_stats(),
         )
-
-    def serve_http(self, port: int, addr: str) -> tuple[object, int]:
-        """Start the Prometheus endpoint; returns (http server, bound port)."""
-        httpd, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return httpd, int(httpd.server_address[1])

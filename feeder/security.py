@@ -6,24 +6,25 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import socket
 import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from core.errors import ConfigError, Unauthenticated, grpc_code
+from feeder.call_guard import HEALTH_PREFIX
 from feeder.config import ServerConfig
+from feeder.log_lines import RateLimitedLog
 from feeder.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TokenInterceptor", "listen_on_socket", "read_token", "server_credentials"]
 
-# Calls that need no token: load balancers and launchers probe health without one.
-_OPEN_PREFIX = "/grpc.health.v1.Health/"
 _SOCKET_MODE = 0o600
+_PROBE_TIMEOUT_S = 2.0  # a live daemon accepts at once; this only bounds a wedged one
 
 
 def _read(option: str, path: Path) -> bytes:
@@ -60,20 +61,15 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
 
 
 def _refusing(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
-    """A handler of the same kind as ``handler`` that aborts with ``error``."""
+    """A handler that aborts with ``error`` before it reads a request: served as
+    request-streaming whatever ``handler`` is (the wire is the same for the client),
+    so grpcio does not wait for, or parse, the request of a call it will refuse."""
 
-    def abort(_request: Any, context: grpc.ServicerContext) -> None:
+    def abort(_requests: Any, context: grpc.ServicerContext) -> None:
         context.abort(grpc_code(error), str(error))
 
-    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(abort, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
+    make = grpc.stream_stream_rpc_method_handler if handler.response_streaming else grpc.stream_unary_rpc_method_handler
+    return make(abort, request_deserializer=None, response_serializer=handler.response_serializer)
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
@@ -88,34 +84,61 @@ class TokenInterceptor(grpc.ServerInterceptor):
     def __init__(self, token: bytes, metrics: ServerMetrics) -> None:
         self._expected = b"Bearer " + token
         self._metrics = metrics
+        self._lines = RateLimitedLog(log)
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or method.startswith(_OPEN_PREFIX):
+        if handler is None or method.startswith(HEALTH_PREFIX):
             return handler
         sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
         sent_bytes = sent.encode() if isinstance(sent, str) else bytes(sent)
         if hmac.compare_digest(sent_bytes, self._expected):
             return handler
         self._metrics.unauthenticated_call()
-        log.warning("UNAUTHENTICATED %s: %s token", method, "wrong" if sent else "no")
+        self._lines.warning("unauthenticated", "UNAUTHENTICATED %s: %s token", method, "wrong" if sent else "no")
         return _refusing(handler, Unauthenticated(
             "authorization: missing or wrong token (send metadata 'authorization: Bearer <token>')"
         ))
 
+    def flush(self) -> None:
+        """Write the count of refusals the log rate limit left out."""
+        self._lines.flush()
 
-def listen_on_socket(server: grpc.Server, path: Path) -> None:
-    """Listen on the unix socket ``path``, created with mode 0600. A socket left by
-    a daemon that died is replaced; any other file at ``path`` is left alone.
+
+def _answers(path: Path) -> bool:
+    """True when something listens on the unix socket ``path`` (a connection is
+    accepted); False when nothing does (refused: a socket left by a daemon that died).
 
     Raises:
-        ConfigError: ``path`` is another kind of file, or the socket cannot be made.
+        ConfigError: the socket cannot be probed (another user's, say).
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(_PROBE_TIMEOUT_S)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError as e:
+            raise ConfigError(f"socket_path: {path} exists and cannot be checked ({e.strerror or e})") from e
+    return True
+
+
+def listen_on_socket(server: grpc.Server, path: Path) -> None:
+    """Listen on the unix socket ``path``, created with mode 0600. A socket nothing
+    listens on (left by a daemon that died) is replaced; a live one, or any other
+    file at ``path``, is left alone.
+
+    Raises:
+        ConfigError: a daemon is serving on ``path``, ``path`` is another kind of
+            file, or the socket cannot be made.
     """
     path = Path(path)
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ConfigError(f"socket_path: {path} exists and is not a socket")
+        if _answers(path):
+            raise ConfigError(f"socket_path: a daemon is serving on {path}; stop it or choose another --socket-path")
         path.unlink()
     previous = os.umask(0o777 & ~_SOCKET_MODE)  # the socket is never group/other-accessible
     try:

@@ -8,15 +8,17 @@ import signal
 import sys
 import threading
 from concurrent import futures
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError
+from feeder.call_guard import CallGuard
 from feeder.config import ServerConfig, cpu_decoder_in_use
+from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
+from feeder.metrics_http import MetricsEndpoint
 from feeder.remote import close_remote, remote_access
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
@@ -53,8 +55,10 @@ class FeederServer:
         self.metrics = ServerMetrics()
         # Files first: a bad certificate or token stops the start before anything runs.
         self._credentials = server_credentials(config)
-        interceptors = [] if config.token_file is None else [TokenInterceptor(read_token(config.token_file),
-                                                                                self.metrics)]
+        self._token = None if config.token_file is None else read_token(config.token_file)
+        # The token is checked first: a call without it is refused before it may wait.
+        self._guard = CallGuard(config.max_waiting_calls, config.first_message_timeout_s, self.metrics)
+        self._token_check = [] if self._token is None else [TokenInterceptor(self._token, self.metrics)]
         swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
         if swept:
             log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
@@ -66,9 +70,12 @@ class FeederServer:
             raise
         self.service = FeederService(config, datasets, self.metrics, remote)
         self.health = health.HealthServicer()
+        # Calls waiting for their request hold threads of their own: the gate keeps
+        # them to max_waiting_calls, so worker_threads stay free for the others.
+        threads = config.worker_threads + config.max_waiting_calls
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.worker_threads, thread_name_prefix="feeder-rpc"),
-            interceptors=interceptors,
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feeder-rpc"),
+            interceptors=[*self._token_check, self._guard],
             options=[("grpc.so_reuseport", 0)],
         )
         add_to_server(FeederServicer(self.service), self._grpc)
@@ -76,7 +83,7 @@ class FeederServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), self._grpc
         )
-        self._http: Any = None
+        self._http: MetricsEndpoint | None = None
         self.metrics_port: int | None = None
 
     def bind(self) -> int:
@@ -95,13 +102,16 @@ class FeederServer:
         if self.config.socket_path is not None:
             listen_on_socket(self._grpc, self.config.socket_path)
         if self.config.metrics_port is not None:
-            try:
-                self._http, self.metrics_port = self.metrics.serve_http(
-                    self.config.metrics_port, self.config.bind
-                )
-            except OSError as e:
-                raise ConfigError(f"metrics_port: cannot listen on {self.config.metrics_port} ({e})") from e
+            self._http = self._serve_metrics(self.config.metrics_port)
+            self.metrics_port = self._http.port
         return port
+
+    def _serve_metrics(self, port: int) -> MetricsEndpoint:
+        c = self.config
+        try:
+            return MetricsEndpoint(self.metrics, c.bind, port, c.metrics_threads, c.metrics_timeout_s, self._token)
+        except OSError as e:
+            raise ConfigError(f"metrics_port: cannot listen on {port} ({e})") from e
 
     def start(self) -> None:
         self._grpc.start()
@@ -120,9 +130,11 @@ class FeederServer:
         def finish() -> None:
             stopped.wait()
             self.service.close()
+            self._guard.close()
+            for check in self._token_check:
+                check.flush()
             if self._http is not None:
-                self._http.shutdown()
-                self._http.server_close()
+                self._http.close()
             done.set()
 
         threading.Thread(target=finish, name="feeder-stop", daemon=True).start()
@@ -164,6 +176,8 @@ def serve(config: ServerConfig) -> None:
     """
     logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for output in logging.getLogger().handlers:
+        output.addFilter(LineLimitFilter())  # no client input makes a line longer than this
     server, port = create_server(config)
     # The one line on stdout: launchers read the port from it.
     print(f"feeder: serving on {format_address(config.bind, port)}", flush=True)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, client_key, cut, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_key, stream_need_bytes
 from core.bad_input import OnError
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
 from feeder.decoded_cache import DecodedCache
+from feeder.log_lines import clip
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
@@ -27,7 +28,8 @@ from feeder.producer import BatchRunner, StreamContext
 from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
-from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, tail_skipped
+from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, remaining_order
+from protocol.plan import tail_skipped
 from protocol.plan import validate_window
 from protocol.request import AugmentKind, StreamSpec
 from shards.ranged import RemoteAccess
@@ -171,7 +173,7 @@ class FeederService:
         job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(client, job, need)  # before building anything for a refused stream
         number = next(self._numbers)
-        name = f"stream {number} ({cut(peer or 'local')}, job {cut(spec.job_id or '-')})"
+        name = f"stream {number} ({clip(peer or 'local')}, job {clip(spec.job_id or '-')})"
         with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
@@ -220,17 +222,28 @@ class FeederService:
         return runner
 
     def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
+        """The rank's part of ``epoch``: of the whole order, or (the request's first
+        epoch of an elastic resume) of what the job's earlier ranks left of it."""
         shuffle = spec.kind is AugmentKind.TRAIN
         order = epoch_order(len(split), spec.seed, epoch, shuffle=shuffle)
+        if epoch == spec.epoch and spec.consumed:
+            order = remaining_order(order, spec.consumed, spec.last_batch)
         return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        """The batches of every requested epoch; counts what ``drop`` skips."""
+        """The batches of every requested epoch (every ``batch_stride``-th from
+        ``batch_offset``, counted from the stream's first: a rank's share of a pool of
+        daemons); counts what ``drop`` skips (once, by the stream of offset 0)."""
+        for number, batch in enumerate(self._all_slices(spec, split, first)):
+            if number % spec.batch_stride == spec.batch_offset:
+                yield batch
+
+    def _all_slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
         for k in range(spec.epochs):
             epoch = spec.epoch + k
             part = first if k == 0 else self._part(spec, split, epoch)
             cursor, limit = (spec.start_cursor, spec.max_samples) if k == 0 else (0, 0)
-            if spec.last_batch is LastBatch.DROP:
+            if spec.last_batch is LastBatch.DROP and spec.batch_offset == 0:
                 tail = tail_skipped(len(part), cursor, spec.batch_size, limit)
                 remainder = part.skipped if cursor == 0 and spec.rank == 0 else 0  # once per job
                 self.metrics.samples_skipped(tail + remainder)

@@ -11,6 +11,7 @@ from typing import NoReturn
 import grpc
 
 from core.errors import FeederError, grpc_code
+from feeder.log_lines import DETAIL_CHARS, clip
 from feeder.service import FeederService
 from protocol.request import from_request
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -29,8 +30,10 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def _abort(self, context: grpc.ServicerContext, error: FeederError) -> NoReturn:
         self.service.metrics.error(type(error).__name__)
-        log.warning("%s from %s: %s: %s", grpc_code(error).name, context.peer(), type(error).__name__, error)
-        context.abort(grpc_code(error), str(error))
+        # The message may echo client input (a dataset name): bounded in the log and the status.
+        log.warning("%s from %s: %s: %s", grpc_code(error).name, clip(context.peer()), type(error).__name__,
+                    clip(error, DETAIL_CHARS))
+        context.abort(grpc_code(error), clip(error, DETAIL_CHARS))
         raise error  # context.abort raises; this line keeps type checkers honest
 
     def ListDatasets(self, request, context):  # noqa: N802 - gRPC method name
@@ -40,7 +43,8 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
                 feeder_pb2.SplitInfo(name=s, num_samples=len(index))
                 for s, index in sorted(dataset.splits.items())
             ]
-            datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes))
+            datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes,
+                                                   manifest_sha256=dataset.manifest_sha256))
         return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=self.service.config.max_batch_size)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802

@@ -14,6 +14,12 @@ order); rank ``r`` of ``w`` takes every ``w``-th sample of that order starting a
 Position is a *sample cursor*: the number of samples of the part already delivered.
 A stream opened at cursor ``c`` starts at position ``c`` of the part, whatever batch
 size or image size the earlier streams used.
+
+A job may stop in the middle of an epoch and resume at another world size: what its
+ranks consumed is a :class:`Segment` (the world size and each rank's cursor), and the
+rest of the epoch is the order minus exactly those samples, kept in order
+(:func:`remaining_order`), split among the new ranks the same way. Segments chain: a
+job that changes size twice in an epoch carries both.
 """
 
 from __future__ import annotations
@@ -30,10 +36,14 @@ __all__ = [
     "BatchSlice",
     "LastBatch",
     "RankPart",
+    "Segment",
+    "check_segments",
     "epoch_order",
     "iter_batches",
     "plan_length",
     "rank_part",
+    "remaining_length",
+    "remaining_order",
     "tail_skipped",
     "validate_window",
 ]
@@ -88,6 +98,77 @@ def plan_length(num_samples: int, world_size: int, policy: LastBatch) -> int:
     if policy is LastBatch.DROP:
         return num_samples // world_size
     return -(-num_samples // world_size)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What a job consumed of an epoch at one world size, before it stopped.
+
+    Attributes:
+        world_size: its ranks then.
+        cursors: samples of its part each rank had consumed, rank 0 first.
+    """
+
+    world_size: int
+    cursors: tuple[int, ...]
+
+
+def _real_lengths(length: int, world_size: int, policy: LastBatch) -> np.ndarray:
+    """Samples of each rank's part that are not padding, for an order of ``length``."""
+    if policy is LastBatch.DROP:
+        return np.full(world_size, length // world_size, dtype=np.int64)
+    ranks = np.arange(world_size)
+    return length // world_size + (ranks < length % world_size)
+
+
+def check_segments(num_samples: int, segments: tuple[Segment, ...], policy: LastBatch) -> None:
+    """Refuse segments that cannot describe an epoch of ``num_samples``.
+
+    Raises:
+        InvalidArgument: a world size below 1, a cursor list of another length, or a
+            cursor outside its rank's part (the message names the segment).
+    """
+    length = num_samples
+    for k, segment in enumerate(segments):
+        if segment.world_size < 1 or len(segment.cursors) != segment.world_size:
+            raise InvalidArgument(f"consumed[{k}]: {len(segment.cursors)} cursors for world_size "
+                                  f"{segment.world_size}")
+        part = plan_length(length, segment.world_size, policy)
+        if any(not 0 <= c <= part for c in segment.cursors):
+            raise InvalidArgument(f"consumed[{k}]: cursors {list(segment.cursors)} outside 0..{part} "
+                                  f"(the part of each of {segment.world_size} ranks)")
+        length -= int(np.minimum(segment.cursors, _real_lengths(length, segment.world_size, policy)).sum())
+
+
+def remaining_length(num_samples: int, segments: tuple[Segment, ...], policy: LastBatch) -> int:
+    """Samples of the epoch that the segments' ranks did not consume (checked first:
+    see :func:`check_segments`)."""
+    check_segments(num_samples, segments, policy)
+    length = num_samples
+    for segment in segments:
+        length -= int(np.minimum(segment.cursors, _real_lengths(length, segment.world_size, policy)).sum())
+    return length
+
+
+def remaining_order(order: np.ndarray, segments: tuple[Segment, ...], policy: LastBatch) -> np.ndarray:
+    """``order`` minus exactly the samples the segments' ranks consumed, in order.
+
+    Rank ``r`` of ``w`` took every ``w``-th sample from ``r`` (as :func:`rank_part`
+    splits it), so it consumed positions ``r + k * w`` for ``k`` below its cursor,
+    padding repeats not counted; each segment applies to what the ones before it left.
+
+    Raises:
+        InvalidArgument: see :func:`check_segments`.
+    """
+    check_segments(len(order), segments, policy)
+    rest = order
+    for segment in segments:
+        w, length = segment.world_size, len(rest)
+        taken = np.minimum(segment.cursors, _real_lengths(length, w, policy))
+        positions = np.arange(length)
+        consumed = (positions // w) < taken[positions % w]
+        rest = rest[~consumed]
+    return rest
 
 
 def rank_part(order: np.ndarray, rank: int, world_size: int, policy: LastBatch) -> RankPart:

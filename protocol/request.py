@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidArgument
-from protocol.plan import LastBatch
+from protocol.plan import LastBatch, Segment
 from protos import feeder_pb2
 
 __all__ = [
     "CROP_RATIOS",
     "MAX_BATCH_BYTES",
     "MAX_EPOCH",
+    "MAX_BATCH_STRIDE",
     "MAX_IMAGE_SIZE",
     "MAX_WORLD_SIZE",
     "MIN_CROP_SCALE",
@@ -43,6 +44,8 @@ MAX_BATCH_BYTES = 1 << 30
 # cannot overflow.
 MAX_EPOCH = 2**31 - 1
 MAX_WORLD_SIZE = 1 << 20
+# Daemons one rank may draw from (the stride of a share of its stream).
+MAX_BATCH_STRIDE = 1024
 _MAX_INT32 = 2**31 - 1
 _MAX_INT64 = 2**63 - 1
 # RandomResizedCrop limits a request may set. Below 1 % of the area a crop of a
@@ -114,6 +117,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "image_size": (MIN_IMAGE_SIZE, MAX_IMAGE_SIZE),
     "start_cursor": (0, _MAX_INT64),
     "max_samples": (0, _MAX_INT64),
+    "batch_stride": (1, MAX_BATCH_STRIDE),
 }
 
 
@@ -125,7 +129,11 @@ class StreamSpec:
     validation transform otherwise. Train augmentation also shuffles the order.
     ``epochs`` streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
     ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share
-    it). ``antialias`` None: the daemon's default resize filter.
+    it). ``antialias`` None: the daemon's default resize filter. ``consumed``: what
+    the job read of ``epoch`` at earlier world sizes (an elastic resume: the rank's
+    part is of the rest, see :func:`protocol.plan.remaining_order`). ``batch_stride``
+    and ``batch_offset``: only every ``batch_stride``-th batch from ``batch_offset``
+    (counted across the stream's epochs), a rank's share of a pool of daemons.
 
     Raises:
         InvalidArgument: a field out of range (the message starts with its name).
@@ -148,6 +156,9 @@ class StreamSpec:
     job_id: str = ""
     antialias: bool | None = None
     local_world_size: int = 0  # the job's ranks on the client's node (0: not said)
+    consumed: tuple[Segment, ...] = ()
+    batch_stride: int = 1
+    batch_offset: int = 0
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -156,9 +167,18 @@ class StreamSpec:
                 raise InvalidArgument(f"{name}: {value} is not in {low}..{high}")
         if self.epoch + self.epochs - 1 > MAX_EPOCH:
             raise InvalidArgument(f"epochs: {self.epochs} epochs from epoch {self.epoch} pass {MAX_EPOCH}")
+        if not 0 <= self.batch_offset < self.batch_stride:
+            raise InvalidArgument(f"batch_offset: {self.batch_offset} is not in 0..{self.batch_stride - 1} "
+                                  f"(batch_stride {self.batch_stride})")
         if self.rank >= self.world_size:
             raise InvalidArgument(f"rank: {self.rank} is not in 0..{self.world_size - 1} "
                                   f"(world_size {self.world_size})")
+        for k, segment in enumerate(self.consumed):
+            if not 1 <= segment.world_size <= MAX_WORLD_SIZE or len(segment.cursors) != segment.world_size:
+                raise InvalidArgument(f"consumed[{k}]: {len(segment.cursors)} cursors for world_size "
+                                      f"{segment.world_size} (1..{MAX_WORLD_SIZE})")
+            if any(not 0 <= c <= _MAX_INT64 for c in segment.cursors):
+                raise InvalidArgument(f"consumed[{k}]: a cursor below 0")
         if self.batch_size * self.image_size**2 * 3 > MAX_BATCH_BYTES:
             raise InvalidArgument(f"batch_size: {self.batch_size} images of {self.image_size} px exceed "
                                   f"{MAX_BATCH_BYTES >> 20} MiB per message")
@@ -184,7 +204,7 @@ _AUGMENT = {
 }
 # Fields copied as they are between StreamSpec and StreamRequest.
 _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "batch_size", "image_size",
-         "start_cursor", "max_samples", "local_world_size")
+         "start_cursor", "max_samples", "local_world_size", "batch_offset")
 
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
@@ -207,13 +227,17 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         raise InvalidArgument(f"augment: unknown value {request.augment}")
     if request.epochs < 0:
         raise InvalidArgument(f"epochs: {request.epochs} is not in 0..{MAX_EPOCH}")
+    if request.batch_stride < 0:
+        raise InvalidArgument(f"batch_stride: {request.batch_stride} is not in 0..{MAX_BATCH_STRIDE}")
     return StreamSpec(
         **{name: getattr(request, name) for name in _SAME},
         epochs=max(1, request.epochs),
+        batch_stride=max(1, request.batch_stride),
         last_batch=_LAST_BATCH[request.last_batch],
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         antialias=request.antialias if request.HasField("antialias") else None,
+        consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
     )
 
 
@@ -227,6 +251,7 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     request = feeder_pb2.StreamRequest(
         **{name: getattr(spec, name) for name in _SAME},
         epochs=spec.epochs,
+        batch_stride=spec.batch_stride,
         last_batch=_LAST_BATCH_WIRE[spec.last_batch],
         augment=_AUGMENT_WIRE[spec.augment],
         min_scale=spec.crop.min_scale, max_scale=spec.crop.max_scale,
@@ -234,4 +259,6 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     )
     if spec.antialias is not None:
         request.antialias = spec.antialias
+    for segment in spec.consumed:
+        request.consumed.add(world_size=segment.world_size, cursors=segment.cursors)
     return request

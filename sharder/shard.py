@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import shutil
 import time
@@ -13,10 +11,11 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.errors import ConfigError
 from sharder.config import ShardConfig, progress_shown
 from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
+from sharder.out_dir import WORK_DIR, check_out_path, prepare_out, run_identity, write_errors_named
+from sharder.out_lock import OutLock
 from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
@@ -32,10 +31,6 @@ from shards.writers import file_sha256, write_index, write_json_atomic
 log = logging.getLogger(__name__)
 
 __all__ = ["ShardReport", "shard"]
-
-WORK_DIR = ".work"  # resume state of an unfinished run; removed when the run completes
-_RUN_FILE = "run.json"
-
 
 @dataclass
 class ShardReport:
@@ -64,57 +59,6 @@ class ShardReport:
         links, empty = self.total("skipped_links"), self.total("empty_classes")
         text = f", skipped {links} link{'s' if links != 1 else ''}" if links else ""
         return text + (f", {empty} empty class{'es' if empty != 1 else ''}" if empty else "")
-
-
-def _run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
-    """What must not change between a killed run and its resumption: SRC, its inputs
-    (paths and labels) and the options."""
-    listing = hashlib.sha256()
-    for split in tree.splits:
-        for item in split.files:
-            listing.update(f"{split.name}\t{item.source}\t{item.label}\n".encode())
-    return {"source": str(config.src.resolve()), "inputs_sha256": listing.hexdigest(), "options": config.options()}
-
-
-def _recorded_identity(run_file: Path) -> Any:
-    """The identity an unfinished run recorded; ``on_error: raise`` (its old word) reads
-    as ``fail``, so that a run started before the rename resumes."""
-    recorded = json.loads(run_file.read_text())
-    options = recorded.get("options") if isinstance(recorded, dict) else None
-    if isinstance(options, dict) and options.get("on_error") == "raise":
-        options["on_error"] = "fail"
-    return recorded
-
-
-def _prepare_out(config: ShardConfig, tree: SourceTree) -> None:
-    """Create OUT, or clear it (--overwrite), or accept it as an unfinished run to resume.
-
-    Raises:
-        ConfigError: OUT is a file, not empty, holds another run, or is not writable.
-    """
-    out, run_file = config.out, config.out / WORK_DIR / _RUN_FILE
-    src, resolved = config.src.resolve(), out.resolve()
-    if resolved == src or resolved in src.parents or src in resolved.parents:
-        raise ConfigError(f"OUT {out} and SRC {config.src} overlap; shard into a folder outside SRC")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"OUT {out} exists and is not a directory")
-    identity = _run_identity(config, tree)
-    resumable = run_file.is_file() and _recorded_identity(run_file) == identity
-    if out.is_dir() and any(out.iterdir()) and not resumable:
-        if not config.overwrite:
-            what = "holds an unfinished run of other inputs or options" if run_file.is_file() else "is not empty"
-            raise ConfigError(f"OUT {out} {what} (use --overwrite to replace its contents)")
-    if config.overwrite and out.is_dir():
-        for child in out.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    try:
-        (out / WORK_DIR).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(run_file, identity)
-    except OSError as e:
-        raise ConfigError(f"cannot write to OUT {out}: {e.strerror or e}") from e
 
 
 def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: bool) -> None:
@@ -188,15 +132,43 @@ def shard(config: ShardConfig) -> ShardReport:
 
     Raises:
         NotFound: SRC does not exist.
-        ConfigError: no images, unusable ground truth, OUT not empty or not writable.
+        ConfigError: no images, unusable ground truth, OUT not empty or not writable,
+            another run sharding into OUT (names its pid), or a write into OUT that
+            failed (names the file and the reason: no space left, a read-only file
+            system; the same call resumes).
         DataError: a bad input or a directory that cannot be listed, with
             ``on_error="fail"`` (names the file or directory).
     """
     started = time.monotonic()
     if config.restart_interval != config.stored_restart_interval:
         log.warning("JPEGs are stored as they come, without restart markers: %s", jpeg.unavailable_reason())
-    tree = find_sources(config.src, config.on_error)
-    _prepare_out(config, tree)
+    check_out_path(config)
+    with OutLock(config.out), write_errors_named(config.out):
+        tree = find_sources(config.src, config.on_error)
+        prepare_out(config, run_identity(config, tree))
+        splits = _write_splits(config, tree)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "layout": tree.layout,
+            "source": str(config.src.resolve()),
+            "classes": tree.classes,
+            "splits": splits,
+            "options": config.options(),
+        }
+        write_json_atomic(config.out / MANIFEST_NAME, manifest)
+        shutil.rmtree(config.out / WORK_DIR)
+    report = ShardReport(config.out, seconds=time.monotonic() - started)
+    for name, entry in splits.items():
+        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
+        counts["shards"] = len(entry["shards"])
+        counts["skipped_links"], counts["empty_classes"] = len(entry["skipped_links"]), len(entry["empty_classes"])
+        counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
+        report.splits[name] = counts
+    return report
+
+
+def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
+    """Each split's tars (resuming those finished), index and LMDB: its manifest entry."""
     work = config.out / WORK_DIR
     # Tars are always the first stage; without "wds" they are staged under .work.
     tar_root = config.out if "wds" in config.formats else work / "tars"
@@ -207,21 +179,4 @@ def shard(config: ShardConfig) -> ShardReport:
         for split in tree.splits:
             records = write_split(config, split, tar_root, work / split.name, bar, pool)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "layout": tree.layout,
-        "source": str(config.src.resolve()),
-        "classes": tree.classes,
-        "splits": splits,
-        "options": config.options(),
-    }
-    write_json_atomic(config.out / MANIFEST_NAME, manifest)
-    shutil.rmtree(work)
-    report = ShardReport(config.out, seconds=time.monotonic() - started)
-    for name, entry in splits.items():
-        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
-        counts["shards"] = len(entry["shards"])
-        counts["skipped_links"], counts["empty_classes"] = len(entry["skipped_links"]), len(entry["empty_classes"])
-        counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
-        report.splits[name] = counts
-    return report
+    return splits

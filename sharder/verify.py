@@ -30,8 +30,9 @@ from tqdm import tqdm
 from core.errors import DataError
 from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
-from shards.index import Root, read_index, read_manifest
+from shards.index import Root, read_index
 from shards.layout import sample_checksum
+from shards.manifest import read_served_manifest
 from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.objects import ObjectUrl
 from shards.remote_root import RemoteRoot
@@ -292,7 +293,8 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
 
     Raises:
         NotFound: no manifest in the directory (or no such bucket).
-        DataError: the manifest is unreadable or of an unknown version.
+        DataError: the manifest is unreadable, of an unknown version or of the wrong
+            shape (:func:`shards.manifest.read_served_manifest`).
         Unauthenticated, ServiceUnavailable: a store refused the credentials or could
             not be reached.
         TypeError: options given with a VerifyConfig.
@@ -302,7 +304,7 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
     if not isinstance(config, VerifyConfig):
         config = VerifyConfig(config if isinstance(config, str) else Path(config), **options)
     root = _root(config)
-    manifest = read_manifest(root)
+    manifest = read_served_manifest(root)
     result = VerifyResult(root)
     total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
     with tqdm(total=total, unit="shard", desc="verify", disable=not progress_shown(config.progress)) as bar:

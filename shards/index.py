@@ -1,43 +1,37 @@
-"""Reading a shard directory's manifest and each split's ``index.parquet``, with the
-checks that serving needs (:mod:`shards.layout` is the contract).
+"""Reading each split's ``index.parquet`` of a shard directory, with the checks that
+serving needs (:mod:`shards.layout` is the contract; :mod:`shards.manifest` reads the
+manifest, and its two readers are named here too, where they were first).
 
 Opening checks what serving needs, so a bad path stops the daemon at start-up with
-one line instead of failing a client later: the manifest parses and has a version
-this code reads, every split's index has the expected columns, its row count matches
-the manifest, and every sample lies inside an existing shard. Nothing here reads
+one line instead of failing a client later: the manifest parses, has a version this
+code reads and fields of the types the reader uses, every split's index has the
+expected columns, its row count matches the manifest, every label names one of the
+manifest's classes, and every sample lies inside an existing shard. Nothing here reads
 sample bytes: :mod:`shards.reader` does, through the columns read here.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.errors import ConfigError, DataError, NotFound
+from core.errors import ConfigError, DataError
 from shards.layout import (
     CHECKSUM_COLUMNS,
-    FORMAT_VERSION,
     HALF_COLUMNS,
     INDEX_SCHEMA,
     INDEX_VERSION,
     INDEX_VERSION_KEY,
-    MANIFEST_NAME,
     index_path,
     index_schema,
 )
-
-if TYPE_CHECKING:
-    from shards.remote_root import ObjectPath
-
-# A shard directory: local, or in an object store (read through the same calls).
-Root: TypeAlias = "Path | ObjectPath"
+from shards.manifest import Root, read_manifest, read_served_manifest
 
 __all__ = [
     "IndexColumns",
@@ -82,43 +76,9 @@ class IndexColumns:
     half_checksums: np.ndarray | None
 
 
-def read_manifest(root: Root) -> dict[str, Any]:
-    """The manifest of shard directory ``root``.
-
-    Raises:
-        NotFound: no manifest (not a shard directory, or an unfinished run).
-        DataError: unreadable JSON or a format version this code does not know.
-    """
-    path = root / MANIFEST_NAME
-    if not path.is_file():
-        raise NotFound(f"{path} does not exist (not a shard directory, or sharding did not finish)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: unreadable manifest: {e}") from e
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    return manifest
-
-
-def read_served_manifest(root: Root) -> dict[str, Any]:
-    """The manifest of ``root``, with the ``splits`` and ``classes`` serving needs.
-
-    Raises:
-        NotFound: ``root`` or its manifest does not exist.
-        DataError: as :func:`read_manifest`, or no ``splits`` / ``classes``.
-    """
-    if not root.is_dir():
-        raise NotFound(f"{root}: no such shard directory")
-    manifest = read_manifest(root)
-    if not isinstance(manifest.get("splits"), dict) or not isinstance(manifest.get("classes"), list):
-        raise DataError(f"{root / MANIFEST_NAME}: no 'splits' object or 'classes' list")
-    return manifest
-
-
 def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
     """The split has WebDataset tars (the daemon reads sample bytes out of them; an
-    LMDB-only split, ``feeder shard --format lmdb``, has none), and each one the
+    LMDB-only split, ``feeder shard --formats lmdb``, has none), and each one the
     manifest lists exists with the recorded size (a cheap check; ``feeder verify``
     compares checksums).
 
@@ -128,8 +88,8 @@ def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
     """
     if info.get("num_samples") and not info.get("shards"):
         raise ConfigError(
-            f"{root}: split {split!r} has no WebDataset tars (sharded with --format lmdb only); "
-            "reshard with --format wds or wds,lmdb to serve it"
+            f"{root}: split {split!r} has no WebDataset tars (sharded with --formats lmdb only); "
+            "reshard with --formats wds or wds,lmdb to serve it"
         )
     for shard in info.get("shards", []):
         file = root / str(shard["path"])
@@ -206,11 +166,12 @@ def _absent(field: pa.Field, rows: int) -> pa.Array:
     return pa.array(np.full(rows, fill), field.type)
 
 
-def read_columns(root: Root, split: str, info: dict[str, Any]) -> IndexColumns:
+def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int | None = None) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
-    and the tars: the row count and format version, every sample inside its tar, an
-    image size on every row, and the columns of the half-scale copies either locating
-    one or saying there is none.
+    and the tars: the row count and format version, every label one of
+    ``num_classes`` (the manifest's classes; None: unchecked), every sample inside its
+    tar, an image size on every row, and the columns of the half-scale copies either
+    locating one or saying there is none.
 
     Raises:
         DataError: the index is missing, unreadable or disagrees (names the file, and
@@ -239,10 +200,25 @@ def read_columns(root: Root, split: str, info: dict[str, Any]) -> IndexColumns:
         checksums=_checksums(path, table, "checksum", version),
         half_checksums=_checksums(path, table, "half_checksum", version),
     )
+    if num_classes is not None:
+        _check_labels(path, columns, num_classes)
     _check_extents(root, path, columns)
     _check_image_sizes(path, columns)
     _check_half_copies(path, columns)
     return columns
+
+
+def _check_labels(path: Root, cols: IndexColumns, num_classes: int) -> None:
+    """Label ``i`` is the manifest's class ``i``: one past its list would be served as
+    a class the training run does not have."""
+    if not len(cols.labels):
+        return
+    if int(cols.labels.min()) < 0:
+        row = int(np.argmin(cols.labels))
+        raise DataError(f"{path}: key {cols.keys[row]!r} has label {int(cols.labels[row])}")
+    highest = int(cols.labels.max())
+    if highest >= num_classes:
+        raise DataError(f"{path}: labels up to {highest}, but the manifest lists {num_classes} classes")
 
 
 def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.ndarray | None:

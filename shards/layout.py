@@ -67,7 +67,7 @@ Shape (``FORMAT_VERSION`` 1)::
      "options": {...}}
 
 ``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
-RGB JPEG (odd formats, ``--max-side``, ``--quality``) rather than kept as it came
+RGB JPEG (odd formats, ``--max-side-px``, ``--quality``) rather than kept as it came
 (with restart markers added losslessly, ``options.restart_interval``). A
 directory under SRC that could not be listed is one of the ``rejects`` (its path, and
 the reason). ``skipped_links`` are the symbolic links under SRC not followed, because
@@ -79,8 +79,9 @@ do not use them. So was ``index_version`` (the index's own version is the one re
 ``options.half_copies`` says whether half-scale copies were made.
 
 Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`
-(the manifest and indexes through :mod:`shards.index`, the members of tars, ``.idx`` files and
-LMDB values through :mod:`shards.members`, open tars through :mod:`shards.tars`).
+(the manifest through :mod:`shards.manifest`, the indexes through :mod:`shards.index`, the
+members of tars, ``.idx`` files and LMDB values through :mod:`shards.members`, open tars
+through :mod:`shards.tars`).
 """
 
 from __future__ import annotations

@@ -3,13 +3,15 @@ the tars through each split's index. The daemon, ``feeder verify`` and the bench
 read shards only through this package; :mod:`shards.writers` is its counterpart.
 
 :class:`ShardDataset` opens a shard directory (the manifest and the indexes, checked
-by :mod:`shards.index`); each split is a :class:`SplitIndex`, which reads sample bytes
-from the tars (:mod:`shards.tars`). :mod:`shards.members` lists the members of the
-tars, ``.idx`` files and LMDB values.
+by :mod:`shards.manifest` and :mod:`shards.index`); each split is a :class:`SplitIndex`,
+which reads sample bytes from the tars (:mod:`shards.tars`). :mod:`shards.members`
+lists the members of the tars, ``.idx`` files and LMDB values.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +20,10 @@ from typing import NamedTuple
 import numpy as np
 
 from core.errors import DataError, Located, SampleCorrupt, SamplesUnreadable, Unreadable
-from shards.index import IndexColumns, check_split_shards, read_columns, read_served_manifest
+from shards.index import IndexColumns, check_split_shards, read_columns
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
+from shards.manifest import read_served_manifest
 from shards.objects import ObjectUrl, is_remote
 from shards.ranged import RemoteAccess, RemoteShards, RequestPool, cache_entries
 from shards.remote_root import RemoteRoot
@@ -277,12 +280,15 @@ class ShardDataset:
         root: the shard directory.
         classes: class names; label ``i`` is ``classes[i]``.
         splits: split name -> index.
+        manifest_sha256: the manifest's identity (sha256 of its canonical JSON): two
+            daemons serve the same samples, labels and pixels when it is the same.
     """
 
     name: str
     root: Path | ObjectUrl
     classes: list[str]
     splits: dict[str, SplitIndex]
+    manifest_sha256: str = ""
 
     @classmethod
     def open(cls, name: str, root: Path | str | ObjectUrl, recheck_s: float = DEFAULT_RECHECK_S,
@@ -300,7 +306,9 @@ class ShardDataset:
 
         Raises:
             NotFound: the directory, bucket or manifest does not exist.
-            DataError: the manifest or an index is unreadable or inconsistent.
+            DataError: the manifest or an index is unreadable, of the wrong shape
+                (valid JSON but not an object, a field of another type) or
+                inconsistent (a label past the manifest's classes); names the file.
             Unauthenticated: the store refused the credentials.
             ServiceUnavailable: the store cannot be reached.
         """
@@ -309,10 +317,11 @@ class ShardDataset:
             return cls._open_remote(name, url, remote or RemoteAccess(), recheck_s)
         root = Path(root)
         manifest = read_served_manifest(root)
+        classes = list(manifest["classes"])
         splits = {}
         for split, info in manifest["splits"].items():
-            check_split_shards(root, str(split), info)
-            splits[str(split)] = SplitIndex(root, str(split), read_columns(root, str(split), info), recheck_s)
+            check_split_shards(root, split, info)
+            splits[split] = SplitIndex(root, split, read_columns(root, split, info, len(classes)), recheck_s)
         return cls._checked(name, root, manifest, splits)
 
     @classmethod
@@ -322,17 +331,19 @@ class ShardDataset:
         store = ObjectStore(url, remote.options, remote.counters)
         top = RemoteRoot(store).path()
         manifest = read_served_manifest(top)
+        classes = list(manifest["classes"])
         pool = RequestPool(remote.max_requests, f"feeder-get-{name}")
         splits = {}
         for split, info in manifest["splits"].items():
-            check_split_shards(top, str(split), info)
-            columns = read_columns(top, str(split), info)
+            check_split_shards(top, split, info)
+            columns = read_columns(top, split, info, len(classes))
             source = RemoteShards(store, columns.shards, cache_entries(url, info, columns.shards), remote.cache, pool)
-            splits[str(split)] = SplitIndex(url, str(split), columns, recheck_s, source)
+            splits[split] = SplitIndex(url, split, columns, recheck_s, source)
         return cls._checked(name, url, manifest, splits)
 
     @classmethod
     def _checked(cls, name: str, root: Path | ObjectUrl, manifest: dict, splits: dict[str, SplitIndex]) -> ShardDataset:
-        if not splits:
-            raise DataError(f"{root}: manifest lists no splits")
-        return cls(name=name, root=root, classes=[str(c) for c in manifest.get("classes", [])], splits=splits)
+        """The dataset, with the digest of its manifest as its identity."""
+        identity = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+        return cls(name=name, root=root, classes=list(manifest["classes"]), splits=splits, manifest_sha256=identity)
+

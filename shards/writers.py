@@ -5,6 +5,11 @@ A writer is a context manager: ``write(sample)`` any number of times, then
 (write to a temporary name, fsync, rename). Leaving the ``with`` block without
 ``finish()`` (an error, Ctrl-C) removes the temporary output, so a partial file is
 never seen under a final name.
+
+A write that fails (a full disk, a quota, a read-only file system) raises an
+``OSError`` whose ``filename`` is the final name of what was being written, whichever
+call failed (a buffered ``write`` or ``close`` names no file; pyarrow and LMDB name
+none), so that the caller can tell the user which file could not be written.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import os
 import shutil
 import tarfile
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +42,7 @@ __all__ = [
     "TarShardWriter",
     "file_sha256",
     "fsync_dir",
+    "naming_errors",
     "tar_member_bytes",
     "ustar_header",
     "write_index",
@@ -87,6 +95,29 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def naming_errors(path: Path) -> Iterator[None]:
+    """An ``OSError`` (or an LMDB error with a system error code) raised inside is
+    raised again as an ``OSError`` of the same errno naming ``path``, the final name of
+    the output being written: the errno's own text, the original as its cause. Errors
+    without an errno pass unchanged.
+
+    Raises:
+        OSError: as described, with ``filename`` ``str(path)``.
+    """
+    try:
+        yield
+    except OSError as e:
+        if not e.errno or e.filename == str(path):
+            raise
+        raise OSError(e.errno, os.strerror(e.errno), str(path)) from e
+    except lmdb.Error as e:
+        code = getattr(e, "code", 0)  # > 0: a system errno (ENOSPC, EIO); < 0: LMDB's own
+        if not isinstance(code, int) or code <= 0:
+            raise
+        raise OSError(code, os.strerror(code), str(path)) from e
 
 
 def _padded(size: int) -> int:
@@ -168,7 +199,8 @@ class TarShardWriter(ShardWriter):
     def __init__(self, final_path: Path) -> None:
         super().__init__(final_path)
         self.index_path = final_path.with_suffix(".idx")
-        self._file = open(self.temp_path, "wb")
+        with naming_errors(final_path):
+            self._file = open(self.temp_path, "wb")
         self._hash = hashlib.sha256()
         self._lines: list[str] = []
         self.bytes_written = 0
@@ -191,7 +223,8 @@ class TarShardWriter(ShardWriter):
         return offset, len(data)
 
     def _put(self, chunk: bytes) -> None:
-        self._file.write(chunk)
+        with naming_errors(self.final_path):
+            self._file.write(chunk)
         self._hash.update(chunk)
         self.bytes_written += len(chunk)
 
@@ -212,22 +245,21 @@ class TarShardWriter(ShardWriter):
 
     def finish(self) -> None:
         self._put(_END_OF_ARCHIVE)
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        with naming_errors(self.final_path):
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
         self.sha256 = self._hash.hexdigest()
-        index_temp = self.index_path.with_name(self.index_path.name + ".tmp")
-        with open(index_temp, "w", encoding="ascii") as f:
-            f.write(f"v1.2 {len(self._lines)}\n" + "".join(line + "\n" for line in self._lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(index_temp, self.index_path)
-        os.replace(self.temp_path, self.final_path)
-        fsync_dir(self.final_path.parent)
+        lines = f"v1.2 {len(self._lines)}\n" + "".join(line + "\n" for line in self._lines)
+        _write_durably(self.index_path, lambda temp: temp.write_bytes(lines.encode("ascii")))
+        with naming_errors(self.final_path):
+            os.replace(self.temp_path, self.final_path)
+            fsync_dir(self.final_path.parent)
         self.finished = True
 
     def abort(self) -> None:
-        self._file.close()
+        with suppress(OSError):  # its buffer may not flush (a full disk): dropped anyway
+            self._file.close()
         self.temp_path.unlink(missing_ok=True)
 
 
@@ -244,33 +276,37 @@ class LmdbWriter(ShardWriter):
     def __init__(self, final_path: Path, map_size_bytes: int) -> None:
         super().__init__(final_path)
         shutil.rmtree(self.temp_path, ignore_errors=True)
-        # lock=False: no lock.mdb beside data.mdb; this writer is the only user.
-        self._env = lmdb.open(str(self.temp_path), map_size=map_size_bytes, subdir=True, lock=False)
-        self._txn = self._env.begin(write=True)
+        with naming_errors(final_path):
+            # lock=False: no lock.mdb beside data.mdb; this writer is the only user.
+            self._env = lmdb.open(str(self.temp_path), map_size=map_size_bytes, subdir=True, lock=False)
+            self._txn = self._env.begin(write=True)
         self._pending = 0
 
     def write(self, sample: Sample) -> Stored:
         datum = encode_datum(sample.data, sample.label, sample.width, sample.height)
-        self._txn.put(sample.key.encode("ascii"), datum, append=True)
-        self._pending += 1
-        if self._pending >= self._COMMIT_EVERY:
-            self._txn.commit()
-            self._txn, self._pending = self._env.begin(write=True), 0
+        with naming_errors(self.final_path):
+            self._txn.put(sample.key.encode("ascii"), datum, append=True)
+            self._pending += 1
+            if self._pending >= self._COMMIT_EVERY:
+                self._txn.commit()
+                self._txn, self._pending = self._env.begin(write=True), 0
         # The full image only: Caffe readers know no copies.
         return Stored(-1, len(sample.data), checksum=sample_checksum(sample.data))
 
     def finish(self) -> None:
-        self._txn.commit()
-        self._env.sync(True)
-        self._env.close()
-        if self.final_path.exists():
-            shutil.rmtree(self.final_path)
-        os.replace(self.temp_path, self.final_path)
-        fsync_dir(self.final_path.parent)
+        with naming_errors(self.final_path):
+            self._txn.commit()
+            self._env.sync(True)
+            self._env.close()
+            if self.final_path.exists():
+                shutil.rmtree(self.final_path)
+            os.replace(self.temp_path, self.final_path)
+            fsync_dir(self.final_path.parent)
         self.finished = True
 
     def abort(self) -> None:
-        self._txn.abort()
+        with suppress(lmdb.Error):  # a transaction a failed commit already ended
+            self._txn.abort()
         self._env.close()
         shutil.rmtree(self.temp_path, ignore_errors=True)
 
@@ -282,15 +318,32 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
         path: final file name.
         obj: anything ``json.dump`` takes.
         indent: as in ``json.dump``; None for compact machine-only files.
+
+    Raises:
+        OSError: the file cannot be written (names ``path``).
+    """
+    text = json.dumps(obj, indent=indent) + "\n"
+    _write_durably(path, lambda temp: temp.write_bytes(text.encode("utf-8")))
+
+
+def _write_durably(path: Path, write: Callable[[Path], Any]) -> None:
+    """``write`` a temporary file beside ``path`` (it gets that file's name), fsync it
+    and rename it to ``path``; the temporary file is removed if any of that fails.
+
+    Raises:
+        OSError: naming ``path`` (:func:`naming_errors`).
     """
     temp = path.with_name(path.name + ".tmp")
-    with open(temp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=indent)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fsync_dir(path.parent)
+    try:
+        with naming_errors(path):
+            write(temp)
+            with open(temp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(temp, path)
+            fsync_dir(path.parent)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def write_index(path: Path, columns: dict[str, list[Any]], version: int = INDEX_VERSION) -> None:
@@ -307,11 +360,8 @@ def write_index(path: Path, columns: dict[str, list[Any]], version: int = INDEX_
     Raises:
         ValueError: a version this code does not know.
         KeyError: a column of that version is missing.
+        OSError: the file cannot be written (names ``path``).
     """
     schema = index_schema(version)
-    temp = path.with_name(path.name + ".tmp")
-    pq.write_table(pa.table({name: columns[name] for name in schema.names}, schema=schema), temp)
-    with open(temp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(temp, path)
-    fsync_dir(path.parent)
+    table = pa.table({name: columns[name] for name in schema.names}, schema=schema)
+    _write_durably(path, lambda temp: pq.write_table(table, temp))

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from bench import throughput
+from bench.loaders import LoaderSpec, loader_module
+from bench.measure import Schedule
+from bench.venvs import is_made
 
 SMOKE_LOADERS = ["feeder-shm", "feeder-grpc", "inprocess", "torchvision", "webdataset", "decode-only", "synthetic"]
 IMAGE_SIZE_PX = 32
@@ -127,3 +131,60 @@ def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards:
         assert "tensorflow" in row["skipped"] and "\n" not in row["skipped"]
     else:
         assert row["problems"] == [] and row["images_per_s"] > 0
+
+
+def _stand_in_environment(cache: Path, name: str) -> None:
+    """``cache/venv-<name>`` made as a plain interpreter without the peer's packages."""
+    env = loader_module(name).ENVIRONMENT
+    python = cache / f"venv-{name}" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    (python.parent.parent / "bench-environment.json").write_text(env.stamp())
+
+
+def test_a_peer_its_interpreter_cannot_import_is_skipped_with_one_line(
+    tmp_path: Path, bench_shards: Path, bench_source: Path
+) -> None:
+    for name in ("ffcv", "spdl"):
+        _stand_in_environment(tmp_path / "cache", name)
+    out = tmp_path / "result.json"
+    argv = [
+        "--data", str(bench_shards), "--source", str(bench_source), "--cache", str(tmp_path / "cache"),
+        "--loaders", "ffcv,spdl", "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH),
+        "--threads", str(THREADS), "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1", "--json", str(out),
+    ]
+
+    code = throughput.main(argv)
+
+    rows = {r["loader"]: r for r in json.loads(out.read_text())["results"]}
+    assert code == 0 and list(rows) == ["ffcv", "spdl"]
+    assert "ffcv cannot be imported here" in rows["ffcv"]["skipped"]  # its prepare step, in that interpreter
+    assert "spdl cannot be used here" in rows["spdl"]["skipped"]
+    assert all("\n" not in r["skipped"] and "images_per_s" not in r for r in rows.values())
+
+
+def test_a_worker_whose_interpreter_is_gone_is_a_failure_naming_it(tmp_path: Path, bench_shards: Path) -> None:
+    spec = LoaderSpec(shards=bench_shards, source=None, batch_size=BATCH, image_size_px=IMAGE_SIZE_PX)
+    gone = str(tmp_path / "venv-x" / "bin" / "python")
+
+    run = throughput.run_loader("synthetic", spec, Schedule(warmup_s=0, seconds=0.1, repeats=1), tmp_path, gone)
+
+    assert gone in run["result"]["error"] and run["memory"]["peak_pss_bytes"] == 0
+
+
+@pytest.mark.slow
+def test_ffcv_and_spdl_run_in_their_venvs_beside_inprocess(tmp_path: Path) -> None:
+    missing = [n for n in ("ffcv", "spdl") if not is_made(loader_module(n).ENVIRONMENT, throughput.DEFAULT_CACHE)]
+    if missing:
+        pytest.skip(f"the {' and '.join(missing)} venvs are not made under {throughput.DEFAULT_CACHE} "
+                    "(bench/throughput.py --loaders ffcv,spdl makes them; the test suite never does)")
+    out = tmp_path / "result.json"
+
+    code = throughput.main(["--loaders", "ffcv,spdl,inprocess", "--seconds", "1", "--repeats", "1", "--json", str(out)])
+
+    rows = {r["loader"]: r for r in json.loads(out.read_text())["results"]}
+    assert code == 0
+    for name in ("ffcv", "spdl", "inprocess"):
+        assert "error" not in rows[name] and "skipped" not in rows[name], rows[name]
+        assert rows[name]["problems"] == [] and rows[name]["images_per_s"] > 0

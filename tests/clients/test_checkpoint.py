@@ -31,7 +31,7 @@ def test_save_then_load_restores_state_and_rng(tmp_path: Path) -> None:
     assert latest_checkpoint(tmp_path) == tmp_path / "step-000006"
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000006"]
     torch.rand(10)  # move the generator on
-    shared, mine = load_checkpoint(tmp_path, ALONE)
+    shared, (mine,) = load_checkpoint(tmp_path, ALONE)
     assert shared["step"] == 6 and mine["loader"] == {"epoch": 1, "cursor": 48}
     torch.testing.assert_close(shared["model"]["weight"], model.weight)
     restore_rng(mine["rng"])
@@ -42,6 +42,14 @@ def test_missing_checkpoints_are_reported(tmp_path: Path) -> None:
     with pytest.raises(NotFound, match="no checkpoint"):
         load_checkpoint(tmp_path, ALONE)
     save_checkpoint(tmp_path, 1, {}, {}, ALONE)
-    other = Dist(rank=3, world_size=4, local_rank=3, device=torch.device("cpu"))
-    with pytest.raises(NotFound, match="rank 3"):
-        load_checkpoint(tmp_path, other)
+
+
+
+def test_at_another_world_size_each_rank_takes_over_the_saved_ranks_of_its_residue(tmp_path: Path) -> None:
+    for rank in range(3):  # saved by 3 ranks
+        save_checkpoint(tmp_path, 1, {"step": 1}, {"rank": rank},
+                        Dist(rank=rank, world_size=3, local_rank=rank, device=torch.device("cpu")))
+    taken = [[s["rank"] for s in load_checkpoint(tmp_path, Dist(r, 2, r, torch.device("cpu")))[1]] for r in range(2)]
+    assert taken == [[0, 2], [1]]
+    grown = [load_checkpoint(tmp_path, Dist(r, 5, r, torch.device("cpu")))[1] for r in range(5)]
+    assert [len(states) for states in grown] == [1, 1, 1, 0, 0]

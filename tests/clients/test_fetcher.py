@@ -18,7 +18,7 @@ import pytest
 from clients import FeederLoader
 from clients.fetcher import StreamFetcher
 from clients.loader_config import LoaderConfig
-from clients.streams import Connection
+from clients.connection import Connection
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
 from protocol.plan import LastBatch
@@ -109,7 +109,7 @@ def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> No
 
 
 def test_a_refused_request_ends_the_stream_at_once_without_retrying(daemon) -> None:
-    connection = Connection(LoaderConfig(address=daemon, dataset="sample"))
+    connection = Connection(LoaderConfig(address=daemon, dataset="sample"), daemon)
     # Over the test daemon's --max-batch-size of 64: a loader would refuse it itself.
     spec = StreamSpec("sample", "train", batch_size=1000, image_size=32, last_batch=LastBatch.PAD)
     fetcher = StreamFetcher(connection.stream_batches, to_request(spec), daemon, depth=1,

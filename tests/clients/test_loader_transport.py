@@ -46,7 +46,7 @@ def test_a_local_loader_gets_shared_memory_and_every_sample_once(shards):
             assert loader.transport == "shm"
             assert _segments(os.getpid())  # the open stream's ring
             # Slots went back through their release words in the segment: no calls.
-            assert loader._streams.connection.releaser.calls == 0
+            assert loader._streams.pool.members[0].connection.releaser.calls == 0
         assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
         assert wait_for(timeout_s=5, predicate=lambda: not _segments(os.getpid()))  # unlinked when the stream ended
     finally:

@@ -15,7 +15,7 @@ def test_shapes_length_and_resume() -> None:
     assert images.shape == (8, 3, 16, 16) and images.is_contiguous(memory_format=torch.channels_last)
     assert labels.dtype == torch.int64 and int(labels.max()) < 10
     state = loader.state_dict()
-    assert state == {"epoch": 0, "cursor": 8}
+    assert state == {"epoch": 0, "cursor": 8, "rank": 0, "world_size": 2, "consumed": []}
     loader.set_batch_size(4)
     loader.set_image_size(24)
     assert len(loader) == (50 - 8) // 4

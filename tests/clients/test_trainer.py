@@ -118,3 +118,27 @@ def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
     assert "resumed at step 6: epoch 0, cursor 48" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
+
+
+def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epoch(
+    daemon: str, shards: Path, tmp_path: Path
+) -> None:
+    # As above, but the job comes back on four ranks: the rest of epoch 0 (what the two
+    # ranks had not consumed at step 6) is split among four, then epoch 1 is planned
+    # for four, and the learning rate goes on by samples seen.
+    schedule = tmp_path / "short.toml"
+    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
+    common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
+              "--visit-log", str(tmp_path / "visits"), "--checkpoint-every-steps", "6",
+              "--val-every-epochs", "0"]
+    latest = tmp_path / "checkpoints" / "LATEST"
+
+    def checkpointed() -> bool:
+        return latest.is_file() and latest.read_text() == "step-000006"
+
+    assert kill_trainer_when(daemon, *common, ready=checkpointed) == -signal.SIGKILL
+    resumed = run_trainer(daemon, *common, "--resume", nproc=4)
+    _check(resumed)
+    assert "resumed at step 6: epoch 0, cursor 0, 2 ranks then, 4 now" in resumed.stdout
+    keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
+    assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})

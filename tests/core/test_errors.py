@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import pickle
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from core.errors import (
     Unauthenticated,
     cli_message,
     grpc_code,
+    os_error_reason,
 )
 
 
@@ -45,3 +47,14 @@ def test_a_corrupt_sample_is_bad_data_and_carries_what_failed():
     assert cli_message(error).startswith("feeder: bad data: /d/train/shard-000001.tar: the half-scale copy of sample 00000007_x ")
     copy = pickle.loads(pickle.dumps(error))  # crosses process boundaries whole
     assert (type(copy), str(copy), copy.index, copy.half) == (SampleCorrupt, str(error), 7, True)
+
+
+@pytest.mark.parametrize("error,reason", [
+    (OSError(errno.ENOSPC, "Error writing bytes to file. Detail: [errno 28] No space left on device"),
+     "no space left on device"),
+    (OSError(errno.EFBIG, "File too large", "out/a.tar"), "file too large"),
+    (OSError("Something odd"), "something odd"),
+    (OSError(), "unknown error"),
+])
+def test_an_os_error_is_told_by_its_errno_whoever_wrapped_it(error: OSError, reason: str) -> None:
+    assert os_error_reason(error) == reason

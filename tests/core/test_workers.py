@@ -51,6 +51,29 @@ def test_lanes_that_keep_work_queued_get_equal_shares_however_much_they_ask():
     assert small.busy_s / big.busy_s == pytest.approx(1.0, rel=0.25)
 
 
+def test_what_a_client_waits_on_goes_before_the_work_it_queued_for_later():
+    pool = FairPool(1, name="t-first")
+    lane = pool.lane()
+    busy, gate, order = threading.Event(), threading.Event(), []
+
+    def hold(i: int) -> None:
+        busy.set()
+        gate.wait()
+
+    lane.parallel(hold, 1)
+    assert busy.wait(10)  # the one worker is busy
+    later = lane.parallel(lambda i: order.append("later"), 3)
+    waited = threading.Thread(target=lane.run, args=(lambda i: order.append("now"), 2))
+    waited.start()
+    while len(lane.loops) < 2:  # both queued behind the busy worker
+        time.sleep(0.001)
+    gate.set()
+    waited.join()
+    later.wait()
+    pool.close()
+    assert order == ["now", "now", "later", "later", "later"]
+
+
 def test_no_more_threads_work_than_the_pool_has():
     pool = FairPool(2, name="t-bound")
     running, most = 0, 0

@@ -36,6 +36,11 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"max_pipelines": 0}, "max_pipelines"),
         ({"pipeline_idle_s": float("nan")}, "pipeline_idle_s"),
         ({"store_requests": 0}, "store_requests"),
+        ({"first_message_timeout_s": 0.0}, "first_message_timeout_s"),
+        ({"first_message_timeout_s": float("nan")}, "first_message_timeout_s"),
+        ({"max_waiting_calls": 0}, "max_waiting_calls"),
+        ({"metrics_threads": 0}, "metrics_threads"),
+        ({"metrics_timeout_s": -1.0}, "metrics_timeout_s"),
     ],
 )
 def test_bad_values_name_the_field(fields, name):

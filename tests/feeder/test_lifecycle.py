@@ -48,7 +48,7 @@ def _rss_bytes() -> int:
 
 def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
     before = threading.active_count()
-    server, port = private_server(rpc_threads=8)
+    server, port = private_server(rpc_threads=8, max_waiting_calls=1)
     with connect(port) as channel:
         stub = feeder_pb2_grpc.FeederStub(channel)
         _open_and_abandon(stub, 80)
@@ -57,12 +57,14 @@ def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
         assert stub.GetStats(feeder_pb2.StatsRequest()).open_streams == 0
         assert server.metrics.registry.get_sample_value("feeder_open_streams") == 0
         assert server.metrics.registry.get_sample_value("feeder_queued_batches") == 0
-        # What remains is gRPC's worker pool (bounded by rpc_threads) and its poller,
-        # and the daemon's decode threads (--threads, however many pipelines are idle).
+        # What remains is gRPC's worker pool (bounded by rpc_threads, plus
+        # max_waiting_calls for calls waiting for their request) and its poller, the
+        # thread of the first-message deadlines, and the daemon's decode threads
+        # (--threads, however many pipelines are idle).
         assert server.service.pool.idle_count() <= 2
         decoding = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
         assert len(decoding) <= server.config.threads
-        assert threading.active_count() - len(decoding) <= before + 8 + 3
+        assert threading.active_count() - len(decoding) <= before + 8 + 1 + 3 + 1
 
 
 @pytest.mark.slow

@@ -88,6 +88,8 @@ USUAL = dict(
     max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True], transport=[0, 1, 2],
     local_world_size=[0, 1, 2],
     client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
+    consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
+    batch_stride=[0, 1, 3], batch_offset=[0],
 )
 # Anything the wire can carry in each field.
 ODD = dict(
@@ -99,7 +101,11 @@ ODD = dict(
     max_samples=_ints(*INT64), epochs=_ints(*INT32), antialias=st.booleans(), transport=_ints(*INT32),
     local_world_size=_ints(*INT32),
     client_host=st.builds(feeder_pb2.ClientHost, boot_id=st.text(max_size=40), hostname=st.text(max_size=20),
-                          shm_device=st.integers(0, 2**64 - 1), gpu_uuid=st.text(max_size=40)),
+                          shm_device=st.integers(0, 2**64 - 1), gpu_uuid=st.text(max_size=40),
+                          pid=st.integers(0, 2**32 - 1)),
+    consumed=st.lists(st.builds(feeder_pb2.EpochSegment, world_size=_ints(*INT32),
+                                cursors=st.lists(_ints(*INT64), max_size=4)), max_size=3),
+    batch_stride=_ints(*INT32), batch_offset=_ints(*INT32),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 

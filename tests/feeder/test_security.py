@@ -184,6 +184,32 @@ def test_a_stale_socket_file_is_replaced_but_another_file_is_refused(private_ser
     assert other.read_text() == "keep me"
 
 
+def test_a_second_daemon_on_a_live_socket_is_refused_and_the_first_keeps_it(private_server, shards, tmp_path):
+    path = tmp_path / "feeder.sock"
+    private_server(socket_path=path)
+    with pytest.raises(ConfigError, match=f"socket_path: a daemon is serving on {path}") as caught:
+        start({"sample": shards}, socket_path=path)
+    assert "\n" not in str(caught.value)
+    with grpc.insecure_channel(f"unix:{path}", options=OPTIONS) as channel:
+        batches = list(feeder_pb2_grpc.FeederStub(channel).StreamBatches(request(max_samples=5), timeout=30))
+        assert [len(b.keys) for b in batches] == [5]
+
+
+def test_serve_on_a_live_socket_exits_with_one_line(private_server, shards, tmp_path):
+    from typer.testing import CliRunner
+
+    from feeder.cli import app
+
+    path = tmp_path / "feeder.sock"
+    private_server(socket_path=path)
+    result = CliRunner().invoke(app, ["serve", "--dataset", f"sample={shards}", "--port", "0", "--device", "cpu",
+                                      "--socket-path", str(path)])
+    assert result.exit_code == 1
+    line = result.output.strip()
+    assert "\n" not in line and line.startswith("feeder: error: socket_path: a daemon is serving on")
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
+
+
 def test_a_peer_at_its_limit_does_not_lock_out_a_client_on_the_socket(private_server, tmp_path):
     path = tmp_path / "feeder.sock"
     server, port = private_server(socket_path=path, max_streams_per_peer=2, queue_batches=1)

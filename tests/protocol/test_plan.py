@@ -9,6 +9,9 @@ import pytest
 
 from core.errors import InvalidArgument
 from protocol.plan import (
+    Segment,
+    remaining_length,
+    remaining_order,
     LastBatch,
     epoch_order,
     iter_batches,
@@ -119,3 +122,66 @@ def test_more_ranks_than_samples():
     pad = [rank_part(order, r, 7, LastBatch.PAD) for r in range(7)]
     assert all(len(p) == 1 for p in pad)
     assert sorted(int(p.indices[0]) for p in pad if not p.padding[0]) == [0, 1, 2]
+
+
+# -- an epoch resumed at another world size ---------------------------------------
+
+def _delivered(part: RankPart, start: int, batch_size: int, policy: LastBatch) -> list[int]:
+    """The real (not padding) samples a stream of ``part`` from ``start`` delivers."""
+    return [int(i) for b in iter_batches(part, start, batch_size, policy) for i, pad in zip(b.indices, b.padding)
+            if not pad]
+
+
+def _consumed(order, world: int, cursors: tuple[int, ...], policy: LastBatch) -> list[int]:
+    taken = []
+    for rank, cursor in enumerate(cursors):
+        part = rank_part(order, rank, world, policy)
+        taken += [int(i) for i, pad in zip(part.indices[:cursor], part.padding[:cursor]) if not pad]
+    return taken
+
+
+@pytest.mark.parametrize("policy", list(LastBatch))
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2), (4, 1), (1, 7)])
+@pytest.mark.parametrize("unequal", [False, True])
+def test_an_epoch_resumed_at_another_world_size_delivers_every_sample_once(policy, old, new, unequal):
+    n, old_batch, new_batch = 101, 4, 3
+    order = epoch_order(n, 5, 2, shuffle=True)
+    part_length = plan_length(n, old, policy)
+    ahead = old_batch if unequal else 0  # rank 0 checkpointed one batch after the others
+    cursors = tuple(min(part_length, (part_length // 2) // old_batch * old_batch + (ahead if r == 0 else 0))
+                    for r in range(old))
+    before = _consumed(order, old, cursors, policy)
+    rest = remaining_order(order, (Segment(old, cursors),), policy)
+    assert len(rest) == remaining_length(n, (Segment(old, cursors),), policy) == n - len(before)
+    parts = [rank_part(rest, r, new, policy) for r in range(new)]
+    assert len({len(p) for p in parts}) == 1  # equal length per new rank
+    after = [i for p in parts for i in _delivered(p, 0, new_batch, policy)]
+    seen = before + after
+    assert len(seen) == len(set(seen)), "a sample delivered twice"
+    if policy is LastBatch.PAD:
+        assert sorted(seen) == list(range(n)), "every sample once"
+    else:
+        missed = set(range(n)) - set(seen)
+        assert len(missed) < new * new_batch + new, missed  # the new parts' drop remainders only
+
+
+def test_segments_chain_when_a_job_changes_size_twice_in_an_epoch():
+    n, policy = 60, LastBatch.PAD
+    order = epoch_order(n, 0, 0, shuffle=True)
+    first = Segment(2, (6, 4))
+    middle = remaining_order(order, (first,), policy)
+    second = Segment(3, (3, 3, 2))
+    rest = remaining_order(order, (first, second), policy)
+    seen = _consumed(order, 2, first.cursors, policy) + _consumed(middle, 3, second.cursors, policy)
+    seen += [i for r in range(4) for i in _delivered(rank_part(rest, r, 4, policy), 0, 5, policy)]
+    assert sorted(seen) == list(range(n))
+
+
+@pytest.mark.parametrize("segment,message", [
+    (Segment(2, (1,)), "2 cursors|1 cursors"),
+    (Segment(2, (51, 0)), "outside 0..50"),
+    (Segment(0, ()), "world_size 0"),
+])
+def test_segments_that_cannot_describe_the_epoch_are_refused(segment, message):
+    with pytest.raises(InvalidArgument, match=message):
+        remaining_order(np.arange(100), (segment,), LastBatch.DROP)

@@ -124,6 +124,18 @@ def test_a_damaged_index_is_one_problem_and_exit_1(pristine: Path, tmp_path: Pat
     assert str(root / "train" / "index.parquet") in problems[0]
 
 
+@pytest.mark.parametrize(("manifest", "message"), [
+    ([], "manifest.json: expected a JSON object, got a list"),
+    ({"format_version": 1, "classes": [], "splits": []}, "manifest.json: splits: expected an object of splits, got a list"),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_1(pristine: Path, tmp_path: Path, manifest, message) -> None:
+    root = Path(shutil.copytree(pristine, tmp_path / "copy"))
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(app, ["verify", str(root), "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip() == f"feeder: bad data: {root}/{message}", result.output
+
+
 def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path: Path) -> None:
     src = write_tree(tmp_path / "src", {"a": {"bomb.jpg": huge_jpeg(), "ok.jpg": rgb_jpeg(1)}})
     out = tmp_path / "out"

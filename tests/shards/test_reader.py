@@ -63,7 +63,7 @@ def test_missing_index_is_a_data_error(shards, tmp_path):
 def test_lmdb_only_shards_are_refused_with_the_way_out(tmp_path):
     lmdb_only = build_sample_shards(tmp_path / "lmdb", classes=2, train_per_class=3, val_per_class=1,
                                     formats=("lmdb",))
-    with pytest.raises(ConfigError, match="no WebDataset tars.*--format wds"):
+    with pytest.raises(ConfigError, match="no WebDataset tars.*--formats lmdb only.*--formats wds"):
         ShardDataset.open("x", lmdb_only)
 
 

@@ -1,0 +1,72 @@
+"""The loader's channel to one daemon and the calls made on it besides streaming:
+``ListDatasets`` (what the daemon serves, and its limits) and ``ReleaseSlots``."""
+
+from __future__ import annotations
+
+import grpc
+
+from clients.channel import open_channel, resolve_token
+from clients.fetcher import error_from_rpc
+from clients.loader_config import LoaderConfig
+from clients.spec import SplitInfo
+from core.errors import NotFound, ServiceUnavailable
+from protos import feeder_pb2, feeder_pb2_grpc
+from transport.client import STREAM_BATCHES, SlotReleaser
+
+__all__ = ["Connection"]
+
+# A 256 x 288 x 288 x 3 batch is 64 MB; gRPC's 4 MB default would refuse it.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1),
+                    ("grpc.max_send_message_length", -1)]
+
+
+class Connection:
+    """The channel to one daemon and the calls made on it.
+
+    Args:
+        config: The token and TLS files to connect with.
+        address: The daemon's address.
+
+    Raises:
+        ConfigError: a TLS file cannot be read, or ``FEEDER_TOKEN`` is not a token.
+    """
+
+    def __init__(self, config: LoaderConfig, address: str) -> None:
+        self.address = address
+        self.channel = open_channel(address, _CHANNEL_OPTIONS, resolve_token(config.token),
+                                    config.tls_root, config.tls_cert, config.tls_key)
+        self.stub = feeder_pb2_grpc.FeederStub(self.channel)
+        # Batches arrive as the bytes sent: the transport's receiver parses them.
+        self.stream_batches = self.channel.unary_stream(
+            STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
+        self.releaser = SlotReleaser(self.stub.ReleaseSlots)
+
+    def describe(self, dataset: str, split: str, timeout_s: float) -> SplitInfo:
+        """What the daemon serves as ``dataset``/``split``, and its limits.
+
+        Raises:
+            ServiceUnavailable: no answer within ``timeout_s``.
+            NotFound: the daemon does not serve that dataset or split.
+            FeederError: the daemon refused the call (e.g. ``Unauthenticated``).
+        """
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+            reply = self.stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
+        except grpc.FutureTimeoutError as e:
+            raise ServiceUnavailable(f"daemon {self.address} not reachable within {timeout_s:.0f} s") from e
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, self.address) from e
+        info = next((d for d in reply.datasets if d.name == dataset), None)
+        if info is None:
+            names = [d.name for d in reply.datasets]
+            raise NotFound(f"daemon {self.address} does not serve dataset {dataset!r} (it serves {names})")
+        found = next((s for s in info.splits if s.name == split), None)
+        if found is None:
+            names = [s.name for s in info.splits]
+            raise NotFound(f"daemon {self.address}: dataset {dataset!r} has no split {split!r} (splits: {names})")
+        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size, info.manifest_sha256)
+
+    def close(self) -> None:
+        """Stops handing slots back and closes the channel."""
+        self.releaser.close()
+        self.channel.close()

@@ -1,0 +1,229 @@
+"""The daemons one loader draws from (a pool): which are usable now, which failed and
+when to try them again, and that they all serve the same dataset.
+
+Any daemon serving the same dataset from the same manifest makes the same pixels for
+a sample (augmentation is a pure function of seed, epoch and key), so a rank may
+take each batch from any of them. A member that fails (its stream broke, stalled or
+was refused) is tried again after a backoff, by a background probe (``ListDatasets``),
+and is usable again once it answers with the same manifest; a member that serves
+another manifest is left out, with one line naming both. Host names are looked up
+again now and then: a name whose addresses grow grows the pool.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from clients.loader_config import LoaderConfig
+from clients.spec import SplitInfo
+from clients.connection import Connection
+from core.errors import FeederError, ServiceUnavailable
+
+__all__ = ["DaemonPool", "Member", "expand_addresses"]
+
+_log = logging.getLogger(__name__)
+_FIRST_RETRY_S, _MAX_RETRY_S = 0.5, 8.0  # backoff of a failed member, doubling
+_PROBE_TIMEOUT_S = 2.0
+_LOOKUP_EVERY_S = 30.0  # how often host names are looked up again
+
+
+def expand_addresses(addresses: Sequence[str]) -> list[str]:
+    """``host:port`` entries with a name that resolves to several addresses, as one
+    entry per address (``unix:`` and ``dns:`` targets, and IP addresses, as given)."""
+    expanded: list[str] = []
+    for address in addresses:
+        for found in _lookup(address):
+            if found not in expanded:
+                expanded.append(found)
+    return expanded
+
+
+def _lookup(address: str) -> list[str]:
+    if address.startswith(("unix:", "dns:")):
+        return [address]
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return [address]
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
+    except (OSError, ValueError):
+        return [address]  # gRPC will say what is wrong with it
+    ips = sorted({str(info[4][0]) for info in infos})
+    if len(ips) <= 1:
+        return [address]
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+
+
+@dataclass
+class Member:
+    """One daemon of the pool.
+
+    Attributes:
+        address: where it listens.
+        connection: the channel to it.
+        failed_s: when it last failed (None: usable).
+        retry_s: when to probe it again.
+        why: what its last failure was.
+    """
+
+    address: str
+    connection: Connection
+    failed_s: float | None = None
+    retry_s: float = 0.0
+    delay_s: float = _FIRST_RETRY_S
+    why: str = ""
+    manifest_sha256: str = field(default="", repr=False)
+
+    @property
+    def usable(self) -> bool:
+        return self.failed_s is None
+
+
+class DaemonPool:
+    """The members of one loader's pool. Thread-safe.
+
+    Args:
+        config: the loader's configuration (addresses, dataset, split, credentials).
+        addresses: the daemons (names resolving to several addresses expanded).
+    """
+
+    def __init__(self, config: LoaderConfig, addresses: Sequence[str]) -> None:
+        self.config = config
+        self._named = list(addresses)
+        self.members = [Member(a, Connection(config, a)) for a in expand_addresses(addresses)]
+        self.generation = 0  # moves on whenever a member becomes usable again or is added
+        self.split: SplitInfo | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._looked_up_s = time.monotonic()
+        self._probe = threading.Thread(target=self._probe_failed, name="feeder-pool", daemon=True)
+
+    # -- membership ----------------------------------------------------------------
+    def describe(self, timeout_s: float) -> SplitInfo:
+        """What the pool serves (the first member that answers), its members checked
+        against it: one of another manifest is left out with one line naming both.
+
+        Raises:
+            ServiceUnavailable: no member answered within ``timeout_s``.
+            FeederError: what the members refused (e.g. no such dataset), if all did.
+        """
+        errors: list[FeederError] = []
+        for member in self.members:
+            try:
+                info = member.connection.describe(self.config.dataset, self.config.split, timeout_s)
+            except FeederError as e:
+                errors.append(e)
+                self._fail(member, str(e))
+                continue
+            if self.split is None:
+                self.split = info
+            self._admit(member, info)
+        if self.split is None:
+            if len(errors) == 1:
+                raise errors[0]
+            raise ServiceUnavailable("no daemon of the pool answered: " + "; ".join(str(e) for e in errors))
+        self._probe.start()
+        return self.split
+
+    def _admit(self, member: Member, info: SplitInfo) -> bool:
+        """Usable when it serves what the pool does; left out (one line) otherwise."""
+        if self.split is None:
+            raise ServiceUnavailable("the pool has not been described yet")
+        member.manifest_sha256 = info.manifest_sha256
+        if info.manifest_sha256 != self.split.manifest_sha256 or info.num_samples != self.split.num_samples:
+            self._fail(member, "another manifest", retry=False)
+            _log.error("daemon %s serves %s/%s from manifest %s, the pool's is %s: left out of the pool",
+                       member.address, self.config.dataset, self.config.split, info.manifest_sha256[:12] or "?",
+                       self.split.manifest_sha256[:12] or "?")
+            return False
+        return True
+
+    def usable(self) -> list[Member]:
+        """The members usable now, in the order given."""
+        with self._lock:
+            return [m for m in self.members if m.usable]
+
+    def fail(self, member: Member, why: str) -> None:
+        """``member`` failed (a stream broke, stalled, or was refused): not used until a
+        probe finds it answering again."""
+        if member.usable:
+            _log.warning("daemon %s of the pool failed (%s); its batches are asked of the others", member.address, why)
+        self._fail(member, why)
+
+    def _fail(self, member: Member, why: str, retry: bool = True) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if member.failed_s is None:
+                member.failed_s, member.delay_s = now, _FIRST_RETRY_S
+            member.why = why
+            member.retry_s = now + member.delay_s if retry else float("inf")
+            member.delay_s = min(member.delay_s * 2, _MAX_RETRY_S)
+        self._wake.set()
+
+    def add(self, address: str) -> None:
+        """Use ``address`` too, from the next batch on (once it answers)."""
+        with self._lock:
+            if any(m.address == address for m in self.members):
+                return
+            member = Member(address, Connection(self.config, address), failed_s=time.monotonic(), why="new")
+            self.members.append(member)
+        self._wake.set()
+
+    def all_failed_since(self) -> float | None:
+        """Since when no member is usable (None: one is)."""
+        with self._lock:
+            if any(m.usable for m in self.members):
+                return None
+            return min(m.failed_s for m in self.members if m.failed_s is not None)
+
+    def names(self) -> str:
+        """Every member's address and state, for messages."""
+        with self._lock:
+            return ", ".join(f"{m.address} ({m.why or 'ok'})" for m in self.members)
+
+    # -- probing ---------------------------------------------------------------------
+    def _probe_failed(self) -> None:
+        while not self._closed:
+            self._wake.wait(timeout=0.25)
+            self._wake.clear()
+            now = time.monotonic()
+            with self._lock:
+                due = [m for m in self.members if not m.usable and m.retry_s <= now]
+            for member in due:
+                self._probe_one(member)
+            if now - self._looked_up_s > _LOOKUP_EVERY_S:
+                self._looked_up_s = now
+                for address in expand_addresses(self._named):
+                    self.add(address)
+
+    def _probe_one(self, member: Member) -> None:
+        try:
+            info = member.connection.describe(self.config.dataset, self.config.split, _PROBE_TIMEOUT_S)
+        except FeederError as e:
+            self._fail(member, str(e))
+            return
+        if self._admit(member, info):
+            with self._lock:
+                member.failed_s, member.why = None, ""
+                self.generation += 1
+            _log.info("daemon %s of the pool answers again; used from the next batch", member.address)
+
+    def close(self) -> None:
+        """Stop probing and close every member's channel."""
+        self._closed = True
+        self._wake.set()
+        if self._probe.is_alive():
+            self._probe.join(timeout=5)
+        for member in self.members:
+            member.connection.close()

@@ -1,0 +1,99 @@
+"""A job resumed at another world size and batch size: every sample of the epoch
+exactly once across the ranks before and after the change, with real loaders on a
+real daemon."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import pytest
+
+from clients import FeederLoader, merge_states
+from clients.elastic import resume
+from core.errors import ConfigError
+from tests.clients.conftest import N_TRAIN
+
+_OLD_BATCH, _NEW_BATCH = 4, 3
+
+
+def _loader(daemon: str, rank: int, world: int, batch: int, policy: str) -> FeederLoader:
+    return FeederLoader(daemon, "sample", split="train", batch_size=batch, image_size=16, rank=rank, world_size=world,
+                        last_batch=policy, return_keys=True, return_padding=True, normalize=False, seed=3,
+                        prefetch_next_epoch=False)
+
+
+def _take(loader: FeederLoader, batches: int | None) -> list[str]:
+    """Keys of the real samples of the next ``batches`` batches (None: the epoch's rest)."""
+    keys = []
+    for _, _, batch_keys, padding in itertools.islice(loader, batches):
+        keys += [k for k, pad in zip(batch_keys, padding.tolist()) if not pad]
+    return keys
+
+
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2), (4, 1), (1, 7)])
+@pytest.mark.parametrize("unequal", [False, True], ids=["equal", "a-batch-apart"])
+def test_a_job_resumed_at_another_world_size_reads_each_sample_once(daemon, policy, old, new, unequal):
+    loaders = [_loader(daemon, r, old, _OLD_BATCH, policy) for r in range(old)]
+    half = len(loaders[0]) // 2
+    before = [k for r, loader in enumerate(loaders) for k in _take(loader, half + (1 if unequal and r == 0 else 0))]
+    job = merge_states([loader.state_dict() for loader in loaders])
+    for loader in loaders:
+        loader.close()
+    resumed = [_loader(daemon, r, new, _NEW_BATCH, policy) for r in range(new)]
+    for loader in resumed:
+        loader.load_state_dict(job)
+    lengths = {loader.samples_per_rank for loader in resumed}
+    after = [k for loader in resumed for k in _take(loader, None)]
+    for loader in resumed:
+        assert loader.epoch == 1  # on to the next epoch, planned for the new world
+        loader.close()
+    seen = Counter(before + after)
+    assert max(seen.values()) == 1, "a sample delivered twice"
+    assert len(lengths) == 1, "equal parts for the new ranks"
+    if policy == "pad":
+        assert len(seen) == N_TRAIN, "every sample once"
+    else:  # only what no part holds: the remainder of the last split, under one batch a rank
+        assert N_TRAIN - len(seen) < new * (_NEW_BATCH + 1)
+
+
+def test_the_job_goes_on_at_the_new_size_after_the_epoch(daemon):
+    loaders = [_loader(daemon, r, 2, _OLD_BATCH, "pad") for r in range(2)]
+    for loader in loaders:
+        _take(loader, 2)
+    job = merge_states([loader.state_dict() for loader in loaders])
+    resumed = _loader(daemon, 0, 3, _NEW_BATCH, "pad")
+    resumed.load_state_dict(job)
+    assert resumed.epoch_progress == pytest.approx(16 / (16 + 3 * resumed.samples_per_rank))  # padding counted
+    _take(resumed, None)
+    assert resumed.epoch == 1 and resumed.samples_per_rank == -(-N_TRAIN // 3) and resumed.epoch_progress == 0
+    for loader in (*loaders, resumed):
+        loader.close()
+
+
+def test_one_rank_s_state_loads_only_at_its_own_world_size(daemon):
+    loader = _loader(daemon, 1, 2, _OLD_BATCH, "drop")
+    _take(loader, 1)
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ConfigError, match="merge_states"):
+        resume(state, 0, 3)
+    same = _loader(daemon, 1, 2, _OLD_BATCH, "drop")
+    same.load_state_dict(state)
+    assert same.cursor == _OLD_BATCH
+    same.close()
+
+
+def test_states_of_another_job_or_dataset_are_refused_with_one_line(daemon):
+    loaders = [_loader(daemon, r, 2, _OLD_BATCH, "drop") for r in range(2)]
+    states = [loader.state_dict() for loader in loaders]
+    with pytest.raises(ConfigError, match="ranks"):
+        merge_states(states[:1] + states[:1])
+    job = merge_states(states)
+    other = _loader(daemon, 0, 2, _OLD_BATCH, "drop")
+    for key, value in (("seed", 9), ("split", "val"), ("manifest_sha256", "0" * 64)):
+        with pytest.raises(ConfigError, match=key):
+            other.load_state_dict(job | {key: value})
+    for loader in (*loaders, other):
+        loader.close()
