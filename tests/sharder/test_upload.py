@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from bench.seaweedfs import SeaweedFS
 from core.errors import ConfigError
 from feeder.cli import app
-from sharder import ShardConfig, shard, shard_to_store
 from protos import feeder_pb2_grpc
+from sharder import ShardConfig, shard, shard_to_store
 from sharder.verify import verify
 from shards.index import read_index
 from shards.layout import shard_name

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bench.seaweedfs import SeaweedFS
-from core.errors import DataError, NotFound, SampleCorrupt, SamplesUnreadable, ServiceUnavailable, Unauthenticated
+from core.errors import NotFound, SampleCorrupt, SamplesUnreadable, ServiceUnavailable, Unauthenticated
 from shards.ranged import MERGE_GAP_BYTES, RemoteAccess, merged_spans
 from shards.reader import ShardDataset
 from shards.sources import Extent
