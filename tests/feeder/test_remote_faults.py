@@ -98,15 +98,21 @@ def test_a_shard_deleted_mid_epoch_is_skipped_under_skip_naming_its_url(
 
 @pytest.mark.parametrize("on_error", ["skip", "fail"])
 def test_a_shard_deleted_mid_epoch_ends_the_stream_naming_its_url_past_the_limits(
-        s3_server: SeaweedFS, shards: Path, deletable: str, on_error: str) -> None:
-    daemon, port = _serve(s3_server, {"remote": deletable}, queue_batches=1, prefetch=1, on_error=on_error)
+        s3_server: SeaweedFS, shards: Path, deletable: str, index_rows: dict, on_error: str) -> None:
+    daemon, port = _serve(s3_server, {"remote": deletable, "local": shards}, queue_batches=1, prefetch=1,
+                          on_error=on_error)
     try:
         with connect(port) as channel:
-            _, gone, error = _delete_a_shard_mid_epoch(s3_server, deletable, feeder_pb2_grpc.FeederStub(channel))
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            batches, gone, error = _delete_a_shard_mid_epoch(s3_server, deletable, stub)
+            local = list(stub.StreamBatches(request(dataset="local", split="val", batch_size=4, image_size=16)))
         assert error is not None and error.code() == grpc.StatusCode.DATA_LOSS
         assert gone in error.details()
         if on_error == "fail":
             assert "cannot be read: does not exist (404 Not Found" in error.details()
+        delivered = _keys(batches)
+        assert max(delivered.values()) == 1 and set(delivered) < set(index_rows["train"])  # none twice
+        assert sum(_keys(local).values()) == len(index_rows["val"])  # the daemon serves its other datasets
     finally:
         daemon.stop(0).wait(10)
 
