@@ -7,7 +7,9 @@ cache holds the shards (warm).
 Each trial starts a fresh daemon on a fresh cache directory; the time is from the
 ``StreamBatches`` call to the first batch in hand (the stream's pipeline is built in
 it, as for any new stream), then the rest of the epoch is read to fill the cache,
-and a second stream's first batch is timed. Reported: each trial and the median.
+and a second stream's first batch is timed. For reference, a fresh daemon serving
+the same shards from the local disk times its first batch too. Reported: each trial
+and the median.
 
 Usage::
 
@@ -41,6 +43,7 @@ from shards.store import ObjectStore, StoreOptions  # noqa: E402
 __all__ = ["main", "measure", "parse_args"]
 
 DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".bench"
+_TIMES = ("cold_first_batch_s", "warm_first_batch_s", "local_first_batch_s")
 
 
 def _upload(server: SeaweedFS, shards: Path, url: str) -> None:
@@ -50,10 +53,11 @@ def _upload(server: SeaweedFS, shards: Path, url: str) -> None:
         store.put_file(path.relative_to(shards).as_posix(), path)
 
 
-def _first_batch_s(stub: feeder_pb2_grpc.FeederStub, args: argparse.Namespace, read_all: bool) -> float:
+def _first_batch_s(stub: feeder_pb2_grpc.FeederStub, args: argparse.Namespace, read_all: bool,
+                   dataset: str = "remote") -> float:
     """Seconds from a stream's request to its first batch; then the rest of its
     epoch read (``read_all``) or the stream cancelled."""
-    request = feeder_pb2.StreamRequest(dataset="remote", split=args.split, world_size=1, batch_size=args.batch_size,
+    request = feeder_pb2.StreamRequest(dataset=dataset, split=args.split, world_size=1, batch_size=args.batch_size,
                                        image_size=args.image_size, seed=args.seed)
     started = time.perf_counter()
     stream = stub.StreamBatches(request)
@@ -67,9 +71,18 @@ def _first_batch_s(stub: feeder_pb2_grpc.FeederStub, args: argparse.Namespace, r
     return waited_s
 
 
+def _local_first_batch_s(shards: Path, args: argparse.Namespace) -> float:
+    """The first batch of a fresh daemon serving ``shards`` from the local disk: the
+    same pipeline built in the request, the same decoding, no store."""
+    daemon = DaemonProcess({"local": shards}, ("--device", "cpu", "--threads", str(args.threads)))
+    with daemon, grpc.insecure_channel(daemon.address, options=[("grpc.max_receive_message_length", -1)]) as channel:
+        return _first_batch_s(feeder_pb2_grpc.FeederStub(channel), args, read_all=False, dataset="local")
+
+
 def _trial(server: SeaweedFS, url: str, args: argparse.Namespace, workdir: Path, tars: int) -> dict[str, float]:
     """A fresh daemon on an empty cache: the cold first batch and the cold epoch's
-    cache counters, then (once its ``tars`` shards are cached) the warm first batch."""
+    cache counters, then (once its ``tars`` shards are cached) the warm first batch
+    (of a second stream: its pipeline may be the first one's, kept by the daemon)."""
     cache = Path(tempfile.mkdtemp(dir=workdir, prefix="cache-"))
     daemon = DaemonProcess({"remote": url}, ("--device", "cpu", "--threads", str(args.threads), "--cache-dir",
                                              str(cache), "--s3-endpoint", server.endpoint_url))
@@ -114,10 +127,12 @@ def measure(server: SeaweedFS, shards: Path, url: str, args: argparse.Namespace,
     tars = len(list((shards / args.split).glob("*.tar")))
     trials = []
     for number in range(args.trials):
-        trials.append(_trial(server, url, args, workdir, tars))
+        trials.append(_trial(server, url, args, workdir, tars) |
+                      {"local_first_batch_s": round(_local_first_batch_s(shards, args), 3)})
         print(f"trial {number + 1}: {json.dumps(trials[-1])}", flush=True)
-    median = {key: statistics.median(float(t[key]) for t in trials) for key in ("cold_first_batch_s", "warm_first_batch_s")}
-    print(f"median: cold {median['cold_first_batch_s']:.2f} s, warm {median['warm_first_batch_s']:.2f} s")
+    median = {key: statistics.median(float(t[key]) for t in trials) for key in _TIMES}
+    print(f"median: cold {median['cold_first_batch_s']:.2f} s, warm {median['warm_first_batch_s']:.2f} s, "
+          f"local disk {median['local_first_batch_s']:.2f} s")
     return {"trials": trials, "median": median}
 
 
