@@ -130,7 +130,23 @@ def test_the_first_batch_on_a_cold_cache_comes_before_any_shard_is_downloaded(
             stats = stub.GetStats(feeder_pb2.StatsRequest())
         assert len(first.keys) == 8
         assert stats.shard_cache_downloads == 0 and stats.shard_cache_misses >= 8  # ranged reads, not the cache
+        _prometheus_has_the_store_and_cache_counters(daemon, stats)
         with capsys.disabled():
             print(f"\nfirst batch on a cold cache: {waited_s:.2f} s")
     finally:
         daemon.stop(0).wait(10)
+
+
+def _prometheus_has_the_store_and_cache_counters(daemon, stats) -> None:
+    """Each counter of GetStats is in Prometheus too, at least as high (read later)."""
+    value = daemon.metrics.registry.get_sample_value
+    pairs = {"feeder_store_requests_total": stats.store_requests, "feeder_store_retries_total": stats.store_retries,
+             "feeder_store_bytes_fetched_total": stats.store_bytes_fetched,
+             "feeder_shard_cache_downloads_total": stats.shard_cache_downloads,
+             "feeder_shard_cache_evictions_total": stats.shard_cache_evictions,
+             "feeder_shard_cache_bytes": stats.shard_cache_bytes}
+    for name, reported in pairs.items():
+        assert value(name) is not None and value(name) >= reported, name
+    assert value("feeder_shard_cache_samples_total", {"outcome": "miss"}) >= stats.shard_cache_misses
+    assert value("feeder_shard_cache_samples_total", {"outcome": "hit"}) >= stats.shard_cache_hits
+    assert value("feeder_shard_cache_budget_bytes") == stats.shard_cache_budget_bytes > 0
