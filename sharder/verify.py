@@ -30,9 +30,9 @@ from tqdm import tqdm
 from core.errors import DataError
 from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
-from shards.index import Root, read_index
+from shards.index import read_index
 from shards.layout import sample_checksum
-from shards.manifest import read_served_manifest
+from shards.manifest import Root, read_served_manifest
 from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.objects import ObjectUrl
 from shards.remote_root import RemoteRoot
