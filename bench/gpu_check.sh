@@ -1,99 +1,227 @@
 #!/usr/bin/env bash
-# The GPU check, in one run on a machine with CUDA (no make, no venv):
-#   (a) nvidia-smi and the versions in use,
-#   (b) every `gpu`-marked test,
-#   (c) bench/throughput.py --device gpu: the daemon (FeederLoader on cuda:0, batches
-#       over CUDA IPC) vs the in-process loader, at 224 px and at 128 px, images/s per GPU,
-#   (d) the daemon's pipeline alone (bench/pipeline.py) at 224 px.
-# Everything lands in $OUT (default ./gpu-out): logs and JSON. The whole run keeps to
-# a budget of BUDGET_S seconds (default 420, well inside 8 minutes): each step gets
-# its own limit, cut to what is left, and a step with under 15 s left is skipped.
+# The GPU check, in one run on a machine with CUDA (python3 and PYTHONPATH; no make, no venv):
+#   unpack   the carried packages (--site-parts DIR: bench/gpu_pack.sh's parts) into $SITE,
+#   machine  versions, devices, nvidia-smi,
+#   protoc   the generated protobuf modules, where missing or older than the .proto,
+#   data     the sample data (made once under $BENCH_CACHE),
+#   throughput-224
+#            bench/throughput.py --device gpu: the daemon (a FeederLoader rank on GPU 0,
+#            batches over CUDA IPC) beside the in-process loader, images/s per GPU,
+#   pipeline-224  bench/pipeline.py: the daemon's pipeline alone (the ceiling),
+#   throughput-128  as throughput-224,
+#   gpu-tests     every `gpu`-marked test, 45 s each at most (what is left of the budget),
+# then the summary (bench/gpu_summary.py), the only thing printed on the screen.
 #
-# Usage (repository root, python3 with torch, DALI and grpcio-tools importable):
-#   PYTHONPATH=/tmp/site:$PWD bash bench/gpu_check.sh
+# Budget: BUDGET_S (300) seconds in all, unpacking included. Each step has its own limit,
+# cut to what is left of the budget (a step with under 10 s left is skipped); at its
+# limit the step's whole process group gets SIGTERM, 5 s later SIGKILL, and then every
+# process the step started, whatever its session (it carries FEEDER_CHECK_RUN in its
+# environment), is killed: nothing of one step runs on into the next.
+#
+# Output: at most 8 files in $OUT (./gpu-out): logs.txt (every step's output),
+# throughput-224.json, throughput-128.json, pipeline-224.json, gpu-tests.xml,
+# summary.txt, summary.json.
+#
+# --rehearse: the same steps, limits, packing and clean-up on the CPU (--device cpu,
+# the shared-memory daemon, short windows, sample data made afresh, a 240 s budget),
+# so the script itself is tested on any machine (tests/bench/test_gpu_check.py).
+#
+# Settings (environment): OUT, PYTHON (python3), SITE (/tmp/site), BUDGET_S, THREADS, BATCH,
+# WINDOW_S / WARMUP_S / REPEATS (the measured windows), BENCH_CACHE (the sample data).
+#
+# Usage (repository root):
+#   PYTHONPATH=/tmp/site bash bench/gpu_check.sh [--site-parts DIR]
+#   PYTHON=.venv/bin/python bash bench/gpu_check.sh --rehearse
 set -uo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-./gpu-out}
-BUDGET_S=${BUDGET_S:-420}
-CACHE=${BENCH_CACHE:-/tmp/feeder-bench}   # sample data: made here, not sent back
-THREADS=${THREADS:-8}                      # CPU budget of each benchmarked loader
-BATCH=${BATCH:-128}
-mkdir -p "$OUT"
-export PYTHONPATH="${PYTHONPATH:-$PWD}"
-DEADLINE=$((SECONDS + BUDGET_S))
-FAILED=()
+cd "$(dirname "$0")/.." || exit 2
 
-# step NAME LIMIT_S COMMAND...: runs COMMAND under timeout, output to $OUT/NAME.log and
-# the terminal; records a failure without stopping the run.
-step() {
-  local name=$1 limit=$2; shift 2
-  local left=$((DEADLINE - SECONDS))
-  if [ "$left" -lt 15 ]; then
-    echo "== $name: skipped, ${left} s of the budget left" | tee "$OUT/$name.log"
-    FAILED+=("$name(skipped)"); return
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (limit ${limit} s, $((SECONDS)) s in)"
-  timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
-  local rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || { echo "== $name: exit $rc"; FAILED+=("$name(exit $rc)"); }
+REHEARSE=0
+PARTS=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --rehearse) REHEARSE=1 ;;
+    --site-parts) PARTS=${2:?--site-parts needs a folder}; shift ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "gpu_check: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+OUT=${OUT:-./gpu-out}
+PYTHON=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+if [ "$REHEARSE" = 1 ]; then
+  MODE=rehearsal DEVICE=cpu DAEMON=feeder-shm
+  BUDGET_S=${BUDGET_S:-240} THREADS=${THREADS:-2} BATCH=${BATCH:-32}
+  WINDOW_S=${WINDOW_S:-1} WARMUP_S=${WARMUP_S:-0.5} REPEATS=${REPEATS:-1}
+else
+  MODE=gpu DEVICE=gpu DAEMON=feeder-cuda-ipc
+  BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-12} BATCH=${BATCH:-256}
+  WINDOW_S=${WINDOW_S:-4} WARMUP_S=${WARMUP_S:-2} REPEATS=${REPEATS:-2}
+fi
+WINDOWS=(--seconds "$WINDOW_S" --warmup "$WARMUP_S" --repeats "$REPEATS")
+PIPE_WINDOWS=(--seconds "$WINDOW_S" --warmup-s "$WARMUP_S" --repeats "$REPEATS")
+MIN_STEP_S=10
+KILL_AFTER_S=5                    # from SIGTERM to SIGKILL at a step's limit
+SUMMARY_S=15                      # kept back for the summary
+START=$SECONDS
+DEADLINE=$((START + BUDGET_S - SUMMARY_S))
+RUN_ID="gpu-check-$$-$RANDOM"     # in the environment of everything a step starts
+INTERRUPTED=0
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/feeder-gpu-check.XXXXXX")
+if [ -n "${BENCH_CACHE:-}" ]; then CACHE=$BENCH_CACHE    # sample data: made here, not sent back
+elif [ "$REHEARSE" = 1 ]; then CACHE=$WORK/bench          # made afresh: part of what is rehearsed
+else CACHE=/tmp/feeder-bench; fi
+mkdir -p "$OUT"
+rm -f "$OUT"/{logs.txt,summary.txt,summary.json,gpu-tests.xml,throughput-224.json,throughput-128.json,pipeline-224.json}
+LOG=$OUT/logs.txt
+: >"$WORK/steps.tsv"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+HAVE_SMI=0; command -v nvidia-smi >/dev/null 2>&1 && HAVE_SMI=1
+SAMPLER=""
+CURRENT="" CURRENT_START=0 CURRENT_LIMIT=0   # the step running now
+
+note() { printf '%s\n' "$*" >>"$LOG"; }
+
+# sample_gpu NAME: GPU memory in use now, then every 0.5 s until stop_sampling.
+sample_gpu() {
+  [ "$HAVE_SMI" = 1 ] || return 0
+  local query=(nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits)
+  timeout 10 "${query[@]}" >"$WORK/gpumem-$1.base" 2>/dev/null
+  "${query[@]}" -lms 500 >"$WORK/gpumem-$1.csv" 2>/dev/null &
+  SAMPLER=$!
+}
+stop_sampling() {
+  [ -n "$SAMPLER" ] || return 0
+  kill "$SAMPLER" 2>/dev/null; wait "$SAMPLER" 2>/dev/null; SAMPLER=""
 }
 
-# (a) the machine
-step nvidia-smi 20 nvidia-smi
-step versions 60 python3 -c '
-import sys, torch
+# sweep: kills what any step left running (new sessions included); prints what it killed.
+sweep() { "$PYTHON" -m bench.proctree --kill "FEEDER_CHECK_RUN=$RUN_ID" 2>&1 | tr '\n' ' '; }
+
+# step NAME LIMIT_S COMMAND...: runs COMMAND under its limit, output appended to logs.txt.
+step() {
+  local name=$1 limit=$2; shift 2
+  local left=$((DEADLINE - SECONDS)) started=$SECONDS rc status left_behind
+  if [ "$left" -lt "$MIN_STEP_S" ]; then
+    note "===== $name: skipped, ${left} s of the budget left"
+    printf '%s\tskipped (budget)\t0\t0\t%s\t\n' "$name" "$limit" >>"$WORK/steps.tsv"
+    return 0
+  fi
+  if [ "$limit" -gt $((left - KILL_AFTER_S)) ]; then limit=$((left - KILL_AFTER_S)); fi
+  note "===== $name (limit ${limit} s, $((SECONDS - START)) s into the run): $*"
+  CURRENT=$name CURRENT_START=$SECONDS CURRENT_LIMIT=$limit
+  case $name in throughput-*|pipeline-*) sample_gpu "$name" ;; esac
+  # timeout leads a process group of its own and signals all of it at the limit. In the
+  # background, so that a signal to this script is handled at once (finish sweeps it).
+  FEEDER_CHECK_RUN=$RUN_ID timeout --signal=TERM --kill-after="$KILL_AFTER_S" "$limit" "$@" >>"$LOG" 2>&1 </dev/null &
+  wait $!
+  rc=$?
+  stop_sampling
+  left_behind=$(sweep)
+  case $rc in
+    0) status=ok ;;
+    124|137) status="killed at its limit" ;;
+    *) status="exit $rc" ;;
+  esac
+  note "===== $name: $status after $((SECONDS - started)) s${left_behind:+; $left_behind}"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$((SECONDS - started))" "$limit" \
+    "$left_behind" >>"$WORK/steps.tsv"
+  CURRENT=""
+  return 0
+}
+
+interrupted() {
+  note "===== interrupted${CURRENT:+ during $CURRENT}"
+  [ -z "$CURRENT" ] || printf '%s\tinterrupted\t143\t%s\t%s\t\n' "$CURRENT" "$((SECONDS - CURRENT_START))" \
+    "$CURRENT_LIMIT" >>"$WORK/steps.tsv"
+  INTERRUPTED=143
+  exit 143
+}
+
+finish() {
+  trap - EXIT TERM INT
+  exec 2>>"$LOG"  # the shell's own notes (a step killed meanwhile) go to the log, not the screen
+  stop_sampling
+  local left_behind summary_rc=1
+  left_behind=$(sweep)
+  [ -z "$left_behind" ] || note "===== at the end: $left_behind"
+  FEEDER_CHECK_RUN=$RUN_ID timeout -s KILL "$SUMMARY_S" "$PYTHON" -m bench.gpu_summary --out "$OUT" \
+    --work "$WORK" --mode "$MODE" --budget-s "$BUDGET_S" 2>>"$LOG" && summary_rc=0
+  if [ ! -s "$OUT/summary.txt" ]; then  # the summary itself failed: the steps at least
+    { echo "== feeder GPU check ($MODE): no summary (see logs.txt); steps:"; cat "$WORK/steps.tsv"; } |
+      tee "$OUT/summary.txt"
+  fi
+  rm -rf "$WORK"
+  [ "$INTERRUPTED" -ne 0 ] && exit "$INTERRUPTED"
+  exit "$summary_rc"
+}
+trap finish EXIT
+trap interrupted TERM INT
+
+note "feeder GPU check ($MODE) in $PWD: budget ${BUDGET_S} s, $THREADS CPU threads, batch $BATCH, out $OUT"
+
+if [ -n "$PARTS" ]; then
+  # The parts are one xz-compressed tar split in pieces; python3 unpacks it (no xz needed).
+  UNPACK_PY='
+import sys, tarfile
+with tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz") as pack:
+    pack.extractall(sys.argv[1], filter="data")
+'
+  step unpack 45 bash -c 'cat "$1"/part-* | "$2" -c "$3" "$4" && ls "$4"' _ "$PARTS" "$PYTHON" "$UNPACK_PY" "$SITE"
+  export PYTHONPATH="$SITE:$PYTHONPATH"
+fi
+
+MACHINE_PY='
+import importlib, shutil, subprocess, sys
+import torch
 print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
       "devices", torch.cuda.device_count())
 for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"  cuda:{i} {p.name} {p.total_memory >> 30} GiB uuid GPU-{p.uuid}")
-import nvidia.dali as dali, nvidia.dali.backend as b
-print("dali", dali.__version__, "sees", b.GetCUDADeviceCount(), "devices")
+for name in ("nvidia.dali", "grpc", "google.protobuf", "pytest_timeout"):
+    try:
+        module = importlib.import_module(name)
+        print(name, getattr(module, "__version__", "?"), "from", getattr(module, "__file__", "?"))
+    except ImportError as e:
+        print(name, "missing:", e)
+try:
+    from nvidia.dali import backend
+    print("DALI sees", backend.GetCUDADeviceCount(), "CUDA devices")
+except ImportError as e:
+    print("no DALI:", e)
+if shutil.which("nvidia-smi"):
+    print(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout)
 '
+step machine 30 "$PYTHON" -c "$MACHINE_PY"
 
 # Generated protobuf modules are not in the tree: make them (or remake a stale one).
 if [ ! -f protos/feeder_pb2.py ] || [ protos/feeder.proto -nt protos/feeder_pb2.py ]; then
-  step protoc 60 python3 -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
+  step protoc 30 "$PYTHON" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 fi
 
-# The JPEG library of shards/ (CPU window decoder, restart markers), where this machine
-# has a C compiler and libjpeg-turbo's headers; without it the CPU paths use DALI and
-# the sample shards are written without restart markers (the GPU path needs neither).
-if ! python3 -c 'import sys; from shards import jpeg; sys.exit(not jpeg.available())' 2>/dev/null; then
-  step jpeg-library 60 bash -c 'python3 setup.py --quiet build_ext --inplace || echo "not built: the CPU paths use DALI"' 
-fi
+step data 60 "$PYTHON" -c "from pathlib import Path; from bench.data import prepare_sample; print(prepare_sample(Path('$CACHE')))"
 
-# (b) every gpu-marked test (only the files that hold some: the others may need
-# packages this machine lacks).
+throughput() {
+  step "throughput-$1" 90 "$PYTHON" bench/throughput.py --device "$DEVICE" --loaders "$DAEMON,inprocess" \
+    --image-size "$1" --batch-size "$BATCH" --threads "$THREADS" "${WINDOWS[@]}" --cache "$CACHE" \
+    --json "$OUT/throughput-$1.json"
+}
+throughput 224
+step pipeline-224 45 "$PYTHON" bench/pipeline.py --device "$DEVICE" --image-size 224 --batch-size "$BATCH" \
+  --threads "$THREADS" "${PIPE_WINDOWS[@]}" --cache "$CACHE" --json "$OUT/pipeline-224.json"
+throughput 128
+
+# Every gpu-marked test (only the files that hold some: the others may need packages
+# this machine lacks). pytest-timeout (carried) stops a test at 45 s; without it, a
+# hanging test's stack is printed at 40 s and the step's limit ends it.
 mapfile -t GPU_TESTS < <(grep -rlE 'mark\.gpu' tests --include='test_*.py' | sort)
-echo "gpu test files: ${GPU_TESTS[*]}"
-step gpu-tests 170 python3 -m pytest -m gpu -q -p no:cacheprovider -o addopts="" -rs \
-  --continue-on-collection-errors "${GPU_TESTS[@]}"
-
-# Sample data for the benchmarks (made once; ~10 s on 2 cores).
-step bench-data 90 python3 -c "from pathlib import Path; from bench.data import prepare_sample; print(prepare_sample(Path('$CACHE')))"
-
-# (c) the daemon vs the in-process loader: whichever names this tree's bench uses.
-LOADERS=$(python3 -c '
-from bench.loaders import LOADERS
-daemon = next(n for n in ("feeder-shm", "feeder", "feeder-grpc") if n in LOADERS)
-inproc = next(n for n in ("inprocess", "dali") if n in LOADERS)
-print(f"{daemon},{inproc}")')
-echo "loaders: $LOADERS"
-for px in 224 128; do
-  step "throughput-gpu-$px" 110 python3 bench/throughput.py --device gpu --loaders "$LOADERS" \
-    --image-size "$px" --batch-size "$BATCH" --threads "$THREADS" --seconds 5 --warmup 3 --repeats 2 \
-    --cache "$CACHE" --json "$OUT/throughput-gpu-$px.json"
-done
-
-# (d) the pipeline alone, on GPU 0, output device to device.
-step pipeline-gpu-224 60 python3 bench/pipeline.py --device gpu --image-size 224 --batch-size "$BATCH" \
-  --threads "$THREADS" --seconds 5 --warmup-s 3 --repeats 3 --cache "$CACHE" --json "$OUT/pipeline-gpu-224.json"
-
-echo "== done in ${SECONDS} s; results in $OUT"
-ls -l "$OUT"
-if [ "${#FAILED[@]}" -gt 0 ]; then
-  echo "== failed: ${FAILED[*]}"
-  exit 1
+PER_TEST=(--timeout 45)
+if ! "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
+  PER_TEST=(-o faulthandler_timeout=40); note "no pytest-timeout here: no per-test limit"
+elif [ -n "${PYTEST_DISABLE_PLUGIN_AUTOLOAD:-}" ]; then
+  PER_TEST=(-p pytest_timeout --timeout 45)
 fi
+step gpu-tests 110 "$PYTHON" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" --strict-markers -rfEs \
+  "${PER_TEST[@]}" --durations 15 --junitxml "$OUT/gpu-tests.xml" --continue-on-collection-errors "${GPU_TESTS[@]}"

@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
         "images_per_s": rates,
         "median_images_per_s": median,
         "host_copies": runner.host_copies,
+        "device_copies": runner.device_copies,
     }
     if args.json:
         report = write_document(args.json, report)

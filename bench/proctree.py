@@ -1,16 +1,23 @@
-"""CPU time and memory of a process and all its descendants, read from /proc.
+"""CPU time and memory of a process and all its descendants, read from /proc; and the
+processes a run left behind.
 
 Loaders spread their work over worker processes, threads and (for feeder) a daemon;
 counting the whole tree under the loader's process charges every loader for all the
-CPU and memory it uses.
+CPU and memory it uses. A process that left its tree (a new session, a parent that
+died) still carries the environment it was started with: a variable set for one run
+finds all of them (:func:`pids_with_env`; ``python -m bench.proctree --kill NAME=VALUE``
+kills them).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
+import sys
 from pathlib import Path
 
-__all__ = ["cpu_seconds", "memory_bytes", "tree_pids"]
+__all__ = ["cpu_seconds", "kill_env", "main", "memory_bytes", "pids_with_env", "tree_pids"]
 
 _PROC = Path("/proc")
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -66,3 +73,51 @@ def _pss_bytes(pid: int) -> int:
 def memory_bytes(root: int) -> int:
     """Resident memory of ``root``'s tree, shared pages counted once (sum of PSS)."""
     return sum(_pss_bytes(pid) for pid in tree_pids(root))
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live processes (of this user: others' environments cannot be read) started
+    with ``name=value`` in their environment, this one excepted."""
+    wanted = f"{name}={value}".encode()
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()  # empty for a zombie
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_env(name: str, value: str) -> list[int]:
+    """SIGKILLs what :func:`pids_with_env` finds; returns their pids."""
+    killed = []
+    for pid in pids_with_env(name, value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        killed.append(pid)
+    return killed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--kill NAME=VALUE``: kill the processes started with it, print what was
+    killed; exit 0 (nothing was left) or 1 (something was)."""
+    parser = argparse.ArgumentParser(description="Kill the processes a run left behind.")
+    parser.add_argument("--kill", required=True, metavar="NAME=VALUE", help="the run's environment variable")
+    args = parser.parse_args(argv)
+    name, sep, value = args.kill.partition("=")
+    if not name or not sep:
+        parser.error(f"--kill: {args.kill!r} is not NAME=VALUE")
+    killed = kill_env(name, value)
+    if killed:
+        print(f"killed {len(killed)} process(es) left behind: {' '.join(map(str, killed))}")
+    return 1 if killed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

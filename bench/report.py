@@ -17,6 +17,7 @@ __all__ = ["SCHEMA_VERSION", "format_table", "format_targets", "git_revision", "
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parent.parent
 _UNDRAWN = "synthetic"
+_NAME_WIDTH = 15  # the longest loader name, feeder-cuda-ipc
 _PACKAGES = ("torch", "torchvision", "nvidia-dali-cuda130", "webdataset", "pillow", "grpcio")
 
 
@@ -145,30 +146,30 @@ def format_targets(targets: list[dict]) -> str:
 def format_table(rows: list[dict]) -> str:
     """The results as a fixed-width text table (failed loaders show their error)."""
     header = (
-        f"{'loader':<13} {'images/s':>9} {'x inprocess':>11} {'x tfdata':>8} {'x torchvision':>13} "
+        f"{'loader':<{_NAME_WIDTH}} {'images/s':>9} {'x inprocess':>11} {'x tfdata':>8} {'x torchvision':>13} "
         f"{'x decode-only':>13} {'CPU ms/image':>12} {'peak MB':>8}"
     )
     lines = [header, "-" * len(header)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['loader']:<13} failed: {r['error']}")
+            lines.append(f"{r['loader']:<{_NAME_WIDTH}} failed: {r['error']}")
             continue
         if "skipped" in r:
-            lines.append(f"{r['loader']:<13} skipped: {r['skipped']}")
+            lines.append(f"{r['loader']:<{_NAME_WIDTH}} skipped: {r['skipped']}")
             continue
         cpu_ms = r["cpu_s_per_image"] * 1000
         lines.append(
-            f"{r['loader']:<13} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r.get('x_inprocess'), '11.2f')} "
+            f"{r['loader']:<{_NAME_WIDTH}} {_fmt(r['images_per_s'], '9.0f')} {_fmt(r.get('x_inprocess'), '11.2f')} "
             f"{_fmt(r.get('x_tfdata'), '8.2f')} {_fmt(r.get('x_torchvision'), '13.2f')} "
             f"{_fmt(r.get('x_decode_only'), '13.2f')} {_fmt(cpu_ms, '12.2f')} "
             f"{r['peak_pss_bytes'] / 2**20:8.0f}"
         )
         if "epoch1_images_per_s" in r:
-            lines.append(f"{'':<13} epoch 1: {r['epoch1_images_per_s']:.0f} images/s, "
+            lines.append(f"{'':<{_NAME_WIDTH}} epoch 1: {r['epoch1_images_per_s']:.0f} images/s, "
                          f"{r['epoch1_cpu_s_per_image'] * 1000:.2f} CPU ms/image; the row: later epochs")
         if r.get("clients", 1) > 1:
             rates = ", ".join(f"{x:.0f}" for x in r["per_client_images_per_s"])
-            lines.append(f"{'':<13} {r['clients']} clients: {rates} images/s each, spread {r['client_spread']:.1%}")
+            lines.append(f"{'':<{_NAME_WIDTH}} {r['clients']} clients: {rates} images/s each, spread {r['client_spread']:.1%}")
     return "\n".join(lines)
 
 

@@ -94,6 +94,8 @@ def summarise(result: dict, memory: dict[str, int]) -> dict[str, Any]:
         **_client_figures(clients),
     )
     row.update(_epoch_figures(clients, rates, cpu))
+    if "daemon" in result:  # how the daemon made its batches (gpu_host_copies, ...)
+        row["daemon"] = result["daemon"]
     return row
 
 
@@ -112,7 +114,10 @@ def merge_results(results: list[dict]) -> dict:
             "problems": sorted({p for c in group for p in c["problems"]}),
             "windows": [w for c in group for w in c["windows"]],
         })
-    return {"loader": results[0]["loader"], "cpus": results[0]["cpus"], "clients": merged}
+    merged_result = {"loader": results[0]["loader"], "cpus": results[0]["cpus"], "clients": merged}
+    if all("daemon" in r for r in results):  # one daemon per start: their counters add up
+        merged_result["daemon"] = {k: sum(r["daemon"][k] for r in results) for k in results[0]["daemon"]}
+    return merged_result
 
 
 def summarise_runs(runs: list[dict]) -> dict[str, Any]:

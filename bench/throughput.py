@@ -41,6 +41,7 @@ from bench.report import format_table, format_targets, plot, write_json  # noqa:
 from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
+from core.processes import die_with_parent  # noqa: E402
 from core.errors import FeederError  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
@@ -154,6 +155,20 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 
 _NO_MEMORY = {"peak_pss_bytes": 0, "peak_rss_bytes": 0}
 
+# Workers running now. Each leads a session of its own (so its tree can be killed as a
+# whole without this process), so a signal to this process's group (a timeout's)
+# does not reach them: they go with this process, however it ends.
+# A worker killed with this process (die_with_parent) takes its daemon along (the daemon's
+# own die_with_parent).
+_RUNNING: set[subprocess.Popen] = set()
+
+
+def _stop_workers(signum: int, frame: object) -> None:
+    """SIGTERM/SIGINT: kill the running workers' trees (their daemons too), then exit."""
+    for proc in list(_RUNNING):
+        _kill_tree(proc)
+    raise SystemExit(128 + signum)
+
 
 def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[str, int]]:
     """Runs ``command`` (leading a process group of its own) until it ends or ``limit_s``
@@ -165,7 +180,8 @@ def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[s
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
+        _RUNNING.add(proc)
         watch = _MemoryWatch(proc.pid)
         watch.start()
         try:
@@ -173,8 +189,10 @@ def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[s
         except subprocess.TimeoutExpired:
             _kill_tree(proc)
             proc.wait()
-        memory = watch.stop()
-    _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+        finally:
+            memory = watch.stop()
+            _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+            _RUNNING.discard(proc)
     return proc.returncode, memory
 
 
@@ -289,6 +307,15 @@ def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds:
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 0 when every loader produced correct batches."""
     args = parse_args(argv)
+    previous = {signum: signal.signal(signum, _stop_workers) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args, argv)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         data, names = _data(args), args.loaders.split(",")
     except (OSError, FeederError) as e:  # no shards there, or the sample data cannot be made

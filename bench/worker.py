@@ -78,8 +78,15 @@ def _run_clients(name: str, spec: LoaderSpec, schedule: Schedule, shared: object
     return results
 
 
+def _shared_stats(name: str, shared: object) -> dict:
+    """``{"daemon": counters}`` of a loader with a daemon, else nothing."""
+    stats = getattr(loader_module(name), "daemon_stats", None)
+    return {"daemon": stats(shared)} if stats is not None and shared is not None else {}
+
+
 def run(name: str, spec: LoaderSpec, schedule: Schedule) -> dict:
-    """Measures loader ``name``; returns ``{"loader", "cpus", "clients": [per consumer]}``."""
+    """Measures loader ``name``; returns ``{"loader", "cpus", "clients": [per consumer]}``
+    and, for a loader with a daemon, ``"daemon"``: its counters at the end."""
     loader_module(name)  # imported before pinning: a slow import is setup, not budget
     cpus = restrict_cpus(spec.threads)
     with _shared(name, spec) as shared:
@@ -87,7 +94,8 @@ def run(name: str, spec: LoaderSpec, schedule: Schedule) -> dict:
             clients = _run_clients(name, spec, schedule, shared)
         else:
             clients = [consume(name, spec, schedule, os.getpid(), shared)]
-    return {"loader": name, "cpus": cpus, "clients": clients}
+        daemon = _shared_stats(name, shared)
+    return {"loader": name, "cpus": cpus, "clients": clients, **daemon}
 
 
 def prepare(name: str, spec: LoaderSpec) -> dict:

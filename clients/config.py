@@ -20,7 +20,8 @@ class TrainConfig:
     """One training run.
 
     Args:
-        server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket
+        server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket,
+            or several ``host:port`` separated by commas: a pool of daemons
             (optional with synthetic data). A daemon with a token reads it from the
             ``FEEDER_TOKEN`` environment variable.
         tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:

@@ -22,7 +22,8 @@ def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
     given, ImageNet's otherwise."""
     if not config.server:
         return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
-    with open_channel(config.server, (), resolve_token(None), config.tls_root) as channel:
+    first = config.server.split(",")[0].strip()  # a pool's daemons serve the same dataset
+    with open_channel(first, (), resolve_token(None), config.tls_root) as channel:
         reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
             feeder_pb2.ListDatasetsRequest(), timeout=30)
     for info in reply.datasets:

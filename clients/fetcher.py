@@ -28,6 +28,7 @@ from transport.base import ReleaseSink, TransportKind, TransportUnavailable
 from clients.host_batch import HostBatch, to_host
 from transport.client import StreamReceiver
 from transport.grpc_payload import parse_batch
+from transport.ring_holder import RingRetired
 
 _log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ PENDING = object()  # what poll() returns when no batch came in time
 _CLOSE_TIMEOUT_S = 10.0  # how long close() waits for the fetch thread to end
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # reconnect backoff, doubling between them
 _POLL_S = 0.25  # most time get() waits between two checks for a stalled stream
+# The transports a stream falls through when this process cannot use one, best first.
+_DOWN = (TransportKind.CUDA_IPC, TransportKind.SHM, TransportKind.GRPC)
+_NAMES = {TransportKind.CUDA_IPC: "CUDA IPC", TransportKind.SHM: "shared memory", TransportKind.GRPC: "gRPC"}
 
 
 def is_transient(error: grpc.RpcError) -> bool:
@@ -282,17 +286,40 @@ class StreamFetcher:
                 self.reconnects += 1
                 self._stop.wait(delay_s)
                 delay_s = min(delay_s * 2, _MAX_DELAY_S)
-            except TransportUnavailable as e:
-                # This process cannot map the daemon's segment (another mount of
-                # /dev/shm, no permission): the rest of the stream comes inline.
-                _log.warning("daemon %s: shared memory unusable here (%s); batches come over gRPC",
-                             self._address, e)
+            except RingRetired:
+                # The daemon gave the stream's ring back before this process opened it
+                # (the stream had ended meanwhile): the same again, from the cursor.
                 self._cancel_call()
-                self.request.transport = TransportKind.GRPC.value
                 self.reconnects += 1
+                self._stop.wait(delay_s)
+                delay_s = min(delay_s * 2, _MAX_DELAY_S)
+            except TransportUnavailable as e:
+                if not self._fall_back(e):
+                    return
             except Exception as e:  # noqa: BLE001 - handed to the consumer thread
                 self._put(e)
                 return
+
+    def _fall_back(self, error: TransportUnavailable) -> bool:
+        """This process cannot use the transport that carried the last message (no
+        CUDA IPC here, another mount of /dev/shm, no permission): the rest of the
+        stream is asked for over the next one down, CUDA IPC -> shared memory -> the
+        gRPC payload, with one warning. False (the error queued) when none is left."""
+        failed = self._receiver.kind
+        asked = TransportKind(self.request.transport)
+        # Below both what failed and what was asked for: a daemon that answered a
+        # request for shared memory with CUDA IPC again must not make this loop.
+        below = max(_DOWN.index(k) if k in _DOWN else 0 for k in (failed, asked)) + 1
+        if failed is None or below >= len(_DOWN):
+            self._put(error)
+            return False
+        instead = _DOWN[below]
+        _log.warning("daemon %s: %s unusable here (%s); batches come over %s", self._address,
+                     _NAMES[failed], error, _NAMES[instead])
+        self._cancel_call()
+        self.request.transport = instead.value
+        self.reconnects += 1
+        return True
 
     def _may_retry(self, error: grpc.RpcError) -> bool:
         """Whether to reopen the stream after ``error``; if not, the error that ends

@@ -24,9 +24,10 @@ __all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig
 
 LAST_BATCHES = tuple(policy.value for policy in LastBatch)
 AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
-# The transports a loader may ask for; CUDA IPC comes with ``auto`` and ``shm`` for a
-# consumer on the daemon's GPU.
-TRANSPORTS = tuple(kind.name.lower() for kind in (TransportKind.AUTO, TransportKind.SHM, TransportKind.GRPC))
+# The transports a loader may ask for (``auto``: CUDA IPC for a consumer on the
+# daemon's GPU, else shared memory on the daemon's host, else gRPC).
+TRANSPORTS = tuple(kind.name.lower() for kind in (
+    TransportKind.AUTO, TransportKind.SHM, TransportKind.GRPC, TransportKind.CUDA_IPC))
 
 
 POOL_MODES = ("all", "as-needed")
@@ -70,9 +71,13 @@ class LoaderConfig:
         prefetch_batches: Ready batches held in memory per loader.
         prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
             drained the current one, before it asks for the next epoch's first batch.
-        transport: How pixels come from a daemon on this host: ``"auto"`` (shared
-            memory when this process can share the daemon's ``/dev/shm``, else inside
-            the gRPC messages, with one log line saying why), ``"shm"`` or ``"grpc"``.
+        transport: How pixels come from a daemon on this host: ``"auto"`` (CUDA IPC
+            for batches made on this process's GPU, else shared memory when this
+            process can share the daemon's ``/dev/shm``, else inside the gRPC
+            messages, with one log line saying why), ``"cuda_ipc"``, ``"shm"`` (host
+            shared memory, also for a CUDA consumer) or ``"grpc"``. Where the one
+            asked for does not work, the next one down is used, with one warning
+            per step down.
             ``loader.transport`` says which one is in use.
         shm_dir: The shared-memory directory (the daemon's ``--shm-dir``).
         connect_timeout_s: How long the first contact may take.

@@ -19,6 +19,7 @@ from clients.pooled import PooledFetcher
 from clients.spec import Sizes, StreamSpecs
 from protocol.request import MAX_EPOCH, to_request
 from protos import feeder_pb2
+from transport.base import TransportKind
 
 __all__ = ["Streams"]
 
@@ -59,6 +60,9 @@ class Streams:
         self.planned: dict[int, Sizes] = {}  # epoch -> sizes from then on
         self._closed_reconnects = 0
         self._last_transport = ""
+        # What new streams ask for: the configured transport, or the one a stream fell
+        # back to because this process cannot use it (asked for once, warned once).
+        self._transport = config.transport_kind
 
     @property
     def transport(self) -> str:
@@ -154,7 +158,7 @@ class Streams:
         spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch,
                                 consumed=self._specs.consumed.get(epoch, ()))
         request = to_request(spec)
-        request.transport = config.transport_kind.value
+        request.transport = self._usable_transport().value
         request.client_host.CopyFrom(self._client_host)
         if len(self.pool.members) > 1:
             return OpenStream(PooledFetcher(self.pool, request, self._specs, config, self._pin), sizes)
@@ -164,8 +168,17 @@ class Streams:
                                 release=conn.releaser, shm_dir=config.shm_dir)
         return OpenStream(fetcher, sizes)
 
+    def _usable_transport(self) -> TransportKind:
+        """The transport new streams ask for: a fetcher changes its request only to
+        fall back, so one that differs is what works here."""
+        for stream in (self.current, self.successor):
+            if stream is not None and stream.fetcher.request.transport != self._transport.value:
+                self._transport = TransportKind(stream.fetcher.request.transport)
+        return self._transport
+
     def drop(self) -> None:
         """Close the open stream and any opened ahead; forget a taken-ahead batch."""
+        self._usable_transport()
         for stream in (self.current, self.successor):
             if stream is not None:
                 self._last_transport = stream.fetcher.transport or self._last_transport

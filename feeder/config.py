@@ -67,7 +67,10 @@ class ServerConfig:
             budget): a new stream's pipeline gets an equal share of it among the open
             streams, itself included, and on a GPU node, for a GPU rank, among at
             least one pipeline per GPU; at least 1 (see
-            ``feeder.devices.thread_share``). Default: the CPUs, at most 8.
+            ``feeder.devices.thread_share``). The default CPU decoder runs on one
+            shared pool of this many worker threads, re-divided round robin among
+            the streams with work (``core.workers.FairPool``). Default: the CPUs, at
+            most 8.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
@@ -147,7 +150,7 @@ class ServerConfig:
             allowed).
         max_pipelines: built pipelines held at once, lent to streams or idle. Each
             open stream holds one, so keep it at least ``max_streams``: a stream that
-            finds all of them lent is refused as unavailable; an idle one is dropped,
+            finds all of them lent is refused (RESOURCE_EXHAUSTED); an idle one is dropped,
             oldest first, to build another.
         pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
             threads and buffers (DALI keeps its peak buffers while a pipeline lives).

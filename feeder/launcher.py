@@ -16,6 +16,8 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from core.processes import die_with_parent
+
 __all__ = ["DaemonProcess"]
 
 _READY = "feeder: serving on "
@@ -36,6 +38,9 @@ class DaemonProcess:
         cwd: working directory of the child.
         tls_root: PEM file of the CA that signed the daemon's ``--tls-cert``, for the
             health check of a daemon serving TLS (the health check needs no token).
+        die_with_parent: the daemon gets SIGKILL when the thread that started it
+            ends (Linux), so a caller killed without a chance to stop it (a benchmark
+            worker at its limit) leaves no daemon behind.
 
     Attributes:
         address: ``host:port`` it listens on, once started.
@@ -50,6 +55,7 @@ class DaemonProcess:
         stop_timeout_s: float = 30.0,
         cwd: Path | None = None,
         tls_root: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.command = [sys.executable, "-m", "feeder", "serve", "--port", "0"]
         for name, path in datasets.items():
@@ -60,6 +66,7 @@ class DaemonProcess:
         self._start_timeout_s, self._stop_timeout_s = start_timeout_s, stop_timeout_s
         self._cwd = cwd
         self._tls_root = tls_root
+        self._die_with_parent = die_with_parent
         self._log: deque[str] = deque(maxlen=_LOG_LINES)
         self._proc: subprocess.Popen[str] | None = None
 
@@ -76,7 +83,8 @@ class DaemonProcess:
                 lines of output).
         """
         self._proc = subprocess.Popen(self.command, cwd=self._cwd, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
+                                      stderr=subprocess.STDOUT, text=True,
+                                      preexec_fn=die_with_parent if self._die_with_parent else None)
         found: list[str] = []
         ready = threading.Event()
         threading.Thread(target=self._read_output, args=(found, ready), name="feeder-daemon-output",

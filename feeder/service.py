@@ -301,7 +301,8 @@ class FeederService:
     def _watch_streams(self) -> None:
         """Until closed, about once a second: cancel streams whose client took no batch
         for ``idle_timeout_s`` (``contended_idle_timeout_s`` while another client is
-        refused for what they hold), and report what each stream uses."""
+        refused for what they hold), report what each stream uses, and give back the
+        device rings that ended streams' clients have let go of."""
         tick_s = min(1.0, self.config.idle_timeout_s / 4, self.config.contended_idle_timeout_s / 4)
         busy: dict[BatchStream, tuple[float, float]] = {}  # stream -> (busy_s, when) at the last tick
         while not self._closed.wait(tick_s):
@@ -321,6 +322,7 @@ class FeederService:
             open_now = {stream for stream, _ in streams}
             for gone in [s for s in busy if s not in open_now]:
                 del busy[gone]
+            self.transports.collect()  # device rings of ended streams, once their clients let go
 
     def _report(self, stream: BatchStream, busy: dict[BatchStream, tuple[float, float]]) -> None:
         now, used_s = time.monotonic(), stream.busy_s

@@ -1,6 +1,7 @@
-"""Imports run one way: no cycle between any two modules, and each package imports
-only its own modules and the packages below it (see the README's Layout section).
-Every import counts, also those inside functions."""
+"""Imports run one way: no cycle between any two modules, and each module imports
+only its own package (at its layer or below) and packages of lower layers, never
+another package of its own layer (see docs/design.md, Import layers). Every import
+counts, also those inside functions; generated ``*_pb2`` modules are not checked."""
 
 from __future__ import annotations
 

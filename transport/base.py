@@ -57,8 +57,9 @@ __all__ = [
 
 
 class TransportUnavailable(FeederError):
-    """A transport cannot be set up here (``/dev/shm`` full, another host, no GPU);
-    the daemon falls back to the gRPC payload."""
+    """A transport cannot be set up here (``/dev/shm`` full, another host, no GPU, CUDA
+    IPC refused); the stream falls back to the next one down (CUDA IPC, shared memory,
+    the gRPC payload)."""
 
 
 class TransportClosed(FeederError):
@@ -176,6 +177,11 @@ class BatchSender(ABC):
     @abstractmethod
     def close(self) -> None:
         """Frees the stream's buffers (unlinks its segment). Idempotent."""
+
+    def retire(self) -> bool:
+        """After :meth:`close`: gives back what may outlive the stream (a device ring
+        a client still holds); True once nothing is left. Called again until True."""
+        return True
 
     @property
     def reserved_bytes(self) -> int:

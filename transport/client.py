@@ -105,6 +105,7 @@ class StreamReceiver(BatchReceiver):
     def __init__(self, release: Callable[..., None], shm_dir: Path = Path("/dev/shm")) -> None:
         self._inline = InlineReceiver()
         self._shm = ShmReceiver(release, shm_dir)
+        self._shm_dir = shm_dir
         self._release = release
         self._cuda: BatchReceiver | None = None
         self.kind: TransportKind | None = None  # of the last batch
@@ -129,5 +130,5 @@ class StreamReceiver(BatchReceiver):
         if self._cuda is None:
             from transport.cuda_ipc import CudaIpcReceiver  # torch.cuda only when used
 
-            self._cuda = CudaIpcReceiver(self._release)
+            self._cuda = CudaIpcReceiver(self._release, self._shm_dir)
         return self._cuda

@@ -9,12 +9,23 @@ ring's IPC handles (torch's ``UntypedStorage._share_cuda_``, as
 the event handles. The client opens the ring once, makes its stream wait on the
 slot's event, and releases the slot after its own work on it (an event it records
 after the copy/convert), exactly like a shared-memory slot.
+
+Where CUDA refuses (no memory for the ring; IPC refused in a sandboxed runtime or a
+container without a shared IPC namespace) either half raises
+:class:`~transport.base.TransportUnavailable`: the daemon then sends over shared
+memory, a client asks for it. A ring outlives its stream until no client holds it
+(:mod:`transport.ring_holder`): then the daemon gives it back.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -28,6 +39,7 @@ from transport.base import (
     ReceivedBatch,
     ReleaseSink,
     Slot,
+    TransportClosed,
     TransportConfig,
     TransportKind,
     TransportUnavailable,
@@ -35,6 +47,7 @@ from transport.base import (
     check_shape,
 )
 from transport.ring import SlotRing
+from transport.ring_holder import RingHolder, give_back_share, hold_ring, holder_path
 
 __all__ = [
     "CudaIpcReceiver",
@@ -42,11 +55,35 @@ __all__ = [
     "device_index",
     "device_uuid",
     "find_device",
+    "hold_while_alive",
     "normalise_uuid",
+    "refused_as_unavailable",
     "visible_uuids",
 ]
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
+# How long after its stream closed a ring that was sent stays, even with nobody holding
+# it: a client may be about to open it (reading a message sent just before the end).
+_OPEN_GRACE_S = 1.0
+
+
+@contextmanager
+def refused_as_unavailable(what: str) -> Iterator[None]:
+    """Runs CUDA calls whose failure means "no CUDA IPC here", not a bug: no memory
+    (``torch.OutOfMemoryError``), or IPC refused by the driver (sandboxed runtimes,
+    containers without a shared IPC namespace: ``torch.AcceleratorError`` from
+    ``_share_cuda_``, ``ipc_handle``, ``_new_shared_cuda``, ``from_ipc_handle``). Both
+    are ``RuntimeError``s; they become :class:`TransportUnavailable`, so the stream
+    falls back to shared memory instead of failing.
+
+    Raises:
+        TransportUnavailable: naming ``what`` and the first line of CUDA's message.
+    """
+    try:
+        yield
+    except RuntimeError as e:
+        detail = (str(e).strip().splitlines() or [""])[0]
+        raise TransportUnavailable(f"CUDA IPC: {what}: {type(e).__name__}: {detail}") from e
 
 
 def normalise_uuid(uuid: str) -> str:
@@ -101,7 +138,7 @@ class CudaIpcSender(BatchSender):
     slot's event there.
 
     Raises:
-        TransportUnavailable: no such device, or no memory for the ring.
+        TransportUnavailable: no such device, no memory for the ring, IPC refused.
     """
 
     kind = TransportKind.CUDA_IPC
@@ -112,19 +149,26 @@ class CudaIpcSender(BatchSender):
         self.slot_bytes = slot_bytes
         self._wait_s = config.slot_wait_s
         self._loans = SlotRing(config.ring_slots, stream_id)
+        self._holder = RingHolder(holder_path(config.shm_dir, stream_id))
+        self._handed_out = 0  # messages that carried the ring's handles
+        self._closed_s = 0.0
         try:
-            self._ring = torch.empty(config.ring_slots * slot_bytes, dtype=torch.uint8, device=self.device)
-        except torch.OutOfMemoryError as e:
-            raise TransportUnavailable(f"CUDA IPC: no room for the ring on {gpu_uuid}: {e}") from e
-        self._events = [torch.cuda.Event(interprocess=True) for _ in range(config.ring_slots)]
-        self._ring_message = self._describe(gpu_uuid)
+            with refused_as_unavailable(f"no ring of {config.ring_slots} x {slot_bytes} bytes on {gpu_uuid}"):
+                ring = torch.empty(config.ring_slots * slot_bytes, dtype=torch.uint8, device=self.device)
+                self._events = [torch.cuda.Event(interprocess=True) for _ in range(config.ring_slots)]
+                self._ring_message = self._describe(ring, gpu_uuid)
+            self._ring: torch.Tensor | None = ring
+        except BaseException:
+            self._holder.retire()  # nobody knows its name yet
+            raise
 
-    def _describe(self, gpu_uuid: str) -> feeder_pb2.CudaRing:
+    def _describe(self, ring: torch.Tensor, gpu_uuid: str) -> feeder_pb2.CudaRing:
+        """The ring's handles. ``_share_cuda_`` comes last: from then on torch counts
+        the ring as held by one consumer (its counter is 1) until :meth:`retire`."""
         with torch.cuda.device(self.device):
-            (_, handle, size, offset, counter, counter_offset, event, sync) = (
-                self._ring.untyped_storage()._share_cuda_()
-            )
             events = [e.ipc_handle() for e in self._events]
+            (_, handle, size, offset, counter, counter_offset, event, sync) = ring.untyped_storage()._share_cuda_()
+        self._counter = (counter, counter_offset)
         return feeder_pb2.CudaRing(
             device_uuid=gpu_uuid, storage_handle=handle, storage_size_bytes=size,
             storage_offset_bytes=offset, ref_counter_handle=counter,
@@ -140,8 +184,11 @@ class CudaIpcSender(BatchSender):
         while loan is None:  # device slots cannot fall back inline: wait
             loan = self._loans.acquire(self._wait_s)
         index, generation = loan
+        ring = self._ring
+        if ring is None:  # given back after the stream closed
+            raise TransportClosed(f"{self.stream_id}: ring given back")
         start = index * self.slot_bytes
-        tensor = self._ring[start : start + nbytes].view(shape)
+        tensor = ring[start : start + nbytes].view(shape)
         return Slot(tensor=tensor, index=index, generation=generation)
 
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
@@ -149,13 +196,39 @@ class CudaIpcSender(BatchSender):
         message = to_message(meta, tuple(slot.tensor.shape))
         message.cuda.CopyFrom(feeder_pb2.CudaSlot(
             slot=slot.ref(self.stream_id), offset=slot.index * self.slot_bytes, ring=self._ring_message))
+        self._handed_out += 1
         return message.SerializeToString()
 
     def release(self, index: int, generation: int) -> None:
         self._loans.release(index, generation)
 
     def close(self) -> None:
-        self._loans.close()
+        """Ends the stream (waiting producers raise ``TransportClosed``); the ring
+        itself goes with :meth:`retire`."""
+        if self._loans.close():
+            self._closed_s = time.monotonic()
+
+    def retire(self) -> bool:
+        """Gives the ring back once the stream has closed and no client holds it or
+        can still open it: at once if its handles never left the daemon, else once
+        its holder file is free, not within ``_OPEN_GRACE_S`` of the close. Then the
+        client's share of torch's counter is given back, and the block is freed at
+        the next ``torch.cuda.ipc_collect()`` (the hub's ``collect``).
+
+        Returns:
+            True once given back (idempotent).
+        """
+        if self._ring is None:
+            return True
+        if not self._loans.closed:
+            return False
+        if self._handed_out and time.monotonic() - self._closed_s < _OPEN_GRACE_S:
+            return False
+        if not self._holder.retire():
+            return False  # a client holds the ring: its batches may still be read
+        give_back_share(*self._counter)
+        self._ring, self._events = None, []
+        return True
 
 
 class CudaIpcReceiver(BatchReceiver):
@@ -164,10 +237,17 @@ class CudaIpcReceiver(BatchReceiver):
 
     The consumer must release every batch (``ReceivedBatch.release(after=event)``
     after its copy): a view of a device ring cannot tell when it is unreferenced.
+    The ring is held (its holder file locked, see :mod:`transport.ring_holder`) as
+    long as any view of it lives.
+
+    Args:
+        release: Hands slots back (a ``SlotReleaser``).
+        shm_dir: The daemon's ``--shm-dir`` as this process sees it (holder files).
     """
 
-    def __init__(self, release: ReleaseSink) -> None:
+    def __init__(self, release: ReleaseSink, shm_dir: Path = Path("/dev/shm")) -> None:
         self._release = release
+        self._shm_dir = Path(shm_dir)
         self._ring_key: bytes = b""
         self._ring: torch.Tensor | None = None
         self._events: list[torch.cuda.Event] = []
@@ -180,7 +260,7 @@ class CudaIpcReceiver(BatchReceiver):
         shape = tuple(message.shape)
         nbytes = math.prod(shape) if shape else 0
         check_shape(shape, nbytes)
-        ring = self._open(where.ring)
+        ring = self._open(where)
         if where.offset + nbytes > ring.numel() or not 0 <= where.slot.index < len(self._events):
             raise DataError(f"CUDA IPC slot {where.slot.index} outside the ring")
         torch.cuda.current_stream(ring.device).wait_event(self._events[where.slot.index])
@@ -192,17 +272,48 @@ class CudaIpcReceiver(BatchReceiver):
     def close(self) -> None:
         self._ring, self._events, self._ring_key = None, [], b""
 
-    def _open(self, ring: feeder_pb2.CudaRing) -> torch.Tensor:
-        if self._ring is None or ring.storage_handle != self._ring_key:
-            device = device_index(ring.device_uuid)
-            with torch.cuda.device(device):
+    def _open(self, where: feeder_pb2.CudaSlot) -> torch.Tensor:
+        """The stream's ring (opened on its first batch: the lock first, then the
+        handles). A ring replaced by another (a new stream) stays open while
+        batches of it live.
+
+        Raises:
+            RingRetired: the daemon gave the ring back before it was opened.
+            TransportUnavailable: no such device here, or IPC refused.
+        """
+        ring = where.ring
+        if self._ring is not None and ring.storage_handle == self._ring_key:
+            return self._ring
+        self._ring, self._events = None, []
+        device = device_index(ring.device_uuid)
+        fd = hold_ring(holder_path(self._shm_dir, where.slot.stream_id))
+        try:
+            with refused_as_unavailable("cannot open the daemon's ring"), torch.cuda.device(device):
                 storage = torch.UntypedStorage._new_shared_cuda(
                     device, ring.storage_handle, ring.storage_size_bytes, ring.storage_offset_bytes,
                     ring.ref_counter_handle, ring.ref_counter_offset,
                     ring.event_handle or None, ring.event_sync_required,
                 )
-                self._events = [torch.cuda.Event.from_ipc_handle(device, h) for h in ring.slot_event_handles]
-            self._ring = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}").set_(storage)
-            self._ring_key = ring.storage_handle
+                events = [torch.cuda.Event.from_ipc_handle(device, h) for h in ring.slot_event_handles]
+        except BaseException:
+            os.close(fd)
+            raise
+        hold_while_alive(storage, fd, device)
+        self._ring = torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}").set_(storage)
+        self._events, self._ring_key = events, ring.storage_handle
         return self._ring
 
+
+def hold_while_alive(storage: torch.UntypedStorage, fd: int, device: int | None) -> None:
+    """Closes ``fd`` (the ring's lock) once ``storage`` and every tensor on it are
+    gone, after the device's work has finished (the reads of the last batches):
+    torch keeps a storage's Python object as long as a tensor uses the storage."""
+    weakref.finalize(storage, _let_go, fd, device).atexit = False  # exit drops the lock anyway
+
+
+def _let_go(fd: int, device: int | None) -> None:
+    try:
+        if device is not None:
+            torch.cuda.synchronize(device)
+    finally:
+        os.close(fd)

@@ -1,6 +1,12 @@
 """The daemon's entry to the transports: one :class:`TransportHub` per daemon picks
-a sender for each stream, routes ``ReleaseSlots`` to it, and frees everything at
-shutdown. The stream code sees only :class:`~transport.base.BatchSender`.
+a sender for each stream, routes ``ReleaseSlots`` to it, gives back the device rings
+of ended streams once no client holds them, and frees everything at shutdown. The
+stream code sees only :class:`~transport.base.BatchSender`.
+
+A stream gets the transport its client asked for where it works here, else the next
+one down, with one warning per reason: CUDA IPC (asked for, or ``auto`` for batches
+made on the client's GPU), then shared memory (asked for, or ``auto`` for a client on
+this host), then the gRPC payload.
 
 Usage in the daemon::
 
@@ -9,6 +15,7 @@ Usage in the daemon::
     sender = hub.open_sender(TransportRequest.from_message(request), slot_bytes)
     try: ... stream ... finally: hub.close_sender(sender)
     hub.release(request.slots)                         # ReleaseSlots
+    hub.collect()                                      # now and then (once a second)
     hub.close_all()                                    # SIGTERM / shutdown
 """
 
@@ -16,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from core.errors import InvalidArgument
@@ -34,6 +41,8 @@ from transport.shm import ShmSender, instance_prefix
 __all__ = ["TransportHub", "TransportRequest"]
 
 _log = logging.getLogger(__name__)
+# Where a stream's batches go instead, in the fallback warnings.
+_SHM, _INLINE = "batches go over shared memory", "batches go inline over gRPC"
 
 
 @dataclass(frozen=True)
@@ -41,7 +50,8 @@ class TransportRequest:
     """What a stream's client asked for.
 
     Attributes:
-        preference: The transport asked for (AUTO: the best that works).
+        preference: The transport asked for: AUTO (the best that works), CUDA_IPC,
+            SHM (host shared memory, also for a client on the batches' GPU) or GRPC.
         client: The client's host, None when it did not say (a remote client).
         gpu_uuid: The client's CUDA device, empty for a CPU consumer.
     """
@@ -85,13 +95,17 @@ class TransportHub:
         self._lock = threading.Lock()
         self._streams = 0
         self._warned: set[str] = set()
+        self._retiring: list[BatchSender] = []  # closed, with a device ring a client may hold
+        self._cuda_used = False
 
     def open_sender(self, request: TransportRequest, slot_bytes: int, batch_gpu_uuid: str = "") -> BatchSender:
         """A sender for a new stream whose batches are at most ``slot_bytes``.
 
-        Shared memory (CUDA IPC when the batches are produced on the client's GPU,
-        ``batch_gpu_uuid``) when asked for or AUTO and possible; otherwise the gRPC
-        payload, with one warning per reason (never an error).
+        CUDA IPC when asked for (or AUTO) and the batches are produced on the
+        client's GPU (``batch_gpu_uuid``); shared memory when asked for (or AUTO, or
+        CUDA IPC did not work) and the client shares this host's ``/dev/shm``;
+        otherwise the gRPC payload. Each fallback logs one warning per reason
+        (never an error).
         """
         with self._lock:
             self._streams += 1
@@ -106,33 +120,40 @@ class TransportHub:
     def _same_host_sender(
         self, request: TransportRequest, stream_id: str, slot_bytes: int, batch_gpu_uuid: str
     ) -> BatchSender | None:
-        if request.preference == TransportKind.GRPC:
+        wanted = request.preference
+        if wanted == TransportKind.GRPC:
             return None
         if request.client is None or not self.host.shares_shm_with(request.client):
-            if request.preference != TransportKind.AUTO:
+            if wanted != TransportKind.AUTO:
                 self._fall_back("client-host", f"client {request.client.hostname if request.client else '?'} "
-                                "does not share this daemon's /dev/shm")
+                                "does not share this daemon's /dev/shm", _INLINE)
             return None
-        if batch_gpu_uuid and batch_gpu_uuid == request.gpu_uuid:
-            sender = self._try(lambda: _cuda_sender(stream_id, self.config, slot_bytes, batch_gpu_uuid))
+        on_clients_gpu = bool(batch_gpu_uuid) and batch_gpu_uuid == request.gpu_uuid
+        if wanted == TransportKind.CUDA_IPC and not on_clients_gpu:
+            self._fall_back("cuda-device", f"CUDA IPC asked for, but the batches are not made on the client's GPU "
+                            f"({request.gpu_uuid or 'the client named none'})", _SHM)
+        if wanted in (TransportKind.AUTO, TransportKind.CUDA_IPC) and on_clients_gpu:
+            sender = self._try("cuda-ipc", lambda: _cuda_sender(stream_id, self.config, slot_bytes, batch_gpu_uuid),
+                               _SHM)
             if sender is not None:
+                self._cuda_used = True
                 return sender
         if self.reserved_bytes() + self.config.ring_slots * slot_bytes > self.config.shm_budget_bytes:
-            self._fall_back("budget", f"shared-memory budget of {self.config.shm_budget_bytes} bytes in use")
+            self._fall_back("budget", f"shared-memory budget of {self.config.shm_budget_bytes} bytes in use", _INLINE)
             return None
-        return self._try(lambda: ShmSender(stream_id, self.config, slot_bytes))
+        return self._try("shm", lambda: ShmSender(stream_id, self.config, slot_bytes), _INLINE)
 
-    def _try(self, make) -> BatchSender | None:  # type: ignore[no-untyped-def]
+    def _try(self, reason: str, make: Callable[[], BatchSender], instead: str) -> BatchSender | None:
         try:
             return make()
         except TransportUnavailable as e:
-            self._fall_back(type(e).__name__, str(e))
+            self._fall_back(reason, str(e), instead)
             return None
 
-    def _fall_back(self, reason: str, detail: str) -> None:
+    def _fall_back(self, reason: str, detail: str, instead: str) -> None:
         level = logging.DEBUG if reason in self._warned else logging.WARNING
         self._warned.add(reason)
-        _log.log(level, "sending batches inline over gRPC: %s", detail)
+        _log.log(level, "%s: %s", instead, detail)
 
     def reserved_bytes(self) -> int:
         """Shared memory the open streams hold."""
@@ -166,17 +187,44 @@ class TransportHub:
         return released
 
     def close_sender(self, sender: BatchSender) -> None:
-        """Ends a stream's transport (its segment is unlinked). Idempotent."""
+        """Ends a stream's transport (its segment is unlinked; a device ring goes
+        once no client holds it, see :meth:`collect`). Idempotent."""
         with self._lock:
             self._senders.pop(sender.stream_id, None)
         sender.close()
+        if not sender.retire():
+            with self._lock:
+                if sender not in self._retiring:
+                    self._retiring.append(sender)
+        self.collect()
+
+    def collect(self) -> int:
+        """Gives back the device rings of ended streams that no client holds any more,
+        and frees the CUDA memory given back (``torch.cuda.ipc_collect``). Cheap: the
+        daemon calls it once a second.
+
+        Returns:
+            Rings of ended streams still held by a client.
+        """
+        with self._lock:
+            self._retiring = [sender for sender in self._retiring if not sender.retire()]
+            held, cuda_used = len(self._retiring), self._cuda_used
+        if cuda_used:
+            _ipc_collect()
+        return held
 
     def close_all(self) -> None:
         """Closes every stream's transport: call it at shutdown (SIGTERM)."""
         with self._lock:
             senders, self._senders = list(self._senders.values()), {}
         for sender in senders:
-            sender.close()
+            self.close_sender(sender)
+
+
+def _ipc_collect() -> None:
+    import torch
+
+    torch.cuda.ipc_collect()
 
 
 def _cuda_sender(stream_id: str, config: TransportConfig, slot_bytes: int, gpu_uuid: str) -> BatchSender:

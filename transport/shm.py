@@ -61,6 +61,9 @@ __all__ = ["ShmReceiver", "ShmRing", "ShmSender", "instance_prefix", "sweep_stal
 
 _log = logging.getLogger(__name__)
 _NAME = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)$")
+# A CUDA IPC ring's holder file (transport.ring_holder): nobody may hold its lock while
+# its daemon lives, so only a dead owner makes it stale.
+_HOLDER = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)\.cuda$")
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _WORD = 8  # bytes of a release word
@@ -292,15 +295,17 @@ def sweep_stale(shm_dir: Path | str = "/dev/shm", grace_s: float = 10.0) -> list
     A segment is stale when its owner pid no longer exists, or when no process
     holds its lock and it is older than ``grace_s`` (the pid was reused, or the
     daemon restarted under the same pid, as pid 1 in a container does). Segments
-    of other users are left alone.
+    of other users are left alone. CUDA IPC holder files (empty) go when their
+    owner pid no longer exists.
 
     Returns:
         The names removed.
     """
     removed = []
     for entry in os.scandir(shm_dir):
-        match = _NAME.match(entry.name)
-        if match and _is_stale(Path(entry.path), int(match.group(1)), grace_s):
+        match, holder = _NAME.match(entry.name), _HOLDER.match(entry.name)
+        stale = bool(match and _is_stale(Path(entry.path), int(match.group(1)), grace_s))
+        if stale or (holder and not _pid_alive(int(holder.group(1)))):
             try:
                 os.unlink(entry.path)
             except (FileNotFoundError, PermissionError):
@@ -311,13 +316,19 @@ def sweep_stale(shm_dir: Path | str = "/dev/shm", grace_s: float = 10.0) -> list
     return removed
 
 
-def _is_stale(path: Path, pid: int, grace_s: float) -> bool:
+def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
+        return False
     except PermissionError:
-        pass  # alive, another user's: the lock decides
+        pass  # alive, another user's
+    return True
+
+
+def _is_stale(path: Path, pid: int, grace_s: float) -> bool:
+    if not _pid_alive(pid):
+        return True
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:

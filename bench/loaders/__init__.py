@@ -21,6 +21,7 @@ __all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "LoaderUnavailable"
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {
     "feeder-shm": "feeder_shm",
+    "feeder-cuda-ipc": "feeder_cuda_ipc",
     "feeder-grpc": "feeder_grpc",
     "inprocess": "inprocess",
     "tfdata": "tfdata",
@@ -32,7 +33,7 @@ LOADERS = {
     "synthetic": "synthetic",
 }
 # Loaders that serve several concurrent consumers (--clients).
-MULTI_CLIENT = ("feeder-shm", "feeder-grpc")
+MULTI_CLIENT = ("feeder-shm", "feeder-cuda-ipc", "feeder-grpc")
 
 
 def loader_module(name: str) -> ModuleType:

@@ -1,14 +1,16 @@
 """``feeder-grpc``: ``feeder serve`` in a process of its own, the pixels inside the
 gRPC messages (what a client on another host gets). ``feeder-shm`` is the same with
-the pixels in shared memory (what a client on the daemon's host gets).
+the pixels in host shared memory (what a client on the daemon's host gets), and
+``feeder-cuda-ipc`` with them in a ring of device slots (a rank on the daemon's GPU).
 
 The daemon is started once (``open_shared``) with the thread budget as its DALI
 threads; each consumer is a ``clients.FeederLoader`` for its rank, as a training
 process uses it, epoch after epoch, kept as uint8 on the CPU (``normalize=False``: the
 other loaders stop at uint8 too). With ``--device gpu`` each consumer is a rank on a
 GPU (rank r on GPU r mod count): the daemon decodes on that GPU and hands the batch
-over through CUDA IPC. The daemon is a child of the loader's process, so its CPU time
-and memory are charged to this loader.
+over in host memory (``feeder-shm``, ``feeder-grpc``) or through CUDA IPC
+(``feeder-cuda-ipc``). The daemon is a child of the loader's process, so its CPU time
+and memory are charged to this loader; its counters (``daemon_stats``) go in the row.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import grpc
+
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
 from clients import FeederLoader
 from feeder.launcher import DaemonProcess
+from protos import feeder_pb2, feeder_pb2_grpc
 
-__all__ = ["DATASET", "open_loader", "open_shared"]
+__all__ = ["DATASET", "daemon_stats", "open_loader", "open_shared"]
 
 DATASET = "bench"
 
@@ -33,14 +38,31 @@ def _daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
 @contextmanager
 def open_shared(spec: LoaderSpec) -> Iterator[str]:
     """Starts ``feeder serve`` on a free port; yields its ``host:port``; stops it after."""
-    with DaemonProcess({DATASET: spec.shards}, _daemon_options(spec)) as daemon:
+    with DaemonProcess({DATASET: spec.shards}, _daemon_options(spec), die_with_parent=True) as daemon:
         yield daemon.address
 
 
+# The daemon's counters that say how its batches were made.
+_STATS = ("images_served", "batches_served", "gpu_batches", "gpu_host_copies")
+
+
+def daemon_stats(shared: object) -> dict[str, int]:
+    """The counters of the daemon at ``shared`` (its address) that say how its batches
+    were made: ``gpu_host_copies`` counts GPU batches copied through host memory."""
+    with grpc.insecure_channel(str(shared)) as channel:
+        stats = feeder_pb2_grpc.FeederStub(channel).GetStats(feeder_pb2.StatsRequest(), timeout=10)
+    return {name: int(getattr(stats, name)) for name in _STATS}
+
+
 def _batches(loader: FeederLoader, transport: str) -> Iterator[Batch]:
+    """Endless batches of ``loader``, each checked to have come over ``transport``.
+
+    Raises:
+        RuntimeError: a batch came over another transport (never measure one as another).
+    """
     while True:  # each pass over the loader is the rest of one epoch
         for images, _ in loader:
-            if loader.transport != transport:  # never measure one transport as another
+            if loader.transport != transport:
                 raise RuntimeError(f"asked for {transport}, the batches came over {loader.transport}")
             yield Batch(len(images), images, "NCHW", dtype_name(images))
 

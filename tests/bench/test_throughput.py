@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +18,10 @@ import pytest
 from bench import throughput
 from bench.loaders import LoaderSpec, loader_module
 from bench.measure import Schedule
+from bench.proctree import kill_env, pids_with_env
 from bench.venvs import is_made
+from tests.common.env import ROOT, child_env
+from tests.common.waiting import wait_for
 
 SMOKE_LOADERS = ["feeder-shm", "feeder-grpc", "inprocess", "torchvision", "webdataset", "decode-only", "synthetic"]
 IMAGE_SIZE_PX = 32
@@ -56,13 +61,15 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     for name, row in rows.items():
         assert "error" not in row, f"{name}: {row.get('error')}"
         assert row["problems"] == [], f"{name}: {row['problems']}"
-        assert set(row) == ROW_KEYS, name
+        assert set(row) == ROW_KEYS | ({"daemon"} if name.startswith("feeder") else set()), name
         assert row["batches"] >= 2 and row["images_per_s"] > 0, name
         assert row["cpus"] == sorted(os.sched_getaffinity(0))[:THREADS], "the thread budget pins that many CPUs"
         assert row["peak_pss_bytes"] > 0
     assert code == 0
     for feeder in ("feeder-shm", "feeder-grpc"):
         assert rows[feeder]["clients"] == 2 and len(rows[feeder]["per_client_images_per_s"]) == 2
+        daemon = rows[feeder]["daemon"]  # its counters: batches made on the CPU
+        assert daemon["images_served"] >= rows[feeder]["batches"] * BATCH and daemon["gpu_host_copies"] == 0
     assert rows["inprocess"]["clients"] == 1
     assert rows["torchvision"]["x_torchvision"] == pytest.approx(1.0)
     assert rows["decode-only"]["x_decode_only"] == pytest.approx(1.0)
@@ -188,3 +195,23 @@ def test_ffcv_and_spdl_run_in_their_venvs_beside_inprocess(tmp_path: Path) -> No
     for name in ("ffcv", "spdl", "inprocess"):
         assert "error" not in rows[name] and "skipped" not in rows[name], rows[name]
         assert rows[name]["problems"] == [] and rows[name]["images_per_s"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_workers_and_their_daemon_go_with_the_bench_however_it_is_stopped(bench_shards: Path, signum: int) -> None:
+    mark = f"throughput-{os.getpid()}-{signum}"
+    argv = [sys.executable, "bench/throughput.py", "--data", str(bench_shards), "--loaders", "feeder-grpc",
+            "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH), "--threads", "1", "--seconds", "600"]
+    bench = subprocess.Popen(argv, cwd=ROOT, env=child_env(FEEDER_TEST_RUN=mark), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        # The worker (a session of its own) and its daemon are running.
+        assert wait_for(lambda: len(pids_with_env("FEEDER_TEST_RUN", mark)) >= 3, timeout_s=120)
+        bench.send_signal(signum)
+        bench.wait(30)
+        assert wait_for(lambda: pids_with_env("FEEDER_TEST_RUN", mark) == [], timeout_s=30)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        kill_env("FEEDER_TEST_RUN", mark)

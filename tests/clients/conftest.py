@@ -15,6 +15,7 @@ import pytest
 
 from feeder.config import ServerConfig
 from feeder.server import FeederServer, create_server
+from tests.common.env import child_env
 from tests.common.shards import build_sample_shards
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,7 @@ def _trainer_command(address: str, args: tuple[str, ...], nproc: int) -> list[st
 
 
 def _trainer_env() -> dict[str, str]:
-    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    return child_env(OMP_NUM_THREADS="1")
 
 
 def run_trainer(address: str, *args: str, nproc: int = 2,

@@ -1,10 +1,12 @@
 """The stall deadline: a daemon that stops sending without ending the stream makes the
 loader reconnect at its cursor, and give up with a clear error, never hang (a fake
 daemon in process; a ``feeder serve`` stopped with SIGSTOP in the slow test); a
-request the daemon refuses ends the stream at once."""
+request the daemon refuses ends the stream at once; a transport this process cannot
+use falls back to the next one down."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pytest
 
 from clients import FeederLoader
@@ -21,9 +24,11 @@ from clients.loader_config import LoaderConfig
 from clients.connection import Connection
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
+from protocol.batch import BatchMeta, to_message
 from protocol.plan import LastBatch
 from protocol.request import StreamSpec, to_request
 from protos import feeder_pb2, feeder_pb2_grpc
+from transport.base import TransportKind
 
 SAMPLES = 24
 SIDE = 16  # the smallest side a request may ask for
@@ -176,3 +181,71 @@ def test_stopped_daemon_process_is_a_clear_error_not_a_hang(shards) -> None:
         finally:
             os.kill(daemon.pid, signal.SIGCONT)
             loader.close()
+
+
+GPU = "GPU-5f3a0c1e-aaaa-4bbb-8ccc-0123456789ab"  # a GPU no process here sees
+
+
+def _fallback_batch(request: feeder_pb2.StreamRequest, cursor: int, where: str) -> feeder_pb2.Batch:
+    """A batch at ``cursor`` whose pixels are in a CUDA IPC ring this process cannot
+    open, in a shared-memory segment it cannot map, or inline."""
+    n, side = min(request.batch_size, SAMPLES - cursor), request.image_size
+    meta = BatchMeta(epoch=request.epoch, cursor=cursor + n, samples_per_rank=SAMPLES,
+                     keys=[str(i) for i in range(cursor, cursor + n)], labels=np.zeros(n, dtype=np.int64),
+                     padding=np.zeros(n, dtype=bool))
+    message = to_message(meta, (n, side, side, 3))
+    slot = feeder_pb2.SlotRef(stream_id="feeder-1-ab-1", index=0, generation=1)
+    if where == "cuda":
+        message.cuda.CopyFrom(feeder_pb2.CudaSlot(slot=slot, ring=feeder_pb2.CudaRing(device_uuid=GPU)))
+    elif where == "shm":
+        message.shm.CopyFrom(feeder_pb2.ShmSlot(slot=slot, segment="feeder-1-ab-1", segment_bytes=n * side * side * 3))
+    else:
+        message.images = bytes(n * side * side * 3)
+    return message
+
+
+class FallbackFeeder(StallingFeeder):
+    """Sends a stream's first batch over the transport asked for (CUDA IPC for auto;
+    for shm, ``shm_as``), all of them inline once asked for gRPC; records what each
+    request asked for."""
+
+    def __init__(self, shm_as: str = "shm") -> None:
+        super().__init__(lambda call, cursor: False)
+        self.asked: list[TransportKind] = []
+        self.shm_as = shm_as
+
+    def StreamBatches(self, request, context) -> Iterator[feeder_pb2.Batch]:
+        kind = TransportKind(request.transport)
+        self.asked.append(kind)
+        if kind != TransportKind.GRPC:
+            yield _fallback_batch(request, request.start_cursor, self.shm_as if kind == TransportKind.SHM else "cuda")
+            while context.is_active():  # the client cancels once it cannot open the batch
+                time.sleep(0.01)
+            return
+        for cursor in range(request.start_cursor, SAMPLES, request.batch_size):
+            yield _fallback_batch(request, cursor, "inline")
+
+
+@pytest.mark.parametrize("shm_as", ["shm", "cuda"])  # cuda: a daemon that still answers shm with CUDA IPC
+def test_transports_this_process_cannot_use_fall_back_to_the_next_with_one_warning_each(caplog, shm_as) -> None:
+    feeder = FallbackFeeder(shm_as)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    feeder_pb2_grpc.add_FeederServicer_to_server(feeder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="clients.fetcher"), \
+                _loader(f"127.0.0.1:{port}", transport="cuda_ipc", prefetch_batches=2) as loader:
+            first = [k for _, _, keys in loader for k in keys]
+            loader.set_image_size(2 * SIDE)  # a new stream: it asks for what worked
+            second = [k for _, _, keys in loader for k in keys]
+            assert loader.transport == "grpc"
+    finally:
+        server.stop(0).wait(10)
+    assert first == second == [str(i) for i in range(SAMPLES)]
+    assert feeder.asked == [TransportKind.CUDA_IPC, TransportKind.SHM, TransportKind.GRPC, TransportKind.GRPC]
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 2
+    assert "CUDA IPC unusable here" in warnings[0] and "batches come over shared memory" in warnings[0]
+    failed_second = "shared memory" if shm_as == "shm" else "CUDA IPC"
+    assert f"{failed_second} unusable here" in warnings[1] and "batches come over gRPC" in warnings[1]

@@ -32,7 +32,7 @@ def test_the_constructors_parameters_are_the_configs_fields() -> None:
 @pytest.mark.parametrize("fields,name", [
     (dict(last_batch="keep"), "last_batch"),
     (dict(augment="flip"), "augment"),
-    (dict(transport="cuda_ipc"), "transport"),
+    (dict(transport="rdma"), "transport"),
     (dict(prefetch_batches=0), "prefetch_batches"),
     (dict(connect_timeout_s=float("nan")), "connect_timeout_s"),
     (dict(address="127.0.0.1"), "address"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from clients import FeederLoader
 from tests.clients.conftest import ROOT, start_daemon
+from tests.common.env import child_env
 from tests.common.waiting import wait_for
 
 DROPPED = 4
@@ -82,7 +83,7 @@ def test_process_exits_promptly_without_close(shards: Path) -> None:
     server, port = start_daemon(shards)
     try:
         done = subprocess.run([sys.executable, "-c", _SCRIPT, f"127.0.0.1:{port}"], check=False, cwd=ROOT,
-                              env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                              env={"PYTHONPATH": child_env()["PYTHONPATH"], "OMP_NUM_THREADS": "1"},
                               capture_output=True, text=True, timeout=120)
         exited = time.monotonic()
         assert done.returncode == 0, done.stderr

@@ -17,6 +17,7 @@ from clients import FeederLoader
 from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.clients.conftest import N_TRAIN, ROOT, start_daemon
+from tests.common.env import child_env
 from tests.common.waiting import wait_for
 from transport.base import HostIdentity
 
@@ -127,7 +128,7 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
     server, port = start_daemon(shards)
     address = f"127.0.0.1:{port}"
     try:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env = child_env()
         client = subprocess.Popen([sys.executable, "-c", _CLIENT, address], env=env, stdout=subprocess.PIPE,
                                   text=True)
         try:

@@ -18,6 +18,7 @@ from clients import FeederLoader
 from core.errors import ServiceUnavailable
 from feeder.launcher import DaemonProcess
 from tests.common.shards import build_sample_shards
+from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +77,12 @@ def test_a_daemon_added_mid_epoch_is_used_from_the_next_batch(shards, reference)
         with FeederLoader([first.address, second.address], "sample", **_KW) as loader:
             third = stack.enter_context(DaemonProcess({"sample": shards}, ("--threads", "1")))
             seen: list[int] = []
-            keys = _keys(loader, {3: lambda: loader.add_daemon(third.address),
-                                  **{n: (lambda: seen.append(loader.daemons_in_use)) for n in range(4, 14)}})
+
+            def add() -> None:  # and wait until it answered (a loaded machine takes its time)
+                loader.add_daemon(third.address)
+                assert wait_for(lambda: all(m.usable for m in loader._streams.pool.members), timeout_s=30)
+
+            keys = _keys(loader, {3: add, **{n: (lambda: seen.append(loader.daemons_in_use)) for n in range(4, 14)}})
             assert keys == reference and 3 in seen
 
 

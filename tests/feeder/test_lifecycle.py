@@ -28,6 +28,7 @@ from shards.layout import index_path
 from tests.common.bad_samples import index_as_stored
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request, start
+from transport.base import TransportUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -239,3 +240,30 @@ def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monke
     assert started == [False]  # closed streams never start a producer
     assert list(stream) == []
     assert service.open_streams() == 0
+
+
+@pytest.mark.parametrize("refusal", [
+    TransportUnavailable("CUDA IPC: no ring of 10 x 9633792 bytes on GPU-1"),
+    RuntimeError("CUDA error: operation not supported"),  # what no transport turned into a refusal
+])
+def test_a_stream_whose_transport_cannot_be_made_gives_back_its_pipeline_and_admission(
+        shards, monkeypatch, refusal):
+    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=1, max_pipelines=1, max_streams=1)
+    service = FeederService(config, open_datasets({"s": shards}), ServerMetrics())
+    spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32, max_samples=8)
+    try:
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise refusal
+
+        with monkeypatch.context() as patch:
+            patch.setattr(service.transports, "open_sender", refuse)
+            for _ in range(2):  # the one pipeline and the one stream were given back
+                with pytest.raises(type(refusal)):
+                    service.open_stream(spec)
+        assert service.pool.alive_count() == service.pool.idle_count()  # nothing lent
+        assert service.open_streams() == 0 and service.metrics.stats().open_streams == 0
+        stream = service.open_stream(spec)  # the only pipeline and stream slot are free
+        assert sum(len(batch.meta) for batch in stream) == 8
+        stream.close()
+    finally:
+        service.close()

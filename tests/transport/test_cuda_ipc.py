@@ -1,58 +1,160 @@
-"""CUDA IPC across two real processes (needs a CUDA device)."""
+"""CUDA IPC across two real processes (needs a CUDA device), and a ring's life after
+its stream: given back at once if it never left the daemon, once its client lets go
+(or dies) otherwise."""
 
 from __future__ import annotations
 
-import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.common.env import ROOT, child_env
+from tests.common.waiting import wait_for
 from tests.transport.conftest import make_batch
-from transport.base import TransportConfig
-
-ROOT = Path(__file__).resolve().parents[2]
+from transport.base import TransportConfig, TransportKind
+from transport.shm import instance_prefix
 
 _CLIENT = """
-import sys
+import sys, time
 from pathlib import Path
 import torch
 from transport.cuda_ipc import CudaIpcReceiver
 from transport.grpc_payload import parse_batch
 released = []
-receiver = CudaIpcReceiver(lambda ref, after=None: released.append((ref.index, ref.generation)))
+receiver = CudaIpcReceiver(lambda ref, after=None: released.append((ref.index, ref.generation)), Path(sys.argv[2]))
 batch = receiver.receive(parse_batch(Path(sys.argv[1]).read_bytes()))
 assert batch.images.device.type == "cuda"
 total = int(batch.images.sum())  # ordered after the daemon's write by the slot's event
 batch.release(torch.cuda.Event())
-print(total, batch.images.device.index, released)
+print(total, batch.images.device.index, released, flush=True)
+if len(sys.argv) > 3 and sys.argv[3] == "let-go":  # drops the ring, then lives on
+    import gc
+    del batch
+    receiver.close()
+    gc.collect()
+    print("let go", flush=True)
+if len(sys.argv) > 3:
+    time.sleep(600)  # until killed
 """
+SLOT_BYTES = 4 * 8 * 8 * 3
+
+
+def _client(message: Path, shm_dir: Path, *more: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _CLIENT, str(message), str(shm_dir), *more], cwd=ROOT,
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _sent(sender, tmp_path: Path):
+    """Writes a batch into a slot of ``sender`` and its message into a file."""
+    import torch
+
+    pixels, meta = make_batch()
+    slot = sender.slot_for(pixels.shape)
+    slot.tensor.copy_(torch.from_numpy(pixels).to(slot.tensor.device))
+    (tmp_path / "msg").write_bytes(sender.message(slot, meta))
+    return pixels, slot
 
 
 @pytest.mark.gpu
-def test_batch_arrives_on_the_clients_device_without_a_host_copy(tmp_path):
+def test_batch_arrives_on_the_clients_device_without_a_host_copy(tmp_path, shm_dir):
     import torch
 
     from transport.cuda_ipc import CudaIpcSender, device_uuid
 
-    sender = CudaIpcSender("feeder-1-ab-1", TransportConfig(ring_slots=2), 4 * 8 * 8 * 3, device_uuid(0))
-    pixels, meta = make_batch()
-    slot = sender.slot_for(pixels.shape)
+    sender = CudaIpcSender(f"{instance_prefix()}1", TransportConfig(shm_dir=shm_dir, ring_slots=2), SLOT_BYTES,
+                           device_uuid(0))
+    pixels, slot = _sent(sender, tmp_path)
     assert slot.tensor.device == torch.device("cuda", 0)
-    slot.tensor.copy_(torch.from_numpy(pixels).to(slot.tensor.device))
-    (tmp_path / "msg").write_bytes(sender.message(slot, meta))
-    out = subprocess.run(
-        [sys.executable, "-c", _CLIENT, str(tmp_path / "msg")],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    total, device, released = out.stdout.split(maxsplit=2)
+    client = _client(tmp_path / "msg", shm_dir)
+    out, err = client.communicate(timeout=120)
+    assert client.returncode == 0, err
+    total, device, released = out.split(maxsplit=2)
     assert int(total) == int(np.asarray(pixels, dtype=np.int64).sum()) and device == "0"
     assert released.strip() == f"[({slot.index}, {slot.generation})]"
     sender.release(slot.index, slot.generation)
     sender.close()
+    assert wait_for(timeout_s=10, predicate=sender.retire)  # the client has exited
+
+
+def _hub(shm_dir: Path):
+    import torch
+
+    from transport.base import HostIdentity
+    from transport.cuda_ipc import device_uuid
+    from transport.daemon import TransportHub, TransportRequest
+
+    hub = TransportHub(TransportConfig(shm_dir=shm_dir, ring_slots=10))
+    request = TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(shm_dir), device_uuid(0))
+    torch.cuda.synchronize()
+    torch.cuda.ipc_collect()
+    return hub, request, torch.cuda.memory_allocated(0)
+
+
+def _allocated() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return torch.cuda.memory_allocated(0)
+
+
+@pytest.mark.gpu
+def test_a_ring_that_never_left_the_daemon_is_freed_with_its_stream(shm_dir):
+    hub, request, before = _hub(shm_dir)
+    sender = hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=request.gpu_uuid)
+    assert sender.kind == TransportKind.CUDA_IPC and _allocated() >= before + 10 * SLOT_BYTES
+    hub.close_sender(sender)
+    assert _allocated() == before and hub.collect() == 0
+    assert list(shm_dir.iterdir()) == []  # its holder file is gone too
+
+
+@pytest.mark.gpu
+def test_a_ring_sent_but_never_opened_is_freed_soon_after_its_stream(shm_dir, tmp_path):
+    hub, request, before = _hub(shm_dir)
+    sender = hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=request.gpu_uuid)
+    _sent(sender, tmp_path)  # a message the client never read (its call was cancelled)
+    hub.close_sender(sender)
+    assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+
+
+@pytest.mark.gpu
+def test_a_killed_clients_ring_is_freed_and_a_live_ones_is_not(shm_dir, tmp_path):
+    hub, request, before = _hub(shm_dir)
+    sender = hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=request.gpu_uuid)
+    _sent(sender, tmp_path)
+    client = _client(tmp_path / "msg", shm_dir, "hold")
+    try:
+        assert client.stdout is not None and client.stdout.readline()  # it has opened the ring
+        hub.close_sender(sender)
+        time.sleep(1.5)  # past the grace for a client about to open it: this one holds it
+        assert hub.collect() == 1 and _allocated() > before
+        client.send_signal(signal.SIGKILL)
+        client.wait(10)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+
+
+@pytest.mark.gpu
+def test_a_live_client_that_let_go_of_the_ring_frees_it(shm_dir, tmp_path):
+    hub, request, before = _hub(shm_dir)
+    sender = hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=request.gpu_uuid)
+    _sent(sender, tmp_path)
+    client = _client(tmp_path / "msg", shm_dir, "let-go")
+    try:
+        assert client.stdout is not None and client.stdout.readline()  # it has opened the ring
+        assert client.stdout.readline().strip() == "let go"  # and dropped it (its storage's finalizer)
+        hub.close_sender(sender)
+        assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+        assert client.poll() is None  # alive all along
+    finally:
+        client.kill()
+        client.wait(10)
 
 
 @pytest.mark.gpu
@@ -72,3 +174,16 @@ def test_device_uuids_match_whichever_way_they_are_written():
     assert normalise_uuid("MIG-ABC") == "MIG-abc"
     assert find_device(nvml[4:], ["GPU-00000000-0000-0000-0000-000000000000", nvml]) == 1
     assert find_device("", [nvml]) is None and find_device(nvml, []) is None
+
+
+def test_the_client_process_keeps_the_packages_this_one_was_given(tmp_path, monkeypatch):
+    # The GPU machine brings its packages in a folder of its own on PYTHONPATH: the
+    # client process must import those (and this repository), not the machine's own.
+    carried = tmp_path / "site"
+    carried.mkdir()
+    (carried / "carried_probe.py").write_text("WHERE = 'carried'\n")
+    monkeypatch.setenv("PYTHONPATH", str(carried))
+    code = "import carried_probe, transport.cuda_ipc; print(carried_probe.WHERE, transport.cuda_ipc.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["carried", str(ROOT / "transport" / "cuda_ipc.py")]

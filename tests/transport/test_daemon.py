@@ -3,11 +3,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from core.errors import InvalidArgument
 from protos import feeder_pb2
 from tests.transport.conftest import make_batch
-from transport.base import HostIdentity, TransportConfig, TransportKind
+from transport.base import BatchSender, HostIdentity, TransportConfig, TransportKind, TransportUnavailable
 from transport.daemon import TransportHub, TransportRequest
 
 SLOT_BYTES = 4 * 8 * 8 * 3
@@ -112,3 +113,97 @@ def test_host_identity_needs_same_kernel_and_same_shm():
     assert not host.shares_shm_with(HostIdentity("boot", "a", 6))  # a private /dev/shm
     assert not host.shares_shm_with(HostIdentity("other", "a", 5))
     assert not HostIdentity("", "a", 5).shares_shm_with(HostIdentity("", "a", 5))
+
+
+GPU = "GPU-5f3a0c1e-aaaa-4bbb-8ccc-0123456789ab"  # a GPU no process here sees
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+def test_shm_asked_for_on_the_clients_gpu_is_host_shared_memory(config, caplog):
+    hub, host = _hub(config)
+    with caplog.at_level(logging.DEBUG, logger="transport.daemon"):
+        sender = hub.open_sender(TransportRequest(TransportKind.SHM, host, GPU), SLOT_BYTES, batch_gpu_uuid=GPU)
+    assert sender.kind == TransportKind.SHM
+    assert caplog.records == []  # CUDA IPC was not even tried
+    hub.close_all()
+
+
+def test_cuda_ipc_that_cannot_work_falls_to_shm_then_grpc_with_one_warning_each(config, monkeypatch, caplog):
+    import errno
+    import os
+
+    hub, host = _hub(config)
+    request = TransportRequest(TransportKind.CUDA_IPC, host, GPU)
+    with caplog.at_level(logging.DEBUG, logger="transport.daemon"):
+        kinds = [hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=GPU).kind for _ in range(2)]
+        monkeypatch.setattr(os, "posix_fallocate", lambda *a: (_ for _ in ()).throw(OSError(errno.ENOSPC, "full")))
+        kinds += [hub.open_sender(request, SLOT_BYTES, batch_gpu_uuid=GPU).kind for _ in range(2)]
+    assert kinds == [TransportKind.SHM, TransportKind.SHM, TransportKind.GRPC, TransportKind.GRPC]
+    first, second = _warnings(caplog)
+    assert first.startswith("batches go over shared memory: CUDA IPC")  # no CUDA here, or not that GPU
+    assert second.startswith("batches go inline over gRPC:") and "full" in second
+    hub.close_all()
+
+
+def test_cuda_ipc_asked_for_batches_made_elsewhere_is_shared_memory(config, caplog):
+    hub, host = _hub(config)
+    with caplog.at_level(logging.WARNING, logger="transport.daemon"):
+        sender = hub.open_sender(TransportRequest(TransportKind.CUDA_IPC, host, GPU), SLOT_BYTES)
+    assert sender.kind == TransportKind.SHM
+    (warning,) = _warnings(caplog)
+    assert "not made on the client's GPU" in warning and GPU in warning
+    hub.close_all()
+
+
+@pytest.mark.parametrize("refusal", [
+    RuntimeError("CUDA error: invalid device context\nmore"),
+    torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 385 MiB"),
+    torch.AcceleratorError("CUDA error: operation not supported"),
+])
+def test_a_cuda_refusal_is_an_unavailable_transport(refusal):
+    from transport.cuda_ipc import refused_as_unavailable
+
+    with pytest.raises(TransportUnavailable, match=r"^CUDA IPC: opening: \w+Error: ") as raised:
+        with refused_as_unavailable("opening"):
+            raise refusal
+    assert raised.value.__cause__ is refusal and "\n" not in str(raised.value)
+
+
+class _DeviceRing(BatchSender):
+    """A sender whose ring a client holds until ``let_go`` is set."""
+
+    kind = TransportKind.CUDA_IPC
+
+    def __init__(self, stream_id: str) -> None:
+        self.stream_id = stream_id
+        self.closed = False
+        self.let_go = False
+
+    def slot_for(self, shape):
+        raise NotImplementedError
+
+    def message(self, slot, meta):
+        raise NotImplementedError
+
+    def release(self, index, generation):
+        pass
+
+    def close(self):
+        self.closed = True
+
+    def retire(self):
+        return self.closed and self.let_go
+
+
+def test_an_ended_streams_ring_is_given_back_once_its_client_lets_go(config):
+    hub, _ = _hub(config)
+    held, free = _DeviceRing("feeder-1-ab-1"), _DeviceRing("feeder-1-ab-2")
+    free.let_go = True
+    hub.close_sender(held)
+    hub.close_sender(free)
+    assert held.closed and hub.collect() == 1
+    held.let_go = True
+    assert hub.collect() == 0

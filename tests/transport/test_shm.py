@@ -15,12 +15,11 @@ import numpy as np
 import pytest
 
 from core.errors import DataError, InvalidArgument
+from tests.common.env import child_env
 from tests.transport.conftest import make_batch
 from transport.base import TransportClosed, TransportConfig, TransportUnavailable
 from transport.grpc_payload import parse_batch
 from transport.shm import ShmReceiver, ShmRing, ShmSender, instance_prefix, sweep_stale
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Sink:
@@ -48,7 +47,7 @@ def _segments(shm_dir: Path) -> list[str]:
 
 
 def _run(code: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, text=True)
 
 
