@@ -8,7 +8,9 @@ else in the project should decide how an error looks to a user.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -19,9 +21,12 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "ResourceExhausted",
+    "Located",
     "SampleCorrupt",
+    "SamplesUnreadable",
     "ServiceUnavailable",
     "Unauthenticated",
+    "Unreadable",
     "cli_message",
     "error_for_code",
     "grpc_code",
@@ -49,24 +54,65 @@ class DataError(FeederError):
     """Input data that is corrupt, truncated or inconsistent (names the input)."""
 
 
+class Located(Protocol):
+    """Where a shard is, other than a local path (an object's URL): printed whole,
+    with a ``name`` (its last part)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 class SampleCorrupt(DataError):
     """Sample bytes read from a tar that differ from their checksum in the index: the
     tar was changed after it was sharded, and those bytes are not the sample.
 
     Attributes:
-        path: the tar.
+        path: the tar (a path, or the URL of an object in a store).
         key: the sample's key.
         index: the sample's row in its split's index.
         half: the bytes were its half-scale copy's.
     """
 
-    def __init__(self, path: Path, key: str, index: int, half: bool = False) -> None:
+    def __init__(self, path: Path | Located, key: str, index: int, half: bool = False) -> None:
         what = f"the half-scale copy of sample {key}" if half else f"sample {key}"
         super().__init__(f"{path}: {what} differs from its checksum in the index (changed after sharding)")
-        self.path, self.key, self.index, self.half = Path(path), key, index, half
+        self.path: Path | Located = Path(path) if isinstance(path, str | os.PathLike) else path
+        self.key, self.index, self.half = key, index, half
 
-    def __reduce__(self) -> tuple[type[SampleCorrupt], tuple[Path, str, int, bool]]:
+    def __reduce__(self) -> tuple[type[SampleCorrupt], tuple[Path | Located, str, int, bool]]:
         return type(self), (self.path, self.key, self.index, self.half)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """One sample a store will not give (see :class:`SamplesUnreadable`)."""
+
+    url: str  # the object (shard) it is in
+    key: str
+    index: int  # its row in its split's index
+    half: bool  # its half-scale copy was asked for
+    reason: str  # what the store said, e.g. "404 Not Found"
+
+
+class SamplesUnreadable(DataError):
+    """Samples of a batch whose bytes a store refuses for good: the object is gone,
+    access to it is denied, or it is shorter than the index says. Bad data under the
+    error policy, like a sample that does not decode; transient failures (5xx,
+    throttling, connection resets) are retried and never end here.
+
+    Attributes:
+        samples: each sample that could not be read, with its object's URL.
+    """
+
+    def __init__(self, samples: list[Unreadable]) -> None:
+        first = samples[0]
+        what = f"the half-scale copy of sample {first.key}" if first.half else f"sample {first.key}"
+        more = f" (and {len(samples) - 1} more of the batch)" if len(samples) > 1 else ""
+        super().__init__(f"{first.url}: {what} cannot be read: {first.reason}{more}")
+        self.samples = list(samples)
+
+    def __reduce__(self) -> tuple[type[SamplesUnreadable], tuple[list[Unreadable]]]:
+        return type(self), (self.samples,)
 
 
 class ServiceUnavailable(FeederError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,9 +16,12 @@ from prometheus_client import (
     Gauge,
     Histogram,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 if TYPE_CHECKING:
     from feeder.decoded_cache import CacheUsage
+    from shards.shard_cache import ShardCache
+    from shards.store import StoreCounters
 
 __all__ = ["ServerMetrics", "Stats"]
 
@@ -48,6 +52,54 @@ class Stats:
     decoded_cache_budget_bytes: int = 0
     gpu_batches: int = 0
     gpu_host_copies: int = 0
+    store_requests: int = 0
+    store_retries: int = 0
+    store_failures: int = 0
+    store_bytes_fetched: int = 0
+    shard_cache_hits: int = 0
+    shard_cache_misses: int = 0
+    shard_cache_downloads: int = 0
+    shard_cache_download_failures: int = 0
+    shard_cache_evictions: int = 0
+    shard_cache_shards: int = 0
+    shard_cache_bytes: int = 0
+    shard_cache_budget_bytes: int = 0
+
+
+class _RemoteCollector:
+    """The store's and the shard cache's counters, read when Prometheus scrapes."""
+
+    def __init__(self, counters: StoreCounters, cache: ShardCache | None) -> None:
+        self._counters, self._cache = counters, cache
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on each scrape, not at registration
+
+    def collect(self) -> Iterator[Metric]:
+        store = self._counters.snapshot()
+        for name, key, text in (
+            ("feeder_store_requests", "requests", "Requests made to object stores (ranged GETs, downloads, lists)."),
+            ("feeder_store_retries", "retries", "Requests to object stores retried after a transient failure."),
+            ("feeder_store_failures", "failures", "Requests to object stores that failed for good, or gave up."),
+            ("feeder_store_bytes_fetched", "bytes", "Bytes read from (or written to) object stores."),
+        ):
+            yield CounterMetricFamily(name, text, value=store[key])
+        if self._cache is None:
+            return
+        usage = self._cache.usage()
+        samples = CounterMetricFamily("feeder_shard_cache_samples", "Samples of remote datasets by where they "
+                                      "were read: hit (the node-local copy), miss (ranged GETs).", labels=["outcome"])
+        samples.add_metric(["hit"], usage.hits)
+        samples.add_metric(["miss"], usage.misses)
+        yield samples
+        yield CounterMetricFamily("feeder_shard_cache_downloads", "Shards fetched whole and cached.",
+                                  value=usage.downloads)
+        yield CounterMetricFamily("feeder_shard_cache_evictions", "Cached shards evicted past --cache-bytes.",
+                                  value=usage.evictions)
+        yield GaugeMetricFamily("feeder_shard_cache_bytes", "Bytes of shards in the node-local cache.",
+                                value=usage.cached_bytes)
+        yield GaugeMetricFamily("feeder_shard_cache_budget_bytes", "The shard cache's budget (--cache-bytes; "
+                                "lowered to what it holds when its disk is full).", value=usage.budget_bytes)
 
 
 class ServerMetrics:
@@ -63,6 +115,7 @@ class ServerMetrics:
         )
         self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
         self._cache = dict(hits=0, misses=0, bypassed=0, entries=0, bytes=0, budget_bytes=0)
+        self._remote: tuple[StoreCounters, ShardCache | None] | None = None
         r = self.registry
         self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
         self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
@@ -235,6 +288,25 @@ class ServerMetrics:
         self.cache_bytes.set(usage.used_bytes)
         self.cache_budget.set(usage.budget_bytes)
 
+    def watch_remote(self, counters: StoreCounters, cache: ShardCache | None) -> None:
+        """Report the object stores' counters and the shard cache (``GetStats``, and
+        the ``feeder_store_*`` and ``feeder_shard_cache_*`` metrics)."""
+        self._remote = (counters, cache)
+        self.registry.register(_RemoteCollector(counters, cache))
+
+    def _remote_stats(self) -> dict[str, int]:
+        if self._remote is None:
+            return {}
+        counters, cache = self._remote
+        found = {f"store_{name}": value for name, value in counters.snapshot().items()}
+        found["store_bytes_fetched"] = found.pop("store_bytes")
+        if cache is not None:
+            usage = cache.usage()
+            found |= {f"shard_cache_{name}": value for name, value in usage._asdict().items()}
+            found["shard_cache_shards"] = found.pop("shard_cache_cached_shards")
+            found["shard_cache_bytes"] = found.pop("shard_cache_cached_bytes")
+        return found
+
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
 
@@ -258,4 +330,5 @@ class ServerMetrics:
             **cache,
             gpu_batches=t["gpu_batches"],
             gpu_host_copies=t["gpu_host_copies"],
+            **self._remote_stats(),
         )

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from core.errors import DataError, SampleCorrupt
+from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
 from feeder.augment import Crops, sample_crops
 from core.bad_input import OnError
@@ -162,12 +162,15 @@ class Producer:
     def _job(self, screened: Screened) -> PlannedJob:
         """The bytes and crop windows of a batch's samples (a half-scale copy and the
         window in its pixels, where the sample has one and its window is at least
-        twice the output). A sample whose bytes differ from their checksum is bad
-        data under the policy: its image is read instead of a changed copy, and under
-        ``skip`` a changed image is replaced like one that does not decode.
+        twice the output). A sample whose bytes differ from their checksum, or that a
+        store refuses for good, is bad data under the policy: its image is read
+        instead of such a copy, and under ``skip`` such an image is replaced like one
+        that does not decode.
 
         Raises:
             SampleCorrupt: under ``fail``, a sample's bytes were changed after sharding.
+            SamplesUnreadable: under ``fail``, a store refused a sample (names the URL
+                and the key).
             DataError: a tar that cannot be read (names it).
         """
         for _ in range(2 * len(screened.batch.indices) + 1):  # each round drops a copy or replaces a sample
@@ -175,6 +178,8 @@ class Producer:
                 return self._read(screened)
             except SampleCorrupt as e:
                 screened = self._around_corrupt(screened, e)
+            except SamplesUnreadable as e:
+                screened = self._around_unreadable(screened, e)
         raise DataError(f"{self._ctx.split.split}: a batch whose samples keep changing while read")
 
     def _around_corrupt(self, screened: Screened, error: SampleCorrupt) -> Screened:
@@ -188,6 +193,19 @@ class Producer:
         positions = np.flatnonzero(screened.batch.indices == error.index)
         reason = f"its bytes in {error.path.name} differ from their checksum in the index"
         return self._ctx.samples.replace(screened, {int(positions[0]): reason})
+
+    def _around_unreadable(self, screened: Screened, error: SamplesUnreadable) -> Screened:
+        """``screened`` with the refused copies read from their images and (``skip``)
+        the refused images replaced."""
+        self._ctx.split.drop_copies([s.index for s in error.samples if s.half])
+        images = [s for s in error.samples if not s.half]
+        if not images:
+            return screened
+        if self._ctx.samples.on_error is OnError.FAIL:
+            raise error
+        reasons = {int(np.flatnonzero(screened.batch.indices == s.index)[0]): f"cannot be read from {s.url} ({s.reason})"
+                   for s in images}
+        return self._ctx.samples.replace(screened, reasons)
 
     def _read(self, screened: Screened) -> PlannedJob:
         split, ctx, batch = self._ctx.split, self._ctx, screened.batch

@@ -19,6 +19,7 @@ from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
 from feeder.metrics_http import MetricsEndpoint
+from feeder.remote import close_remote, remote_access
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
@@ -61,7 +62,13 @@ class FeederServer:
         swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
         if swept:
             log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
-        self.service = FeederService(config, open_datasets(config.datasets), self.metrics)
+        remote = remote_access(config)
+        try:
+            datasets = open_datasets(config.datasets, remote)
+        except BaseException:
+            close_remote(remote)
+            raise
+        self.service = FeederService(config, datasets, self.metrics, remote)
         self.health = health.HealthServicer()
         # Calls waiting for their request hold threads of their own: the gate keeps
         # them to max_waiting_calls, so worker_threads stay free for the others.

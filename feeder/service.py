@@ -25,12 +25,14 @@ from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchRunner, StreamContext
+from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
 from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, remaining_order
 from protocol.plan import tail_skipped
 from protocol.plan import validate_window
 from protocol.request import AugmentKind, StreamSpec
+from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
 from transport.daemon import TransportHub, TransportRequest
@@ -77,9 +79,12 @@ def _say_footprint(config: ServerConfig) -> None:
             config.shm_budget_bytes / gib, config.decoded_cache_bytes / gib, LIBRARY_BYTES / gib, physical / gib)
 
 
-def open_datasets(paths: Mapping[str, Path]) -> dict[str, ShardDataset]:
-    """Open and check every configured dataset (raises on the first bad one)."""
-    return {name: ShardDataset.open(name, Path(path)) for name, path in paths.items()}
+def open_datasets(paths: Mapping[str, Path | str], remote: RemoteAccess | None = None) -> dict[str, ShardDataset]:
+    """Open and check every configured dataset (raises on the first bad one): local
+    paths, and object store URLs read through ``remote`` (see
+    :func:`feeder.remote.remote_access`; its defaults where None)."""
+    return {name: ShardDataset.open(name, root if isinstance(root, str) else Path(root), remote=remote)
+            for name, root in paths.items()}
 
 
 # A stream read in this process (benchmarks, tests): its batches stay in the daemon's
@@ -94,14 +99,20 @@ class FeederService:
         config: daemon configuration.
         datasets: opened datasets by name (see :func:`open_datasets`).
         metrics: counters to update.
+        remote: how the remote datasets are read (their counters and shard cache are
+            reported in ``metrics``; the cache is closed with the service).
     """
 
     def __init__(
-        self, config: ServerConfig, datasets: dict[str, ShardDataset], metrics: ServerMetrics
+        self, config: ServerConfig, datasets: dict[str, ShardDataset], metrics: ServerMetrics,
+        remote: RemoteAccess | None = None,
     ) -> None:
         self.config = config
         self.datasets = datasets
         self.metrics = metrics
+        self.remote = remote
+        if remote is not None:
+            metrics.watch_remote(remote.counters, remote.cache)
         self.device = resolve_device(config.device)
         _say_footprint(config)
         self.devices = DevicePlacer.of_this_process(self.device)
@@ -337,3 +348,4 @@ class FeederService:
         self.transports.close_all()
         self.pool.close()
         self.workers.close()
+        close_remote(self.remote)

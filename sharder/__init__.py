@@ -16,8 +16,11 @@ if TYPE_CHECKING:
     from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
     from sharder.sample_data import make_sample_data
     from sharder.shard import ShardReport, shard
+    from sharder.upload import shard_to_store
 
-__all__ = ["SampleDataConfig", "ShardConfig", "ShardReport", "VerifyConfig", "make_sample_data", "shard"]
+__all__ = [
+    "SampleDataConfig", "ShardConfig", "ShardReport", "VerifyConfig", "make_sample_data", "shard", "shard_to_store",
+]
 
 _HOMES = {
     "SampleDataConfig": "sharder.config",
@@ -26,6 +29,7 @@ _HOMES = {
     "VerifyConfig": "sharder.config",
     "make_sample_data": "sharder.sample_data",
     "shard": "sharder.shard",
+    "shard_to_store": "sharder.upload",
 }
 
 

@@ -26,11 +26,13 @@ def _sample_data(config: SampleDataConfig) -> None:
 
 def _shard(config: ShardConfig) -> None:
     from sharder.shard import shard
+    from sharder.upload import shard_to_store
 
     try:
-        print(shard(config).summary())
+        print((shard_to_store(config) if config.upload_to else shard(config)).summary())
     except KeyboardInterrupt:
-        print(f"feeder: interrupted; run the same command again to resume into {config.out}", file=sys.stderr)
+        print(f"feeder: interrupted; run the same command again to resume into {config.upload_to or config.out}",
+              file=sys.stderr)
         raise typer.Exit(130) from None
 
 
@@ -59,7 +61,8 @@ shard_command = command_from_config(
     _shard,
     doc=(
         "Shard an image folder tree into WebDataset tars (+ DALI .idx), an index and a manifest.\n\n"
-        "Example: feeder shard ~/ILSVRC/Data/CLS-LOC out/imagenet --formats wds,lmdb --workers 8"
+        "Example: feeder shard ~/ILSVRC/Data/CLS-LOC out/imagenet --formats wds,lmdb --workers 8\n\n"
+        "Into an object store: feeder shard ~/ILSVRC/Data/CLS-LOC s3://bucket/imagenet --workers 8"
     ),
 )
 
@@ -68,7 +71,8 @@ verify_command = command_from_config(
     _verify,
     doc=(
         "Check a shard directory: manifest, sha256, counts, index offsets, decodable images.\n\n"
-        "Example: feeder verify out/imagenet --full"
+        "Example: feeder verify out/imagenet --full\n\n"
+        "In an object store: feeder verify s3://bucket/imagenet"
     ),
 )
 

@@ -6,6 +6,7 @@ from these classes.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -15,10 +16,11 @@ from pathlib import Path
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import OldName, cli
+from shards.objects import ObjectUrl, is_remote, local_path
 
 __all__ = [
     "CHECKS", "DEFAULT_RESTART_INTERVAL", "FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig",
-    "VerifyConfig", "on_error_policy", "progress_shown",
+    "VerifyConfig", "check_endpoint", "on_error_policy", "progress_shown", "stage_dir_for",
 ]
 
 FORMATS = ("wds", "lmdb")
@@ -59,6 +61,33 @@ def progress_shown(progress: bool | None) -> bool:
     return sys.stderr.isatty() if progress is None else progress
 
 
+def _shard_dir(text: str, option: str) -> Path | str:
+    """OUT of ``feeder shard`` / ``feeder verify``: a local path, or an object store
+    URL (kept as its text).
+
+    Raises:
+        ConfigError: a store URL that cannot be (names it).
+    """
+    if is_remote(text):
+        return str(ObjectUrl.parse(text))
+    return local_path(text)
+
+
+def stage_dir_for(url: str) -> Path:
+    """Where ``feeder shard SRC URL`` stages its shards by default: under
+    ``$XDG_CACHE_HOME/feeder/stage`` (``~/.cache``), one folder per URL, so a rerun
+    finds what a killed run left."""
+    parsed = ObjectUrl.parse(url)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser()
+    return base / "feeder" / "stage" / parsed.scheme / parsed.bucket / (parsed.key or "_")
+
+
+def check_endpoint(endpoint: str | None) -> None:
+    """Raises ConfigError: ``endpoint`` is not an http(s) URL."""
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"--s3-endpoint {endpoint!r}: not an http:// or https:// URL")
+
+
 def _mib_to_bytes(text: str, option: str) -> int:
     """``--shard-size-mb``'s value (MiB, a float) in bytes."""
     try:
@@ -75,7 +104,9 @@ class ShardConfig:
         src: input tree: the ILSVRC2012 layout (train/, val/) or a plain class-folder
             tree.
         out: shard directory to create, or to resume into (an unfinished run of the
-            same inputs and options continues where it stopped).
+            same inputs and options continues where it stopped); or an object store
+            URL (s3://bucket/prefix): shards are staged in ``stage_dir``, each
+            uploaded once finished, the manifest last (``sharder.upload``).
         formats: what to write, from wds and lmdb (``FORMATS``; on the command line a
             comma list, e.g. wds,lmdb); wds tars are the primary format.
         seed: seed of the global shuffle (same SRC + seed -> byte-identical output).
@@ -113,11 +144,17 @@ class ShardConfig:
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr; None, the default: only when stderr
             is a terminal.
+        s3_endpoint: the S3 API of an S3-compatible store for an ``out`` URL, e.g.
+            http://127.0.0.1:8333; default: AWS_ENDPOINT_URL, else AWS itself.
+        stage_dir: where shards for an ``out`` URL are written before they are
+            uploaded (a killed run resumes from it); default:
+            ~/.cache/feeder/stage/SCHEME/BUCKET/PREFIX. Uploaded tars are removed from it
+            (with lmdb, at the end).
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
 
     src: Path = field(metadata=cli(argument=True))
-    out: Path = field(metadata=cli(argument=True))
+    out: Path = field(metadata=cli(argument=True, parse=_shard_dir))
     formats: tuple[str, ...] = field(default=("wds",), metadata=cli(metavar="wds,lmdb", old=("--format",)))
     seed: int = 0
     shard_size_bytes: int = field(default=256 << 20, metadata=cli(old=(OldName("--shard-size-mb", _mib_to_bytes),)))
@@ -131,12 +168,21 @@ class ShardConfig:
     on_error: str = field(default="skip", metadata=cli(old_values=_OLD_ON_ERROR))
     overwrite: bool = False
     progress: bool | None = None
+    s3_endpoint: str | None = None
+    stage_dir: Path | None = None
     on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False,
                                                              metadata=cli(excluded=True))
+    # The object store URL ``out`` was given as (``out`` is then the stage), or None.
+    upload_to: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "src", Path(self.src))
+        if isinstance(self.out, str) and is_remote(self.out):
+            url = str(ObjectUrl.parse(self.out))
+            object.__setattr__(self, "upload_to", url)
+            object.__setattr__(self, "out", Path(self.stage_dir) if self.stage_dir is not None else stage_dir_for(url))
         object.__setattr__(self, "out", Path(self.out))
+        check_endpoint(self.s3_endpoint)
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
             raise ConfigError(f"--formats must be a comma list of {', '.join(FORMATS)}, got {','.join(self.formats)!r}")
@@ -228,17 +274,24 @@ class VerifyConfig:
     """What ``sharder.verify.verify`` checks, and how.
 
     Args:
-        out: shard directory made by ``feeder shard``.
+        out: shard directory made by ``feeder shard``: a path, or an object store URL
+            (s3://bucket/prefix; each shard is downloaded to a temporary folder to be
+            checked, at most 2 GiB of them kept at once).
         full: decode every image, not only a seeded sample of each split.
         seed: seed choosing the decoded sample.
         progress: show a progress bar (shards checked) on stderr; None, the default:
             only when stderr is a terminal.
+        s3_endpoint: the S3 API of an S3-compatible store for an ``out`` URL; default:
+            AWS_ENDPOINT_URL, else AWS itself.
     """
 
-    out: Path = field(metadata=cli(argument=True))
+    out: Path | str = field(metadata=cli(argument=True, parse=_shard_dir))
     full: bool = False
     seed: int = 0
     progress: bool | None = None
+    s3_endpoint: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "out", Path(self.out))
+        if not (isinstance(self.out, str) and is_remote(self.out)):
+            object.__setattr__(self, "out", Path(self.out))
+        check_endpoint(self.s3_endpoint)

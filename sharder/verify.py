@@ -8,10 +8,16 @@ class, and decodes a seeded sample of the images and their half-scale copies
 Each real problem is one line naming the file and, where there is one, the sample:
 a tar whose checksum differs has every sample checked to find the damaged one, and
 a damaged member header costs that member only (the tar walk resumes after it).
+
+A shard directory in an object store (``feeder verify s3://bucket/prefix``) is
+checked by the same code through :class:`shards.remote_root.ObjectPath`: sizes
+from the store's listings, and each file downloaded once into a temporary folder
+(at most 2 GiB kept at once) for its checksum and its members; problems name URLs.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +31,12 @@ from core.errors import DataError
 from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
 from shards.index import read_index
-from shards.manifest import read_served_manifest
 from shards.layout import sample_checksum
+from shards.manifest import Root, read_served_manifest
 from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
+from shards.objects import ObjectUrl
+from shards.remote_root import RemoteRoot
+from shards.store import ObjectStore, StoreOptions
 from shards.writers import file_sha256
 
 __all__ = ["VerifyResult", "verify"]
@@ -41,7 +50,7 @@ _HALF_SUFFIX = ".half.jpg"  # a sample's half-scale copy (--half-copies)
 class VerifyResult:
     """What was checked and what is wrong."""
 
-    root: Path
+    root: Root
     problems: list[str] = field(default_factory=list)
     samples: int = 0
     files: int = 0
@@ -56,7 +65,7 @@ class VerifyResult:
 class _Shard:
     """What the file checks learned about one tar of a split."""
 
-    path: Path
+    path: Root
     scan: TarScan | None = None  # None: missing, truncated or unreadable (already reported)
     sha_differs: bool = False  # its damage is named per sample, or once at the end
     named: int = 0  # problems already reported against samples of this shard
@@ -67,7 +76,7 @@ class _Shard:
         return f"{self.path}: {changed}sample {key}: {what}"
 
 
-def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> str:
+def _check_file(result: VerifyResult, path: Root, size: int, sha256: str) -> str:
     """``ok``, ``sha`` (same size, other bytes), or ``bad`` (missing or other size: reported)."""
     result.files += 1
     if not path.is_file():
@@ -76,10 +85,10 @@ def _check_file(result: VerifyResult, path: Path, size: int, sha256: str) -> str
     if path.stat().st_size != size:
         result.problems.append(f"{path}: {path.stat().st_size} bytes, manifest says {size}")
         return "bad"
-    return "ok" if file_sha256(path) == sha256 else "sha"
+    return "ok" if file_sha256(Path(os.fspath(path))) == sha256 else "sha"  # a store's object: its local copy
 
 
-def _check_shard(result: VerifyResult, root: Path, entry: dict[str, Any]) -> _Shard:
+def _check_shard(result: VerifyResult, root: Root, entry: dict[str, Any]) -> _Shard:
     shard = _Shard(root / entry["path"])
     state = _check_file(result, shard.path, entry["bytes"], entry["sha256"])
     if state == "bad":
@@ -172,7 +181,7 @@ def _checksum_problem(data: bytes, half: bytes, row: dict) -> str | None:
     return None
 
 
-def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
+def _decode_sample(result: VerifyResult, root: Root, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
     for row in rows:
         with open(root / row["shard"], "rb") as f:
             f.seek(row["offset"])
@@ -191,8 +200,8 @@ def _decode_sample(result: VerifyResult, root: Path, rows: list[dict], shards: d
             result.problems.append(shards[row["shard"]].problem(row["key"], problem))
 
 
-def _decode_lmdb(result: VerifyResult, lmdb_path: Path, rows: list[dict], max_pixels: int) -> None:
-    with lmdb.open(str(lmdb_path), readonly=True, lock=False) as env:
+def _decode_lmdb(result: VerifyResult, lmdb_path: Root, rows: list[dict], max_pixels: int) -> None:
+    with lmdb.open(os.fspath(lmdb_path), readonly=True, lock=False) as env:
         for row in rows:
             data, label_number = read_lmdb_sample(env, row["key"])
             problem = _checksum_problem(data, b"", row) or _decode(data, str(label_number).encode(), row, max_pixels)
@@ -201,25 +210,25 @@ def _decode_lmdb(result: VerifyResult, lmdb_path: Path, rows: list[dict], max_pi
                 result.problems.append(f"{lmdb_path}: sample {row['key']}: {problem}")
 
 
-def _check_lmdb(result: VerifyResult, root: Path, entry: dict[str, Any]) -> None:
+def _check_lmdb(result: VerifyResult, root: Root, entry: dict[str, Any]) -> None:
     path = root / entry["path"]
     state = _check_file(result, path / "data.mdb", entry["bytes"], entry["sha256"])
     if state == "sha":
         result.problems.append(f"{path / 'data.mdb'}: sha256 differs from the manifest")
     elif state == "ok":
-        with lmdb.open(str(path), readonly=True, lock=False) as env:
+        with lmdb.open(os.fspath(path), readonly=True, lock=False) as env:
             if env.stat()["entries"] != entry["samples"]:
                 result.problems.append(f"{path}: {env.stat()['entries']} entries, manifest says {entry['samples']}")
 
 
-def _index_rows(result: VerifyResult, root: Path, split: str, entry: dict[str, Any]) -> list[dict] | None:
+def _index_rows(result: VerifyResult, root: Root, split: str, entry: dict[str, Any]) -> list[dict] | None:
     """The split's index rows, or None (reported once) when the index is missing,
     unreadable or not the one the manifest records: its rows cannot be trusted."""
     index_file = root / entry["index"]
     if not index_file.is_file():
         result.problems.append(f"{index_file}: missing")
         return None
-    if "index_sha256" in entry and file_sha256(index_file) != entry["index_sha256"]:
+    if "index_sha256" in entry and file_sha256(Path(os.fspath(index_file))) != entry["index_sha256"]:
         result.problems.append(f"{index_file}: sha256 differs from the manifest (damaged; its rows were not checked)")
         return None
     try:
@@ -229,7 +238,7 @@ def _index_rows(result: VerifyResult, root: Path, split: str, entry: dict[str, A
         return None
 
 
-def _check_split(result: VerifyResult, root: Path, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
+def _check_split(result: VerifyResult, root: Root, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
     entry = manifest["splits"][split]
     shards = {}
     for shard_entry in entry["shards"]:
@@ -263,6 +272,13 @@ def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
     return [rows[i] for i in sorted(picks.tolist())]
 
 
+def _root(config: VerifyConfig) -> Root:
+    """The shard directory: a path, or one in an object store."""
+    if isinstance(config.out, str):
+        return RemoteRoot(ObjectStore(ObjectUrl.parse(config.out), StoreOptions(endpoint_url=config.s3_endpoint))).path()
+    return config.out
+
+
 def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
     """Check a shard directory.
 
@@ -276,16 +292,18 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
         A VerifyResult; ``problems`` is empty when everything matches.
 
     Raises:
-        NotFound: no manifest in the directory.
+        NotFound: no manifest in the directory (or no such bucket).
         DataError: the manifest is unreadable, of an unknown version or of the wrong
             shape (:func:`shards.manifest.read_served_manifest`).
+        Unauthenticated, ServiceUnavailable: a store refused the credentials or could
+            not be reached.
         TypeError: options given with a VerifyConfig.
     """
     if isinstance(config, VerifyConfig) and options:
         raise TypeError("verify: give a VerifyConfig, or a path and its options")
     if not isinstance(config, VerifyConfig):
-        config = VerifyConfig(Path(config), **options)
-    root = config.out
+        config = VerifyConfig(config if isinstance(config, str) else Path(config), **options)
+    root = _root(config)
     manifest = read_served_manifest(root)
     result = VerifyResult(root)
     total = sum(len(entry["shards"]) for entry in manifest["splits"].values())

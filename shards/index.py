@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,7 @@ from shards.layout import (
     index_path,
     index_schema,
 )
-from shards.manifest import read_manifest, read_served_manifest
+from shards.manifest import Root, read_manifest, read_served_manifest
 
 __all__ = [
     "IndexColumns",
@@ -76,7 +75,7 @@ class IndexColumns:
     half_checksums: np.ndarray | None
 
 
-def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
+def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
     """The split has WebDataset tars (the daemon reads sample bytes out of them; an
     LMDB-only split, ``feeder shard --formats lmdb``, has none), and each one the
     manifest lists exists with the recorded size (a cheap check; ``feeder verify``
@@ -99,7 +98,7 @@ def check_split_shards(root: Path, split: str, info: dict[str, Any]) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
 
 
-def index_version(path: Path) -> int:
+def index_version(path: Root) -> int:
     """The format version of the index at ``path`` (:mod:`shards.layout`): the one in
     its schema metadata, or, where there is none, 2 when it has the columns of the
     half-scale copies, else 1.
@@ -128,7 +127,7 @@ def index_version(path: Path) -> int:
     return version
 
 
-def read_index(root: Path, split: str, columns: Sequence[str] | None = None) -> pa.Table:
+def read_index(root: Root, split: str, columns: Sequence[str] | None = None) -> pa.Table:
     """The rows of ``<split>/index.parquet`` (``columns`` of them, or all those of
     ``INDEX_SCHEMA``), from an index of any version this code reads, with that
     version in the table's schema metadata (``INDEX_VERSION_KEY``). Columns the
@@ -166,7 +165,7 @@ def _absent(field: pa.Field, rows: int) -> pa.Array:
     return pa.array(np.full(rows, fill), field.type)
 
 
-def read_columns(root: Path, split: str, info: dict[str, Any], num_classes: int | None = None) -> IndexColumns:
+def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int | None = None) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
     and the tars: the row count and format version, every label one of
     ``num_classes`` (the manifest's classes; None: unchecked), every sample inside its
@@ -208,7 +207,7 @@ def read_columns(root: Path, split: str, info: dict[str, Any], num_classes: int 
     return columns
 
 
-def _check_labels(path: Path, cols: IndexColumns, num_classes: int) -> None:
+def _check_labels(path: Root, cols: IndexColumns, num_classes: int) -> None:
     """Label ``i`` is the manifest's class ``i``: one past its list would be served as
     a class the training run does not have."""
     if not len(cols.labels):
@@ -221,7 +220,7 @@ def _check_labels(path: Path, cols: IndexColumns, num_classes: int) -> None:
         raise DataError(f"{path}: labels up to {highest}, but the manifest lists {num_classes} classes")
 
 
-def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.ndarray | None:
+def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.ndarray | None:
     if version < 3:
         return None
     values = table.column(column)
@@ -230,7 +229,7 @@ def _checksums(path: Path, table: pa.Table, column: str, version: int) -> np.nda
     return values.to_numpy().astype(np.uint64)
 
 
-def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:
+def _check_extents(root: Root, path: Root, cols: IndexColumns) -> None:
     for shard_id, shard in enumerate(cols.shards):
         file = root / shard
         if not file.is_file():
@@ -242,14 +241,14 @@ def _check_extents(root: Path, path: Path, cols: IndexColumns) -> None:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
 
 
-def _check_image_sizes(path: Path, cols: IndexColumns) -> None:
+def _check_image_sizes(path: Root, cols: IndexColumns) -> None:
     """Crop windows are drawn from the index's sizes; a row without one cannot be served."""
     bad = np.flatnonzero((cols.widths < 1) | (cols.heights < 1))
     if len(bad):
         raise DataError(f"{path}: no image size for key {cols.keys[int(bad[0])]!r} ({len(bad)} rows)")
 
 
-def _check_half_copies(path: Path, cols: IndexColumns) -> None:
+def _check_half_copies(path: Root, cols: IndexColumns) -> None:
     """A half-scale copy the index locates lies in its tar (``_check_extents`` has the
     end); a row's columns of the copies either locate one or say there is none."""
     bad = np.flatnonzero((cols.half_sizes < 0) | ((cols.half_sizes > 0) & (cols.half_offsets < 0)))

@@ -87,10 +87,14 @@ through :mod:`shards.tars`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 import numpy as np
 import pyarrow as pa
 import xxhash
+
+if TYPE_CHECKING:
+    from shards.remote_root import ObjectPath
 
 __all__ = [
     "CHECKSUM_COLUMNS",
@@ -162,6 +166,10 @@ def shard_name(number: int, suffix: str = ".tar") -> str:
     return f"shard-{number:06d}{suffix}"
 
 
-def index_path(root: Path, split: str) -> Path:
+@overload
+def index_path(root: Path, split: str) -> Path: ...
+@overload
+def index_path(root: ObjectPath, split: str) -> ObjectPath: ...
+def index_path(root: Path | ObjectPath, split: str) -> Path | ObjectPath:
     """Path of the Parquet index of ``split`` under shard directory ``root``."""
     return root / split / INDEX_NAME

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from core.errors import DataError, NotFound
 from shards.layout import FORMAT_VERSION, MANIFEST_NAME
 
-__all__ = ["read_manifest", "read_served_manifest"]
+if TYPE_CHECKING:
+    from shards.remote_root import ObjectPath
+
+__all__ = ["Root", "read_manifest", "read_served_manifest"]
+
+# A shard directory: local, or in an object store (read through the same calls).
+Root: TypeAlias = "Path | ObjectPath"
 
 # Counts of a split entry, and of each of its shards, that the reader uses when
 # present (``feeder verify`` reads the others).
@@ -33,7 +39,7 @@ def _json_kind(value: object) -> str:
     return next((kind for types, kind in kinds if isinstance(value, types)), "null")
 
 
-def _refuse(path: Path, field: str, value: object, expected: str) -> DataError:
+def _refuse(path: Root, field: str, value: object, expected: str) -> DataError:
     """``path: field: expected ..., got ...`` (no field: the whole file)."""
     where = f"{path}: {field}" if field else str(path)
     if value is _ABSENT:
@@ -41,7 +47,7 @@ def _refuse(path: Path, field: str, value: object, expected: str) -> DataError:
     return DataError(f"{where}: expected {expected}, got {_json_kind(value)}")
 
 
-def _object(path: Path, field: str, value: object, expected: str = "an object") -> dict[str, Any]:
+def _object(path: Root, field: str, value: object, expected: str = "an object") -> dict[str, Any]:
     """``value`` where it is a JSON object.
 
     Raises:
@@ -52,21 +58,21 @@ def _object(path: Path, field: str, value: object, expected: str = "an object") 
     return value
 
 
-def _list(path: Path, field: str, value: object, expected: str) -> list[Any]:
+def _list(path: Root, field: str, value: object, expected: str) -> list[Any]:
     """``value`` where it is a JSON list (raises as :func:`_object`)."""
     if not isinstance(value, list):
         raise _refuse(path, field, value, expected)
     return value
 
 
-def _string(path: Path, field: str, value: object, expected: str) -> str:
+def _string(path: Root, field: str, value: object, expected: str) -> str:
     """``value`` where it is a JSON string (raises as :func:`_object`)."""
     if not isinstance(value, str):
         raise _refuse(path, field, value, expected)
     return value
 
 
-def _count(path: Path, field: str, value: object) -> int:
+def _count(path: Root, field: str, value: object) -> int:
     """``value`` where it is an integer of 0 or more (not ``true`` / ``false``;
     raises as :func:`_object`)."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -76,7 +82,7 @@ def _count(path: Path, field: str, value: object) -> int:
     return value
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Root) -> dict[str, Any]:
     """The manifest of shard directory ``root``: a JSON object of a format version
     this code reads.
 
@@ -98,7 +104,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def read_served_manifest(root: Path) -> dict[str, Any]:
+def read_served_manifest(root: Root) -> dict[str, Any]:
     """The manifest of ``root``, with the fields serving reads of the right types:
     ``classes`` a list of strings, ``splits`` an object of at least one split, each
     split an object whose counts are integers and whose ``shards`` are objects with a
@@ -124,7 +130,7 @@ def read_served_manifest(root: Path) -> dict[str, Any]:
     return manifest
 
 
-def _check_split(path: Path, field: str, value: object) -> None:
+def _check_split(path: Root, field: str, value: object) -> None:
     info = _object(path, field, value)
     for count in (c for c in _SPLIT_COUNTS if c in info):
         _count(path, f"{field}.{count}", info[count])

@@ -7,11 +7,15 @@ from __future__ import annotations
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import lmdb
 
 from core.errors import DataError
 from shards.datum import decode_datum
+
+if TYPE_CHECKING:
+    from shards.remote_root import ObjectPath
 
 __all__ = [
     "TarScan",
@@ -56,7 +60,7 @@ class TarScan:
         return any(begin < end and start < stop for begin, stop in self.damaged)
 
 
-def scan_tar(path: Path) -> TarScan:
+def scan_tar(path: Path | ObjectPath) -> TarScan:
     """Members of the tar at ``path``, walking past damaged member headers instead of
     stopping at the first (as :func:`tar_members` and most tar readers do), so one bad
     header costs one member, not every member after it.
@@ -80,7 +84,7 @@ def scan_tar(path: Path) -> TarScan:
     return TarScan(members, damaged)
 
 
-def _nonzero_after(path: Path, offset: int) -> bool:
+def _nonzero_after(path: Path | ObjectPath, offset: int) -> bool:
     """True when the tar holds anything but end-of-archive zeros after ``offset``."""
     with open(path, "rb") as f:
         f.seek(offset)
@@ -90,7 +94,7 @@ def _nonzero_after(path: Path, offset: int) -> bool:
     return False
 
 
-def idx_members(path: Path) -> dict[str, tuple[int, int]]:
+def idx_members(path: Path | ObjectPath) -> dict[str, tuple[int, int]]:
     """Member name -> (data offset, size) as a DALI ``.idx`` file lists them
     (``v1.2 N`` header, then ``type offset size name`` groups per sample line). A
     bad header adds the member ``"<header>"`` so the result never equals a tar's."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from core.errors import DataError, SampleCorrupt
+from core.errors import DataError, Located, SampleCorrupt, SamplesUnreadable, Unreadable
 from shards.index import IndexColumns, check_split_shards, read_columns
-from shards.manifest import read_served_manifest
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
-from shards.tars import DEFAULT_RECHECK_S, TarFiles
+from shards.manifest import read_served_manifest
+from shards.objects import ObjectUrl, is_remote
+from shards.ranged import RemoteAccess, RemoteShards, RequestPool, cache_entries
+from shards.remote_root import RemoteRoot
+from shards.sources import Extent, Got, LocalTars, ShardBytes
+from shards.store import ObjectStore
+from shards.tars import DEFAULT_RECHECK_S
 
 __all__ = [
     "ShardDataset",
@@ -68,7 +72,8 @@ class SplitIndex:
         recheck_s: the most time between two looks at a served tar's path.
     """
 
-    def __init__(self, root: Path, split: str, columns: IndexColumns, recheck_s: float = DEFAULT_RECHECK_S) -> None:
+    def __init__(self, root: Path | ObjectUrl, split: str, columns: IndexColumns,
+                 recheck_s: float = DEFAULT_RECHECK_S, source: ShardBytes | None = None) -> None:
         self.root = root
         self.split = split
         self.keys = columns.keys
@@ -81,18 +86,22 @@ class SplitIndex:
         # Samples whose half-scale copy did not decode: read from the image instead.
         self._copy_usable = columns.half_sizes > 0
         self._shard_ids = {shard: i for i, shard in enumerate(self._shards)}
-        self._tars = TarFiles(root, self._shards, recheck_s)
-        # Reads not served from the page cache alone (disk, or unknown), all threads
-        # together: what read-ahead can help (see ``will_need``).
+        if source is None:
+            if not isinstance(root, Path):
+                raise TypeError(f"{root}: a remote split needs its source")
+            source = LocalTars(root, self._shards, recheck_s)
+        self._bytes = source
+        # Reads not served from the page cache alone (disk, a store, or unknown), all
+        # threads together: what read-ahead can help (see ``will_need``).
         self.uncached_reads = 0
 
     def __len__(self) -> int:
         return len(self.keys)
 
     @property
-    def shard_paths(self) -> list[Path]:
-        """The split's tars, in the order the index first names them."""
-        return [self.root / shard for shard in self._shards]
+    def shard_paths(self) -> list[Path | Located]:
+        """The split's tars (paths, or URLs of objects), in the order the index first names them."""
+        return [self._bytes.where(i) for i in range(len(self._shards))]
 
     def shard_of(self, index: int) -> str:
         """The tar holding sample ``index``, relative to the shard directory."""
@@ -117,29 +126,36 @@ class SplitIndex:
         Raises:
             SampleCorrupt: the bytes differ from their checksum in the index (a
                 :class:`DataError` with the tar, key and index as fields).
+            SamplesUnreadable: a store refuses the bytes for good (the object is
+                gone, access is denied, it is shorter than the index says).
             DataError: the tar is missing or shorter than the index says (names the
                 tar and the sample key). A read that comes up short or fails its
                 checksum first looks at the tar's path: a tar changed under its name
                 is reopened and the read tried once more there.
+            ServiceUnavailable: a store that did not answer for as long as its
+                retries last.
         """
-        shard = int(self._cols.shard_ids[index])
+        return self.read_many([index], None if not half else np.array([True]))[0]
+
+    def _extent(self, index: int, half: bool) -> Extent:
         offset, size = self.location(index, half)
+        shard = int(self._cols.shard_ids[index])
         if size <= 0:
-            raise DataError(f"{self._tars.path(shard)}: sample {self.keys[index]} has no half-scale copy")
-        buffer = np.empty(size, dtype=np.uint8)
-        opened = self._tars.get(shard)
-        done, cached = opened.read_into(buffer, offset)
-        if not cached:
-            self.uncached_reads += 1
-        if done == size and self._intact(buffer, index, half):
-            return buffer
-        current = self._tars.recheck(shard)  # changed under its name?
-        if current is not opened:
-            done = current.read_into(buffer, offset)[0]
-            if done == size and self._intact(buffer, index, half):
-                return buffer
-        path = self._tars.path(shard)
-        if done == size:
+            raise DataError(f"{self._bytes.where(shard)}: sample {self.keys[index]} has no half-scale copy")
+        return Extent(shard, offset, size)
+
+    def _checked(self, index: int, half: bool, extent: Extent, got: Got) -> np.ndarray:
+        """The bytes of ``got`` once they are whole and match their checksum, looked
+        for again where they are not."""
+        if got.done == extent.size and self._intact(got.data, index, half):
+            return got.data
+        again = self._bytes.reread(extent, got)
+        if again is not None and again.refused is None:
+            got = again
+            if got.done == extent.size and self._intact(got.data, index, half):
+                return got.data
+        path, (offset, size) = self._bytes.where(extent.shard), extent[1:]
+        if got.done == size:
             raise SampleCorrupt(path, self.keys[index], index, half)
         raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
 
@@ -159,7 +175,7 @@ class SplitIndex:
         Raises:
             KeyError: not a tar of this split.
         """
-        return self._tars.generation(self._shard_ids[shard])
+        return self._bytes.generation(self._shard_ids[shard])
 
     def look_at(self, shard: str) -> None:
         """Look at tar ``shard``'s path now if ``recheck_s`` has passed since the last
@@ -169,23 +185,39 @@ class SplitIndex:
         Raises:
             DataError: the tar was never opened and cannot be (names it).
         """
-        self._tars.get(self._shard_ids[shard])
+        self._bytes.look_at(self._shard_ids[shard])
 
     def on_shard_changed(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(shard)`` each time a tar of this split is found changed
         (:meth:`shard_generation` has moved on), in the reading thread, right after
         the tar is reopened; it should be quick, and what it raises reaches that read."""
-        self._tars.on_changed(listener)
+        self._bytes.on_changed(listener)
 
     def read_many(self, indices: Sequence[int] | np.ndarray, half: np.ndarray | None = None) -> list[np.ndarray]:
-        """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th).
+        """:meth:`read` for each index, in order (``half[k]``: the copy of the k-th),
+        fetched together (from a store: grouped by shard, neighbouring ranges in one
+        request).
 
         Raises:
             SampleCorrupt, DataError: as :meth:`read`, for the first sample that fails.
+            SamplesUnreadable: every sample of the batch a store refuses, once the
+                others are read.
+            ServiceUnavailable: as :meth:`read`.
         """
-        if half is None:
-            return [self.read(int(i)) for i in indices]
-        return [self.read(int(i), bool(h)) for i, h in zip(indices, half)]
+        rows = [int(i) for i in indices]
+        halves = [False] * len(rows) if half is None else [bool(h) for h in half]
+        extents = [self._extent(i, h) for i, h in zip(rows, halves)]
+        fetched = self._bytes.read(extents)
+        self.uncached_reads += sum(not got.cached for got in fetched)
+        found, refused = [], []
+        for i, h, extent, got in zip(rows, halves, extents, fetched):
+            if got.refused is not None:
+                refused.append(Unreadable(str(self._bytes.where(extent.shard)), self.keys[i], i, h, got.refused))
+            else:
+                found.append(self._checked(i, h, extent, got))
+        if refused:
+            raise SamplesUnreadable(refused)
+        return found
 
     def read_windows(self, indices: Sequence[int] | np.ndarray, boxes: np.ndarray, image_size: int) -> Windows:
         """The bytes to decode each sample's crop window from, and the windows in
@@ -217,17 +249,15 @@ class SplitIndex:
         self._copy_usable[np.asarray(indices, dtype=np.int64)] = False
 
     def will_need(self, indices: Sequence[int] | np.ndarray) -> None:
-        """Ask the kernel to start reading these samples from disk now, without
-        waiting, so the reader stays ahead of the pipeline on a cold page cache."""
-        if not hasattr(os, "posix_fadvise"):
-            return
+        """Start fetching these samples now, without waiting (the kernel's read-ahead
+        of local tars; ranged GETs from a store), so the reader stays ahead of the
+        pipeline on a cold page cache or a remote root."""
+        extents = []
         for i in indices:  # the images: a half-scale copy lies right after its image
             offset, size = self.location(int(i))
             size = max(size, int(self._cols.half_offsets[i] + self._cols.half_sizes[i]) - offset)
-            try:
-                os.posix_fadvise(self._tars.get(int(self._cols.shard_ids[i])).fd, offset, size, os.POSIX_FADV_WILLNEED)
-            except (OSError, DataError):
-                continue  # only a hint; the read itself reports a missing file
+            extents.append(Extent(int(self._cols.shard_ids[i]), offset, size))
+        self._bytes.will_need(extents)
 
 
 def half_boxes(boxes: np.ndarray, widths: np.ndarray, heights: np.ndarray) -> np.ndarray:
@@ -255,27 +285,36 @@ class ShardDataset:
     """
 
     name: str
-    root: Path
+    root: Path | ObjectUrl
     classes: list[str]
     splits: dict[str, SplitIndex]
     manifest_sha256: str = ""
 
     @classmethod
-    def open(cls, name: str, root: Path, recheck_s: float = DEFAULT_RECHECK_S) -> ShardDataset:
+    def open(cls, name: str, root: Path | str | ObjectUrl, recheck_s: float = DEFAULT_RECHECK_S,
+             remote: RemoteAccess | None = None) -> ShardDataset:
         """Open and check ``root`` (the manifest and the indexes; no sample is read).
 
         Args:
             name: the name clients ask for.
-            root: the shard directory.
+            root: the shard directory: a path, or the URL of one in an object store
+                (``s3://bucket/prefix``, see :mod:`shards.objects`).
             recheck_s: the most time between two looks at a served tar's path (see
                 :meth:`SplitIndex.shard_generation`).
+            remote: how a remote root is read (store options, node-local cache,
+                requests in flight); the defaults where None.
 
         Raises:
-            NotFound: the directory or its manifest does not exist.
+            NotFound: the directory, bucket or manifest does not exist.
             DataError: the manifest or an index is unreadable, of the wrong shape
                 (valid JSON but not an object, a field of another type) or
                 inconsistent (a label past the manifest's classes); names the file.
+            Unauthenticated: the store refused the credentials.
+            ServiceUnavailable: the store cannot be reached.
         """
+        if isinstance(root, ObjectUrl) or is_remote(root):
+            url = root if isinstance(root, ObjectUrl) else ObjectUrl.parse(str(root))
+            return cls._open_remote(name, url, remote or RemoteAccess(), recheck_s)
         root = Path(root)
         manifest = read_served_manifest(root)
         classes = list(manifest["classes"])
@@ -283,6 +322,28 @@ class ShardDataset:
         for split, info in manifest["splits"].items():
             check_split_shards(root, split, info)
             splits[split] = SplitIndex(root, split, read_columns(root, split, info, len(classes)), recheck_s)
+        return cls._checked(name, root, manifest, splits)
+
+    @classmethod
+    def _open_remote(cls, name: str, url: ObjectUrl, remote: RemoteAccess, recheck_s: float) -> ShardDataset:
+        """The same checks as a local root's, through the store's listings (see
+        :mod:`shards.remote_root`); one request pool for the dataset's splits."""
+        store = ObjectStore(url, remote.options, remote.counters)
+        top = RemoteRoot(store).path()
+        manifest = read_served_manifest(top)
+        classes = list(manifest["classes"])
+        pool = RequestPool(remote.max_requests, f"feeder-get-{name}")
+        splits = {}
+        for split, info in manifest["splits"].items():
+            check_split_shards(top, split, info)
+            columns = read_columns(top, split, info, len(classes))
+            source = RemoteShards(store, columns.shards, cache_entries(url, info, columns.shards), remote.cache, pool)
+            splits[split] = SplitIndex(url, split, columns, recheck_s, source)
+        return cls._checked(name, url, manifest, splits)
+
+    @classmethod
+    def _checked(cls, name: str, root: Path | ObjectUrl, manifest: dict, splits: dict[str, SplitIndex]) -> ShardDataset:
+        """The dataset, with the digest of its manifest as its identity."""
         identity = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-        return cls(name=name, root=root, classes=classes, splits=splits, manifest_sha256=identity)
+        return cls(name=name, root=root, classes=list(manifest["classes"]), splits=splits, manifest_sha256=identity)
 

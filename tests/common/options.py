@@ -33,7 +33,8 @@ def _expected_name(f: dataclasses.Field) -> str:
 
 def _cli_default(param: Any, f: dataclasses.Field, hint: Any) -> Any:
     """The default the command line gives ``f``, in the field's own terms."""
-    if f.name.endswith("_bytes") and hint is int and param.default is not None:
+    sized = (f.name.endswith("_bytes") and hint is int) or cli_of(f).parse is parse_bytes
+    if sized and param.default is not None:
         return parse_bytes(param.default, param.opts[0])
     if typing.get_origin(hint) is tuple:
         return tuple(param.default.split(","))

@@ -35,6 +35,7 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"max_pixels": 0}, "max_pixels"),
         ({"max_pipelines": 0}, "max_pipelines"),
         ({"pipeline_idle_s": float("nan")}, "pipeline_idle_s"),
+        ({"store_requests": 0}, "store_requests"),
         ({"first_message_timeout_s": 0.0}, "first_message_timeout_s"),
         ({"first_message_timeout_s": float("nan")}, "first_message_timeout_s"),
         ({"max_waiting_calls": 0}, "max_waiting_calls"),
@@ -55,9 +56,23 @@ def test_defaults_are_loopback_and_a_bounded_worker_pool():
 
 def test_parse_datasets():
     assert parse_datasets(["a=/data/a", "b=rel/b"]) == {"a": Path("/data/a"), "b": Path("rel/b")}
-    for bad in (["nopath"], ["=x"], ["a=x", "a=y"]):
+    for bad in (["nopath"], ["=x"], ["a=x", "a=y"], ["a=s3://b/../x"]):
         with pytest.raises(ConfigError, match="--dataset"):
             parse_datasets(bad)
+
+
+def test_store_urls_stay_urls_and_file_urls_are_paths():
+    found = parse_datasets(["w=s3://bucket/shards/", "g=gs://b/p", "f=file:///data/f"])
+    assert found == {"w": "s3://bucket/shards", "g": "gs://b/p", "f": Path("/data/f")}
+    config = ServerConfig(datasets=found)
+    assert config.remote_datasets == ["w", "g"] and config.cache_dir is None
+
+
+def test_remote_options_are_checked():
+    with pytest.raises(ConfigError, match="s3_endpoint"):
+        ServerConfig(**OK, s3_endpoint="localhost:9000")
+    with pytest.raises(ConfigError, match="cache_bytes"):
+        ServerConfig(**OK, cache_bytes=-1)
 
 
 @pytest.mark.parametrize("text,value", [

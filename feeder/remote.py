@@ -1,0 +1,42 @@
+"""How a daemon reads its datasets in object stores: one :class:`~shards.ranged.RemoteAccess`
+built from the configuration (store options, counters, the node-local shard cache),
+shared by every remote dataset, closed with the daemon."""
+
+from __future__ import annotations
+
+import logging
+
+from feeder.config import ServerConfig
+from shards.ranged import RemoteAccess
+from shards.shard_cache import ShardCache
+from shards.store import StoreCounters, StoreOptions
+
+__all__ = ["close_remote", "remote_access"]
+
+log = logging.getLogger(__name__)
+
+
+def remote_access(config: ServerConfig) -> RemoteAccess | None:
+    """The daemon's access to its remote datasets; None when all are local (a
+    ``cache_dir`` is then not used, nor locked).
+
+    Raises:
+        ConfigError: the cache directory cannot be used, or another daemon holds it.
+    """
+    if not config.remote_datasets:
+        if config.cache_dir is not None:
+            log.info("cache_dir %s is not used: every dataset is local", config.cache_dir)
+        return None
+    cache = None
+    if config.cache_dir is not None:
+        cache = ShardCache(config.cache_dir, config.cache_bytes, fetch_bytes_per_s=config.cache_fetch_bytes_per_s)
+        usage = cache.usage()
+        log.info("shard cache %s: %d shards, %.1f of %.1f GiB", config.cache_dir, usage.cached_shards,
+                 usage.cached_bytes / (1 << 30), usage.budget_bytes / (1 << 30))
+    return RemoteAccess(StoreOptions(endpoint_url=config.s3_endpoint), StoreCounters(), cache, config.store_requests)
+
+
+def close_remote(remote: RemoteAccess | None) -> None:
+    """Stop the cache's downloads and release its directory."""
+    if remote is not None and remote.cache is not None:
+        remote.cache.close()

@@ -1,0 +1,23 @@
+"""``bench/s3_first_batch.py`` against the session's real S3 server: a daemon on an
+empty cache times its first batch from ranged reads, fills the cache over the epoch,
+then times a first batch read from the cache (the local-disk reference is left out:
+one daemon start less)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.s3_first_batch import measure, parse_args
+from bench.seaweedfs import SeaweedFS
+from tests.common.s3 import fresh_bucket, pointed_at
+
+
+def test_cold_and_warm_first_batches_are_timed(s3_server: SeaweedFS, bench_shards: Path, tmp_path: Path) -> None:
+    args = parse_args(["--batch-size", "4", "--image-size", "32", "--threads", "1", "--trials", "1", "--no-local"])
+    with pointed_at(s3_server):
+        figures = measure(s3_server, bench_shards, f"s3://{fresh_bucket(s3_server, 'first')}/shards", args, tmp_path)
+    (trial,) = figures["trials"]
+    assert trial["shards_cached"] == len(list((bench_shards / "train").glob("*.tar")))
+    assert trial["cold_epoch_misses"] > 0  # the cold epoch began with ranged reads
+    times = ("cold_first_batch_s", "warm_first_batch_s")
+    assert all(trial[key] > 0 for key in times) and figures["median"] == {key: trial[key] for key in times}
