@@ -5,7 +5,10 @@ flip, uint8 batches at the consumer, ``--split``) with the same CPU budget
 (``--threads``), each in a fresh process pinned to that many CPUs, one after another
 in one invocation. Setup is not timed; after a warm-up, the median of ``--repeats``
 windows of ``--seconds`` is reported, with CPU seconds per image and the peak memory
-of the loader's whole process tree (workers and daemon included).
+of the loader's whole process tree (workers and daemon included). Loaders whose
+packages clash with the project's (FFCV, SPDL) run in a virtual environment of their
+own, made the first time under ``--cache`` (``bench/venvs.py``), and a loader that
+keeps the data in a format of its own writes it there once, before its first start.
 
 Example::
 
@@ -30,7 +33,8 @@ if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.data import BenchData, prepare_sample, resolve  # noqa: E402
-from bench.loaders import LOADERS, LoaderSpec  # noqa: E402
+from bench import venvs  # noqa: E402
+from bench.loaders import LOADERS, LoaderSpec, LoaderUnavailable, loader_module  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
 from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
@@ -53,13 +57,16 @@ _MEMORY_PERIOD_S = 0.25
 _PSS_PERIOD_S = 2.0
 # Time a loader may take beyond its schedule (process start, imports, setup, shutdown).
 _SETUP_ALLOWANCE_S = 300.0
+# Time a loader's ``prepare`` step may take (FFCV writing 20,000 images on 2 CPUs).
+_PREPARE_LIMIT_S = 3600.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", type=Path, help="shard directory (default: the sample data, made once under --cache)")
     p.add_argument("--source", type=Path, help="JPEG tree the shards came from (default: the manifest's source)")
-    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the default sample data is kept")
+    p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
+                   help="where the default sample data, the peers' virtual environments and their dataset files are kept")
     p.add_argument("--split", default="train")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
@@ -145,26 +152,20 @@ def _kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> dict:
-    """Runs loader ``name`` once in a fresh process.
+_NO_MEMORY = {"peak_pss_bytes": 0, "peak_rss_bytes": 0}
 
-    Returns:
-        ``{"result": what bench.worker wrote (or {"loader", "error"}), "memory": peaks,
-        "load_average_1m": machine load before the start}``.
+
+def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[str, int]]:
+    """Runs ``command`` (leading a process group of its own) until it ends or ``limit_s``
+    passes, its output in ``log``; returns its exit status and its tree's memory peaks.
+
+    Raises:
+        OSError: the command cannot be started.
     """
-    stem = workdir / f"{name}-{len(list(workdir.glob(f'{name}-*.log')))}"
-    request, result, log = (stem.with_suffix(s) for s in (".request.json", ".result.json", ".log"))
-    request.write_text(json.dumps(request_for(name, spec, schedule)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    limit_s = _SETUP_ALLOWANCE_S + 3 * (schedule.warmup_s + schedule.repeats * schedule.seconds)
-    # Runnable processes on the machine before this loader starts: a busy machine
-    # (other jobs) makes every figure of the run less trustworthy.
-    load = os.getloadavg()[0]
     with open(log, "w") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.worker", str(request), str(result)],
-            cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
         watch = _MemoryWatch(proc.pid)
         watch.start()
         try:
@@ -174,11 +175,38 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -
             proc.wait()
         memory = watch.stop()
     _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
+    return proc.returncode, memory
+
+
+def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path, python: str = sys.executable,
+               step: str = "measure") -> dict:
+    """Runs loader ``name`` once in a fresh process of ``python``.
+
+    Args:
+        step: ``measure``, or ``prepare`` (its module's ``prepare``: see ``bench.worker``).
+
+    Returns:
+        ``{"result": what bench.worker wrote (or {"loader", "error"}), "memory": peaks,
+        "load_average_1m": machine load before the start}``.
+    """
+    stem = workdir / f"{name}-{len(list(workdir.glob(f'{name}-*.log')))}"
+    request, result, log = (stem.with_suffix(s) for s in (".request.json", ".result.json", ".log"))
+    request.write_text(json.dumps(request_for(name, spec, schedule, step)))
+    limit_s = _SETUP_ALLOWANCE_S + 3 * (schedule.warmup_s + schedule.repeats * schedule.seconds)
+    # Runnable processes on the machine before this loader starts: a busy machine
+    # (other jobs) makes every figure of the run less trustworthy.
+    load = os.getloadavg()[0]
+    try:
+        command = [python, "-m", "bench.worker", str(request), str(result)]
+        code, memory = _watched(command, log, _PREPARE_LIMIT_S if step == "prepare" else limit_s)
+    except OSError as e:  # the interpreter is gone (a virtual environment removed meanwhile)
+        return {"result": {"loader": name, "error": f"cannot start {python}: {e}"}, "memory": dict(_NO_MEMORY),
+                "load_average_1m": load}
     if result.is_file():
         outcome = json.loads(result.read_text())
     else:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-        outcome = {"loader": name, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+        outcome = {"loader": name, "error": f"exit {code}: " + " | ".join(tail)}
     return {"result": outcome, "memory": memory, "load_average_1m": load}
 
 
@@ -210,13 +238,50 @@ def _progress(index: int, total: int, run: dict) -> None:
     print(f"[{index}/{total}] {row['loader']}: {figure}", file=sys.stderr, flush=True)
 
 
+def _stand_in(result: dict) -> dict:
+    """A run that stands for every start of a loader that cannot start (skipped or failed)."""
+    return {"result": result, "memory": dict(_NO_MEMORY), "load_average_1m": os.getloadavg()[0]}
+
+
+def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tuple[str, dict | None]:
+    """Makes loader ``name`` ready to start: the interpreter it runs in (its own virtual
+    environment's, made first if needed, or this one), and its ``prepare`` step run.
+
+    Returns:
+        ``(interpreter, None)``, or ``(interpreter, a run standing for all its starts)``
+        when it is skipped (its environment cannot be made) or its preparation failed.
+    """
+    module = loader_module(name)
+    environment = getattr(module, "ENVIRONMENT", None)
+    python = sys.executable
+    if environment is not None:
+        try:
+            python = str(venvs.interpreter(environment, spec.cache or DEFAULT_CACHE))
+        except LoaderUnavailable as e:
+            return python, _stand_in({"loader": name, "skipped": str(e)})
+    if not hasattr(module, "prepare"):
+        return python, None
+    print(f"throughput: preparing {name}'s data (once, not timed)", file=sys.stderr, flush=True)
+    outcome = run_loader(name, spec, schedule, workdir, python, step="prepare")["result"]
+    return python, (None if outcome.get("prepared") else _stand_in(outcome))
+
+
 def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds: int) -> list[dict]:
     """Every loader in turn, ``rounds`` times over; one summary row per loader."""
     runs: dict[str, list[dict]] = {name: [] for name in names}
+    ready: dict[str, tuple[str, dict | None]] = {}
     with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
         for i in range(rounds * len(names)):
             name = names[i % len(names)]
-            runs[name].append(run_loader(name, spec, schedule, Path(tmp)))
+            if name not in ready:
+                ready[name] = _ready(name, spec, schedule, Path(tmp))
+            python, stand_in = ready[name]
+            if stand_in is None:
+                runs[name].append(run_loader(name, spec, schedule, Path(tmp), python))
+            elif runs[name]:
+                continue  # reported once
+            else:
+                runs[name].append(stand_in)
             _progress(i + 1, rounds * len(names), runs[name][-1])
     return [summarise_runs(runs[name]) for name in names]
 
@@ -233,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                       image_size_px=args.image_size, threads=args.threads, device=args.device, seed=args.seed,
                       clients=max(args.clients, args.jobs), separate_jobs=args.jobs > 1,
                       decoded_cache_bytes=parse_bytes(args.decoded_cache_bytes, "--decoded-cache-bytes"),
-                      decoded_cache_side=args.decoded_cache_side)
+                      decoded_cache_side=args.decoded_cache_side, cache=args.cache)
     schedule = Schedule(warmup_s=args.warmup, seconds=args.seconds, repeats=args.repeats)
     if args.epochs:
         schedule = Schedule(warmup_s=0, seconds=args.seconds, repeats=args.epochs,

@@ -3,7 +3,12 @@
 Each loader gets a fresh process (and the CPUs of its budget) so that memory, threads
 and caches of one loader never help or hurt the next. With ``clients > 1`` a
 multi-client loader's shared part (the daemon) starts once here and each consumer runs
-in a process of its own, as the local ranks of a training job would.
+in a process of its own, as the local ranks of a training job would. A request whose
+``step`` is ``prepare`` runs the loader module's ``prepare(spec)`` instead (a dataset
+file in its own format, written once before its first start).
+
+This module and those it imports use the standard library only: the worker of a
+loader with a virtual environment of its own (``bench/venvs.py``) runs in that one.
 """
 
 from __future__ import annotations
@@ -20,13 +25,22 @@ from pathlib import Path
 from bench.loaders import MULTI_CLIENT, LoaderSpec, LoaderUnavailable, loader_module
 from bench.measure import Schedule, consume
 
-__all__ = ["main", "request_for", "restrict_cpus"]
+__all__ = ["STEPS", "main", "prepare", "request_for", "restrict_cpus"]
+
+# What a worker does: measure the loader, or run its module's ``prepare`` (once, before).
+STEPS = ("measure", "prepare")
 
 
-def request_for(name: str, spec: LoaderSpec, schedule: Schedule) -> dict:
-    """The JSON-able request ``main`` reads."""
+def request_for(name: str, spec: LoaderSpec, schedule: Schedule, step: str = "measure") -> dict:
+    """The JSON-able request ``main`` reads.
+
+    Raises:
+        ValueError: ``step`` is not one of ``STEPS``.
+    """
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
     spec_dict = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()}
-    return {"loader": name, "spec": spec_dict, "schedule": asdict(schedule)}
+    return {"loader": name, "spec": spec_dict, "schedule": asdict(schedule), "step": step}
 
 
 def restrict_cpus(threads: int) -> list[int]:
@@ -76,11 +90,24 @@ def run(name: str, spec: LoaderSpec, schedule: Schedule) -> dict:
     return {"loader": name, "cpus": cpus, "clients": clients}
 
 
+def prepare(name: str, spec: LoaderSpec) -> dict:
+    """Runs loader ``name``'s ``prepare(spec)``; returns ``{"loader", "prepared": True}``.
+
+    Raises:
+        AttributeError: the loader's module has no ``prepare``.
+    """
+    loader_module(name).prepare(spec)
+    return {"loader": name, "prepared": True}
+
+
 def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[0]).read_text())
     spec, schedule = LoaderSpec(**request["spec"]), Schedule(**request["schedule"])
     try:
-        result = run(request["loader"], spec, schedule)
+        if request.get("step", "measure") == "prepare":
+            result = prepare(request["loader"], spec)
+        else:
+            result = run(request["loader"], spec, schedule)
     except LoaderUnavailable as e:
         print(f"{request['loader']}: skipped: {e}", file=sys.stderr)
         result = {"loader": request["loader"], "skipped": str(e)}

@@ -1,7 +1,12 @@
 """The loaders ``bench/throughput.py`` compares, by name.
 
 Each module offers ``open_loader(spec, shared)``; loaders that several consumers share
-(a daemon) also offer ``open_shared(spec)``, run once before the consumers start.
+(a daemon) also offer ``open_shared(spec)``, run once before the consumers start. A
+module may also offer ``prepare(spec)``, run once in a process of its own before the
+loader's first start (writing a dataset file in the loader's own format: neither its
+time nor its memory is the loader's), and ``ENVIRONMENT``, a ``bench.venvs.Environment``
+whose interpreter its worker (and ``prepare``) runs in; such a module imports nothing but
+the standard library at its top, so the bench can read these in its own interpreter.
 """
 
 from __future__ import annotations

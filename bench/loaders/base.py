@@ -47,6 +47,8 @@ class LoaderSpec:
             every sample once per epoch each) instead of the ranks of one job.
         decoded_cache_bytes: ``feeder serve --decoded-cache-bytes`` (0: no cache).
         decoded_cache_side: ``feeder serve --decoded-cache-side``, px.
+        cache: folder where a loader keeps what it derives from the data once (FFCV's
+            dataset file), ``throughput.py --cache``; None: the system's temporary folder.
     """
 
     shards: Path
@@ -62,11 +64,13 @@ class LoaderSpec:
     separate_jobs: bool = False
     decoded_cache_bytes: int = 0
     decoded_cache_side: int = 256
+    cache: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", Path(self.shards))
-        if self.source is not None:
-            object.__setattr__(self, "source", Path(self.source))
+        for name in ("source", "cache"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, Path(getattr(self, name)))
         if self.batch_size < 1 or self.image_size_px < 8 or self.threads < 1:
             raise ValueError("batch_size >= 1, image_size_px >= 8 and threads >= 1 are required")
         if self.device not in DEVICES:

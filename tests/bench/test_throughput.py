@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from bench import throughput
+from bench.loaders import LoaderSpec
+from bench.measure import Schedule
 
 SMOKE_LOADERS = ["feeder-shm", "feeder-grpc", "inprocess", "torchvision", "webdataset", "decode-only", "synthetic"]
 IMAGE_SIZE_PX = 32
@@ -127,3 +129,13 @@ def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards:
         assert "tensorflow" in row["skipped"] and "\n" not in row["skipped"]
     else:
         assert row["problems"] == [] and row["images_per_s"] > 0
+
+
+def test_a_worker_whose_interpreter_is_gone_is_a_failure_naming_it(tmp_path: Path, bench_shards: Path) -> None:
+    spec = LoaderSpec(shards=bench_shards, source=None, batch_size=BATCH, image_size_px=IMAGE_SIZE_PX)
+    gone = str(tmp_path / "venv-x" / "bin" / "python")
+
+    run = throughput.run_loader("synthetic", spec, Schedule(warmup_s=0, seconds=0.1, repeats=1), tmp_path, gone)
+
+    assert gone in run["result"]["error"] and run["memory"]["peak_pss_bytes"] == 0
+
