@@ -261,7 +261,7 @@ def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tu
             return python, _stand_in({"loader": name, "skipped": str(e)})
     if not hasattr(module, "prepare"):
         return python, None
-    print(f"throughput: preparing {name}'s data (once, not timed)", file=sys.stderr, flush=True)
+    print(f"throughput: preparing {name}'s data (written once, then kept; not timed)", file=sys.stderr, flush=True)
     outcome = run_loader(name, spec, schedule, workdir, python, step="prepare")["result"]
     return python, (None if outcome.get("prepared") else _stand_in(outcome))
 
