@@ -27,7 +27,7 @@ class DaemonProcess:
     stopped on exit).
 
     Args:
-        datasets: NAME -> shard directory.
+        datasets: NAME -> shard directory, or an object store URL (``s3://bucket/prefix``).
         options: more ``feeder serve`` options, e.g. ``("--threads", "2")``.
         echo: called with each line the daemon prints (stdout and stderr), e.g. to
             show it prefixed; None keeps only the last lines for error messages.
@@ -43,7 +43,7 @@ class DaemonProcess:
 
     def __init__(
         self,
-        datasets: Mapping[str, Path],
+        datasets: Mapping[str, Path | str],
         options: tuple[str, ...] = (),
         echo: Callable[[str], None] | None = None,
         start_timeout_s: float = 120.0,
