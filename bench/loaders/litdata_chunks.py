@@ -102,7 +102,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     # LitData fetches chunks with obstore, whose client options it fixes: an http://
     # endpoint needs their allow_http (set before the workers fork and build the store).
     downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
-    with tempfile.TemporaryDirectory(prefix="litdata-cache-") as cache:
+    with tempfile.TemporaryDirectory(prefix="litdata-cache-", ignore_cleanup_errors=True) as cache:
         loader = StreamingDataLoader(_dataset(spec, cache), batch_size=spec.batch_size, num_workers=spec.threads,
                                      drop_last=True, persistent_workers=True)
         yield batches(lambda: loader)

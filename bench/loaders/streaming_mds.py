@@ -99,7 +99,7 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
 
     os.environ["S3_ENDPOINT_URL"] = spec.store_endpoint
     clean_stale_shared_memory()
-    with tempfile.TemporaryDirectory(prefix="streaming-cache-") as local:
+    with tempfile.TemporaryDirectory(prefix="streaming-cache-", ignore_cleanup_errors=True) as local:
         loader = StreamingDataLoader(_dataset(spec, local), batch_size=spec.batch_size, num_workers=spec.threads,
                                      drop_last=True, persistent_workers=True)
         yield batches(lambda: loader)

@@ -71,6 +71,6 @@ def open_loader(spec: LoaderSpec, shared: object = None) -> Iterator[Iterator[Ba
     Raises:
         ValueError: the spec names no store.
     """
-    with tempfile.TemporaryDirectory(prefix="webdataset-cache-") as cache:
+    with tempfile.TemporaryDirectory(prefix="webdataset-cache-", ignore_cleanup_errors=True) as cache:
         loader = _loader(spec, cache)
         yield batches(lambda: loader)
