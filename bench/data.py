@@ -15,7 +15,11 @@ from pathlib import Path
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
 from shards.layout import MANIFEST_NAME
 
-__all__ = ["BenchData", "prepare_sample", "resolve"]
+__all__ = ["STORE_SHARD_BYTES", "BenchData", "prepare_sample", "prepare_store_sample", "resolve"]
+
+# Shard size of the object-store sample: 64 MiB, the MDS and LitData writers' default
+# shard and chunk size, so every loader fetches objects of about the same size.
+STORE_SHARD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,25 @@ def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     manifest = shards / MANIFEST_NAME
     if manifest.is_file() and json.loads(manifest.read_text()).get("options") != config.options():
         shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
+    _build_once(shards, lambda tmp: shard(replace(config, out=tmp)))
+    return BenchData(shards, src)
+
+
+def prepare_store_sample(cache: Path, train_per_class: int, seed: int = 0) -> BenchData:
+    """A larger sample for the object-store bench, made once under ``cache``: ten classes
+    of ``train_per_class`` training images (an epoch long enough to time, several
+    shards per loader worker), in shards of ``STORE_SHARD_BYTES``, with half-scale
+    copies as in :func:`prepare_sample`.
+
+    Returns:
+        ``cache/store-sample-N/shards`` and ``cache/store-sample-N/src``.
+    """
+    root = cache / f"store-sample-{train_per_class}"
+    root.mkdir(parents=True, exist_ok=True)
+    src, shards = root / "src", root / "shards"
+    sample = SampleDataConfig(src, train_per_class=train_per_class, seed=seed)
+    _build_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
+    config = ShardConfig(src, shards, seed=seed, half_copies=True, shard_size_bytes=STORE_SHARD_BYTES, progress=True)
     _build_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
 

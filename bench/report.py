@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_document", "write_json"]
+__all__ = ["SCHEMA_VERSION", "format_store_table", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_document", "write_json"]
 
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parent.parent
@@ -134,13 +134,37 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def format_targets(targets: list[dict]) -> str:
-    """One line per feeder-shm target: the ratio reached, and whether it is met."""
+def format_targets(targets: list[dict], loader: str = "feeder-shm") -> str:
+    """One line per target of ``loader``: the ratio reached, and whether it is met."""
     return "\n".join(
-        f"feeder-shm vs {t['peer']}: {t['achieved_ratio']:.2f}x (target >= {t['ratio']:.2f}x) "
+        f"{loader} vs {t['peer']}: {t['achieved_ratio']:.2f}x (target >= {t['ratio']:.2f}x) "
         f"{'met' if t['met'] else 'not met'}"
         for t in targets
     )
+
+
+def format_store_table(rows: list[dict], bandwidth: dict[str, float]) -> str:
+    """A ``--store s3`` run's table: each loader's first and later epochs, the ratios
+    of ``bench.summary.add_store_ratios``, and the store's raw bandwidth."""
+    header = (f"{'loader':<14} {'epoch 1/s':>9} {'epoch 2/s':>9} {'e1 x best peer':>14} {'e1 x local':>10} "
+              f"{'e2 x local':>10} {'CPU ms/image':>12} {'peak MB':>8}")
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        if "error" in r or "skipped" in r:
+            lines.append(f"{r['loader']:<14} {'failed' if 'error' in r else 'skipped'}: {r.get('error') or r['skipped']}")
+            continue
+        lines.append(
+            f"{r['loader']:<14} {_fmt(r.get('epoch1_images_per_s'), '9.0f')} {_fmt(r['images_per_s'], '9.0f')} "
+            f"{_fmt(r.get('epoch1_x_best_peer'), '14.2f')} {_fmt(r.get('epoch1_x_local'), '10.2f')} "
+            f"{_fmt(r.get('x_local'), '10.2f')} {_fmt(r['cpu_s_per_image'] * 1000, '12.2f')} "
+            f"{r['peak_pss_bytes'] / 2**20:8.0f}"
+        )
+    width = int(bandwidth.get("threads", 1))
+    lines.append(f"store raw read bandwidth (whole GETs of the tars): {bandwidth.get('mb_per_s_1', 0):.0f} MB/s one at "
+                 f"a time, {bandwidth.get(f'mb_per_s_{width}', 0):.0f} MB/s {width} at once = "
+                 f"{bandwidth.get(f'images_per_s_{width}', 0):.0f} images/s at {bandwidth.get('bytes_per_image', 0):.0f} "
+                 "bytes/image")
+    return "\n".join(lines)
 
 
 def format_table(rows: list[dict]) -> str:

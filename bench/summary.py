@@ -12,7 +12,10 @@ from __future__ import annotations
 from statistics import mean, median
 from typing import Any
 
-__all__ = ["FEEDER_TARGETS", "RATIO_PEERS", "add_ratios", "check_targets", "merge_results", "summarise", "summarise_runs"]
+__all__ = [
+    "FEEDER_TARGETS", "RATIO_PEERS", "STORE_PEERS", "STORE_TARGETS", "add_ratios", "add_store_ratios", "check_store_targets",
+    "check_targets", "merge_results", "summarise", "summarise_runs",
+]
 
 # Column name -> loader every row is divided by (ratios are to peers in the same run).
 RATIO_PEERS = {"x_inprocess": "inprocess", "x_tfdata": "tfdata", "x_torchvision": "torchvision",
@@ -22,6 +25,17 @@ RATIO_PEERS = {"x_inprocess": "inprocess", "x_tfdata": "tfdata", "x_torchvision"
 # the transport), tf.data in-process (the strongest CPU peer) and torchvision.
 FEEDER_TARGETS = {"inprocess": 0.97, "tfdata": 1.25, "torchvision": 2.0}
 _FEEDER = "feeder-shm"
+# --store s3: the loaders a user would pick for an object store, and feeder from it.
+STORE_PEERS = ("streaming", "webdataset-s3", "litdata")
+_FEEDER_STORE = "feeder-s3"
+# What feeder from the store aims for (one run, the server on the same machine):
+# (name, feeder-s3's figure, the reference, ratio). "local" is feeder-shm's later
+# epochs from local disk; "best peer epoch 1" the best of STORE_PEERS' first epochs.
+STORE_TARGETS = (
+    ("epoch 2 (node cache) vs feeder-shm from local disk", "images_per_s", "local", 0.97),
+    ("epoch 1 (cold) vs the best peer's epoch 1", "epoch1_images_per_s", "best peer epoch 1", 1.5),
+    ("epoch 1 (cold) vs feeder-shm from local disk", "epoch1_images_per_s", "local", 0.8),
+)
 
 
 def _rate(window: dict) -> float:
@@ -157,4 +171,46 @@ def check_targets(rows: list[dict]) -> list[dict]:
                 {"peer": peer, "ratio": ratio, "target_images_per_s": ratio * theirs,
                  "achieved_ratio": mine / theirs, "met": mine >= ratio * theirs}
             )
+    return checks
+
+
+def _store_references(rows: list[dict]) -> dict[str, float | None]:
+    by_name = {r["loader"]: r for r in rows}
+    peers = [by_name[p].get("epoch1_images_per_s") for p in STORE_PEERS if p in by_name]
+    measured = [rate for rate in peers if rate]
+    return {"local": by_name.get(_FEEDER, {}).get("images_per_s"),
+            "best peer epoch 1": max(measured) if measured else None}
+
+
+def add_store_ratios(rows: list[dict]) -> None:
+    """Sets, on every measured row of a ``--store s3`` run, ``x_local`` and
+    ``epoch1_x_local`` (its later and first epochs over feeder-shm's later epochs from
+    local disk) and ``epoch1_x_best_peer`` (its first epoch over the best first epoch
+    of ``STORE_PEERS``)."""
+    references = _store_references(rows)
+    local, best = references["local"], references["best peer epoch 1"]
+    for row in rows:
+        later, first = row.get("images_per_s"), row.get("epoch1_images_per_s")
+        row["x_local"] = later / local if later and local else None
+        row["epoch1_x_local"] = first / local if first and local else None
+        row["epoch1_x_best_peer"] = first / best if first and best else None
+
+
+def check_store_targets(rows: list[dict]) -> list[dict]:
+    """feeder-s3 against ``STORE_TARGETS`` whose reference was measured in this run.
+
+    Returns:
+        ``[{"peer", "ratio", "target_images_per_s", "achieved_ratio", "met"}]`` (``peer``
+        names the target); empty when feeder-s3 did not run or failed.
+    """
+    mine = next((r for r in rows if r["loader"] == _FEEDER_STORE and "images_per_s" in r), None)
+    if mine is None:
+        return []
+    references = _store_references(rows)
+    checks = []
+    for name, figure, reference, ratio in STORE_TARGETS:
+        theirs, achieved = references[reference], mine.get(figure)
+        if theirs and achieved:
+            checks.append({"peer": name, "ratio": ratio, "target_images_per_s": ratio * theirs,
+                           "achieved_ratio": achieved / theirs, "met": achieved >= ratio * theirs})
     return checks

@@ -10,10 +10,19 @@ packages clash with the project's (FFCV, SPDL) run in a virtual environment of t
 own, made the first time under ``--cache`` (``bench/venvs.py``), and a loader that
 keeps the data in a format of its own writes it there once, before its first start.
 
+``--store s3`` runs the object-store comparison instead (``bench/s3_store.py``): a
+SeaweedFS started for the run holds the data (a larger sample by default), and feeder
+from it (``feeder-s3``: epoch 1 with an empty node cache, epoch 2 from the cache),
+feeder from local disk and the peers a user would pick for a store (MosaicML
+Streaming, WebDataset, LitData, each in a venv of its own reading its own copy from
+the same store, its download cache emptied at every start) are measured by epoch,
+with the store's raw read bandwidth.
+
 Example::
 
     python bench/throughput.py --image-size 224 --json bench/results/throughput.json \\
         --plot bench/results/throughput.png
+    python bench/throughput.py --store s3 --rounds 3 --json bench/results/throughput_s3.json
 """
 
 from __future__ import annotations
@@ -27,18 +36,27 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.data import BenchData, prepare_sample, resolve  # noqa: E402
 from bench import venvs  # noqa: E402
-from bench.loaders import LOADERS, LoaderSpec, LoaderUnavailable, loader_module  # noqa: E402
+from bench.data import BenchData, prepare_sample, prepare_store_sample, resolve  # noqa: E402
+from bench.loaders import LOADERS, STORE_LOADERS, LoaderSpec, LoaderUnavailable, loader_module  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
 from bench.proctree import memory_bytes, tree_pids  # noqa: E402
-from bench.report import format_table, format_targets, plot, write_json  # noqa: E402
-from bench.summary import add_ratios, check_targets, summarise, summarise_runs  # noqa: E402
+from bench.report import format_store_table, format_table, format_targets, plot, write_json  # noqa: E402
+from bench.s3_store import StoreRun, raw_bandwidth, started_store, upload_tree  # noqa: E402
+from bench.summary import (  # noqa: E402
+    add_ratios,
+    add_store_ratios,
+    check_store_targets,
+    check_targets,
+    summarise,
+    summarise_runs,
+)
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
 from core.processes import die_with_parent  # noqa: E402
@@ -60,6 +78,8 @@ _PSS_PERIOD_S = 2.0
 _SETUP_ALLOWANCE_S = 300.0
 # Time a loader's ``prepare`` step may take (FFCV writing 20,000 images on 2 CPUs).
 _PREPARE_LIMIT_S = 3600.0
+# What --store s3 measures unless --loaders says otherwise.
+_STORE_DEFAULT = ("feeder-s3", "feeder-shm", "streaming", "webdataset-s3", "litdata")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,7 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="start every loader this many times, in turn (spreads slow drifts of a shared "
                    "machine over all loaders); the median is over all windows of all rounds")
-    p.add_argument("--loaders", default=",".join(LOADERS), help=f"comma list of {', '.join(LOADERS)}")
+    p.add_argument("--loaders", help=f"comma list of {', '.join(LOADERS)} (default: all but {', '.join(STORE_LOADERS)}; "
+                   f"with --store s3: {','.join(_STORE_DEFAULT)})")
+    p.add_argument("--store", choices=("local", "s3"), default="local",
+                   help="s3: the data in a SeaweedFS started for the run, measured by epoch (--epochs 2 unless given)")
+    p.add_argument("--store-images-per-class", type=int, default=600,
+                   help="--store s3 without --data: training images per class of its sample (10 classes)")
     p.add_argument("--clients", type=int, default=1, help="concurrent consumers of one daemon (feeder loaders)")
     p.add_argument("--jobs", type=int, default=1,
                    help="concurrent jobs on one daemon (feeder loaders): each its own job id and seed, the "
@@ -93,6 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write the results and the configuration here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     args = p.parse_args(argv)
+    if args.loaders is None:
+        local = ",".join(n for n in LOADERS if n not in STORE_LOADERS)
+        args.loaders = ",".join(_STORE_DEFAULT) if args.store == "s3" else local
+    if args.store == "s3" and not args.epochs:
+        args.epochs = 2
     unknown = [n for n in args.loaders.split(",") if n not in LOADERS]
     if unknown:
         p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
@@ -104,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--jobs and --clients: choose one (several ranks of one job, or several jobs of one rank)")
     if args.epochs == 1 or args.epochs < 0:
         p.error("--epochs: at least 2 (the first is reported apart), or 0 for --seconds windows")
+    stray = [n for n in args.loaders.split(",") if n in STORE_LOADERS]
+    if args.store != "s3" and stray:
+        p.error(f"{', '.join(stray)} read from an object store: add --store s3")
+    if args.store_images_per_class < 1:
+        p.error("--store-images-per-class must be positive")
     return args
 
 
@@ -235,6 +270,8 @@ def _epoch_batches(data: BenchData, split: str, ranks: int, batch_size: int) -> 
 
 
 def _data(args: argparse.Namespace) -> BenchData:
+    if args.data is None and args.store == "s3":
+        return prepare_store_sample(args.cache, args.store_images_per_class, seed=args.seed)
     if args.data is None:
         return prepare_sample(args.cache, seed=args.seed)
     return resolve(args.data, args.source)
@@ -284,10 +321,16 @@ def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tu
     return python, (None if outcome.get("prepared") else _stand_in(outcome))
 
 
-def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds: int) -> list[dict]:
-    """Every loader in turn, ``rounds`` times over; one summary row per loader."""
+def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds: int,
+                 ready: dict[str, tuple[str, dict | None]] | None = None) -> list[dict]:
+    """Every loader in turn, ``rounds`` times over; one summary row per loader.
+
+    Args:
+        ready: what ``_ready`` returned for loaders made ready before (others are made
+            ready before their first start).
+    """
     runs: dict[str, list[dict]] = {name: [] for name in names}
-    ready: dict[str, tuple[str, dict | None]] = {}
+    ready = dict(ready or {})
     with tempfile.TemporaryDirectory(prefix="feeder-bench-") as tmp:
         for i in range(rounds * len(names)):
             name = names[i % len(names)]
@@ -302,6 +345,35 @@ def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds:
                 runs[name].append(stand_in)
             _progress(i + 1, rounds * len(names), runs[name][-1])
     return [summarise_runs(runs[name]) for name in names]
+
+
+def _upload_peer_copies(run: StoreRun, names: list[str], spec: LoaderSpec, schedule: Schedule) -> dict:
+    """Every loader of ``names`` made ready (its ``prepare`` step run), and the dataset
+    it wrote (``local_copy``) uploaded to the store under its ``STORE_PREFIX``."""
+    ready = {}
+    with tempfile.TemporaryDirectory(prefix="feeder-bench-prepare-") as tmp:
+        for name in names:
+            ready[name] = _ready(name, spec, schedule, Path(tmp))
+            module = loader_module(name)
+            if ready[name][1] is None and hasattr(module, "local_copy"):
+                size = upload_tree(run, module.local_copy(spec), module.STORE_PREFIX)
+                print(f"throughput: {name}'s copy uploaded to {run.url}/{module.STORE_PREFIX} ({size / 1e6:.0f} MB)",
+                      file=sys.stderr, flush=True)
+    return ready
+
+
+def _measure_store(args: argparse.Namespace, names: list[str], spec: LoaderSpec,
+                   schedule: Schedule) -> tuple[list[dict], list[dict], dict]:
+    """The ``--store s3`` run: rows, feeder-s3's targets, and the store's figures."""
+    with tempfile.TemporaryDirectory(prefix="feeder-bench-s3-") as tmp, started_store(Path(tmp), spec.shards) as run:
+        spec = replace(spec, store_url=run.url, store_endpoint=run.server.endpoint_url)
+        ready = _upload_peer_copies(run, names, spec, schedule)
+        before = raw_bandwidth(run, spec.shards, spec.split, spec.threads)
+        rows = _measure_all(names, spec, schedule, args.rounds, ready)
+        after = raw_bandwidth(run, spec.shards, spec.split, spec.threads)
+    add_store_ratios(rows)
+    bandwidth = {key: min(before[key], after[key]) for key in before}
+    return rows, check_store_targets(rows), {"raw_bandwidth": bandwidth, "before": before, "after": after}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,11 +402,17 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     if args.epochs:
         schedule = Schedule(warmup_s=0, seconds=args.seconds, repeats=args.epochs,
                             epoch_batches=_epoch_batches(data, args.split, args.clients, args.batch_size))
-    rows = _measure_all(names, spec, schedule, args.rounds)
-    add_ratios(rows)
-    targets = check_targets(rows)
-    print("\n".join(filter(None, [format_table(rows), format_targets(targets)])))
-    config = _config(args, data, names)
+    store: dict = {}
+    if args.store == "s3":
+        rows, targets, store = _measure_store(args, names, spec, schedule)
+        print("\n".join(filter(None, [format_store_table(rows, store["raw_bandwidth"]),
+                                       format_targets(targets, "feeder-s3")])))
+    else:
+        rows = _measure_all(names, spec, schedule, args.rounds)
+        add_ratios(rows)
+        targets = check_targets(rows)
+        print("\n".join(filter(None, [format_table(rows), format_targets(targets)])))
+    config = _config(args, data, names) | ({"store": "s3", **store} if store else {})
     if args.json:
         command = [f"bench/{Path(__file__).name}", *(argv if argv is not None else sys.argv[1:])]
         write_json(args.json, config, rows, command, targets)

@@ -16,7 +16,7 @@ from types import ModuleType
 
 from bench.loaders.base import Batch, LoaderSpec, LoaderUnavailable, check_batch
 
-__all__ = ["LOADERS", "MULTI_CLIENT", "Batch", "LoaderSpec", "LoaderUnavailable", "check_batch", "loader_module"]
+__all__ = ["LOADERS", "MULTI_CLIENT", "STORE_LOADERS", "Batch", "LoaderSpec", "LoaderUnavailable", "check_batch", "loader_module"]
 
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {
@@ -31,9 +31,15 @@ LOADERS = {
     "webdataset": "webdataset_tars",
     "decode-only": "decode_only",
     "synthetic": "synthetic",
+    "feeder-s3": "feeder_s3",
+    "streaming": "streaming_mds",
+    "webdataset-s3": "webdataset_s3",
+    "litdata": "litdata_chunks",
 }
+# Loaders that read from the object store of ``throughput.py --store s3`` (only there).
+STORE_LOADERS = ("feeder-s3", "streaming", "webdataset-s3", "litdata")
 # Loaders that serve several concurrent consumers (--clients).
-MULTI_CLIENT = ("feeder-shm", "feeder-cuda-ipc", "feeder-grpc")
+MULTI_CLIENT = ("feeder-shm", "feeder-cuda-ipc", "feeder-grpc", "feeder-s3")
 
 
 def loader_module(name: str) -> ModuleType:

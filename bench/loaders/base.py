@@ -49,6 +49,11 @@ class LoaderSpec:
         decoded_cache_side: ``feeder serve --decoded-cache-side``, px.
         cache: folder where a loader keeps what it derives from the data once (FFCV's
             dataset file), ``throughput.py --cache``; None: the system's temporary folder.
+        store_url: with ``throughput.py --store s3``, the bucket the bench filled
+            (``s3://bench``): feeder's shards under ``feeder/``, each peer's own format
+            under its ``STORE_PREFIX``; empty: the loaders read local files.
+        store_endpoint: the S3 API of that store (``http://127.0.0.1:PORT``); the
+            credentials are in the standard AWS variables of the worker's environment.
     """
 
     shards: Path
@@ -65,6 +70,8 @@ class LoaderSpec:
     decoded_cache_bytes: int = 0
     decoded_cache_side: int = 256
     cache: Path | None = None
+    store_url: str = ""
+    store_endpoint: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", Path(self.shards))

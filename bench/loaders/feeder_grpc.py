@@ -25,12 +25,13 @@ from clients import FeederLoader
 from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 
-__all__ = ["DATASET", "daemon_stats", "open_loader", "open_shared"]
+__all__ = ["DATASET", "daemon_options", "daemon_stats", "open_loader", "open_shared"]
 
 DATASET = "bench"
 
 
-def _daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
+def daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
+    """The ``feeder serve`` options every bench daemon gets from ``spec``."""
     cache = ("--decoded-cache-bytes", str(spec.decoded_cache_bytes), "--decoded-cache-side", str(spec.decoded_cache_side))
     return ("--device", spec.device, "--threads", str(spec.threads), "--max-batch-size", str(spec.batch_size), *cache)
 
@@ -38,7 +39,7 @@ def _daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
 @contextmanager
 def open_shared(spec: LoaderSpec) -> Iterator[str]:
     """Starts ``feeder serve`` on a free port; yields its ``host:port``; stops it after."""
-    with DaemonProcess({DATASET: spec.shards}, _daemon_options(spec), die_with_parent=True) as daemon:
+    with DaemonProcess({DATASET: spec.shards}, daemon_options(spec), die_with_parent=True) as daemon:
         yield daemon.address
 
 

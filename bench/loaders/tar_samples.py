@@ -17,7 +17,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Sample", "manifest_digest", "read_samples"]
+__all__ = ["Sample", "manifest_digest", "read_samples", "split_tars"]
 
 _MANIFEST = "manifest.json"  # shards.layout.MANIFEST_NAME, which this module cannot import
 _IMAGE, _LABEL, _HALF = ".jpg", ".cls", ".half.jpg"
@@ -71,6 +71,19 @@ def _tar_samples(path: Path, limit: int) -> list[Sample]:
     return [Sample(k, images[k], labels[k]) for k in images][:limit]
 
 
+def split_tars(shards: Path, split: str) -> list[str]:
+    """The paths of ``split``'s tars relative to ``shards``, as the manifest lists them.
+
+    Raises:
+        FileNotFoundError: ``shards`` has no manifest.
+        ValueError: the manifest has no split ``split``.
+    """
+    splits = _manifest(shards)["splits"]
+    if split not in splits:
+        raise ValueError(f"split {split!r} is not in {Path(shards) / _MANIFEST} (it has {', '.join(sorted(splits))})")
+    return [entry["path"] for entry in splits[split]["shards"]]
+
+
 def read_samples(shards: Path, split: str, limit: int) -> list[Sample]:
     """The first ``limit`` samples of ``split`` in write order (the sharder's shuffle).
 
@@ -81,12 +94,9 @@ def read_samples(shards: Path, split: str, limit: int) -> list[Sample]:
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
-    splits = _manifest(shards)["splits"]
-    if split not in splits:
-        raise ValueError(f"split {split!r} is not in {Path(shards) / _MANIFEST} (it has {', '.join(sorted(splits))})")
     samples: list[Sample] = []
-    for entry in splits[split]["shards"]:
+    for path in split_tars(shards, split):
         if len(samples) >= limit:
             break
-        samples.extend(_tar_samples(Path(shards) / entry["path"], limit - len(samples)))
+        samples.extend(_tar_samples(Path(shards) / path, limit - len(samples)))
     return samples
