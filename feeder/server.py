@@ -59,15 +59,15 @@ class FeederServer:
         # The token is checked first: a call without it is refused before it may wait.
         self._guard = CallGuard(config.max_waiting_calls, config.first_message_timeout_s, self.metrics)
         self._token_check = [] if self._token is None else [TokenInterceptor(self._token, self.metrics)]
-        swept = sweep_stale(config.shm_dir)  # rings left by daemons that died
-        if swept:
-            log.info("removed %d shared-memory segment(s) of daemons no longer running", len(swept))
         remote = remote_access(config)
         try:
             datasets = open_datasets(config.datasets, remote)
         except BaseException:
             close_remote(remote)
             raise
+        # Rings left by daemons that died (logged by the sweep), once the datasets are
+        # known good: a start refused for its input touches nothing and says one line.
+        sweep_stale(config.shm_dir)
         self.service = FeederService(config, datasets, self.metrics, remote)
         self.health = health.HealthServicer()
         # Calls waiting for their request hold threads of their own: the gate keeps

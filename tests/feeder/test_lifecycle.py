@@ -181,6 +181,19 @@ def test_serve_with_a_bad_path_exits_1_with_one_line(tmp_path):
     assert err.strip().count("\n") == 0 and "nowhere" in err and err.startswith("feeder: ")
 
 
+def test_a_start_refused_for_its_input_leaves_stale_rings_alone_and_says_one_line(tmp_path):
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    stale = shm_dir / "feeder-999999999-abcd-1"  # a pid no daemon has
+    stale.write_bytes(b"x")
+    old = time.time() - 60
+    os.utime(stale, (old, old))
+    proc = _serve("--dataset", f"x={tmp_path / 'nowhere'}", "--shm-dir", str(shm_dir))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and err.strip().count("\n") == 0, err
+    assert stale.exists()  # swept by the next daemon that starts
+
+
 def test_sigterm_stops_the_daemon_cleanly_and_exits_0(shards):
     proc = _serve("--dataset", f"sample={shards}", "--grace-s", "1")
     try:
