@@ -59,8 +59,8 @@ from bench.summary import (  # noqa: E402
 )
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
-from core.processes import die_with_parent  # noqa: E402
 from core.errors import FeederError  # noqa: E402
+from core.processes import die_with_parent  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]

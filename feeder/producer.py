@@ -20,10 +20,10 @@ from typing import Protocol
 
 import numpy as np
 
+from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
 from feeder.augment import Crops, sample_crops
-from core.bad_input import OnError
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics

@@ -8,10 +8,9 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import pytest
-
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from core.errors import ConfigError, DataError, NotFound, SampleCorrupt
 from shards.index import read_index
