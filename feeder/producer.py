@@ -203,7 +203,8 @@ class Producer:
             return screened
         if self._ctx.samples.on_error is OnError.FAIL:
             raise error
-        reasons = {int(np.flatnonzero(screened.batch.indices == s.index)[0]): f"cannot be read from {s.url} ({s.reason})"
+        indices = screened.batch.indices
+        reasons = {int(np.flatnonzero(indices == s.index)[0]): f"cannot be read from {s.url} ({s.reason})"
                    for s in images}
         return self._ctx.samples.replace(screened, reasons)
 
