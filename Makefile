@@ -7,7 +7,7 @@ PROTO_OUT := protos/feeder_pb2.py
 JPEG_LIB  := $(VENV)/.jpeg-library
 DEMO    := .demo
 
-.PHONY: demo test install proto typecheck clean
+.PHONY: demo test install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,12 +31,15 @@ proto: $(PROTO_OUT)
 
 # Two workers for the tests that wait more than they compute; the ones comparing rates
 # or shares of the machine (marked serial) after them, alone.
-test: install typecheck
+test: install typecheck lint
 	$(BIN)/python -m pytest -q -n 2 -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 typecheck: install
 	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench
+
+lint: install
+	$(BIN)/python -m ruff check .
 
 demo: install
 	$(BIN)/python -m feeder.demo --workdir $(DEMO)

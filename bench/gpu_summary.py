@@ -211,7 +211,8 @@ def _test_lines(tests: list[dict[str, Any]]) -> list[str]:
 
 def _figure_lines(sizes: list[dict[str, Any]]) -> list[str]:
     first = sizes[0]
-    lines = [f"images/s per GPU (batch {first['batch_size'] or '?'}, {first['threads'] or '?'} CPU threads per loader):",
+    lines = [f"images/s per GPU (batch {first['batch_size'] or '?'}, "
+             f"{first['threads'] or '?'} CPU threads per loader):",
              f"  {'px':>4} {'pipeline alone':>14} {'inprocess':>10} {first['daemon_loader']:>16} "
              f"{'x inprocess':>11} {'host copies':>11} {'GPU MiB':>8}"]
     for fig in sizes:

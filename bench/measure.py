@@ -57,7 +57,9 @@ class Window:
     first_epoch: bool = False  # with epoch windows: the first pass over the data
 
 
-def _timed_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]) -> tuple[list[Window], int]:
+def _timed_windows(
+    batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]
+) -> tuple[list[Window], int]:
     start = time.monotonic()
     boundaries = [start + schedule.warmup_s + k * schedule.seconds for k in range(schedule.repeats + 1)]
     marks: list[tuple[float, int, float]] = []  # (time, images so far, tree CPU seconds)
@@ -77,7 +79,9 @@ def _timed_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedul
     return windows, checked
 
 
-def _epoch_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]) -> tuple[list[Window], int]:
+def _epoch_windows(
+    batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedule, cpu_root: int, problems: list[str]
+) -> tuple[list[Window], int]:
     """One window per epoch of ``schedule.epoch_batches`` batches (the first batch,
     already taken, ends setup and belongs to the first epoch)."""
     marks = [(time.monotonic(), 0, cpu_seconds(cpu_root))]
@@ -97,7 +101,9 @@ def _epoch_windows(batches: Iterator[Batch], spec: LoaderSpec, schedule: Schedul
     return windows, checked
 
 
-def consume(name: str, spec: LoaderSpec, schedule: Schedule, cpu_root: int, shared: object = None, barrier: Any = None) -> dict:
+def consume(
+    name: str, spec: LoaderSpec, schedule: Schedule, cpu_root: int, shared: object = None, barrier: Any = None
+) -> dict:
     """Opens loader ``name``, waits at ``barrier`` (if any) once it delivers, and measures.
 
     Args:

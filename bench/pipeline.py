@@ -33,8 +33,8 @@ from feeder.pipeline import PipelineSpec  # noqa: E402
 from feeder.runner import PipelineRunner  # noqa: E402
 from protocol.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protocol.request import AugmentKind, CropRange  # noqa: E402
-from transport.base import Slot, host_slot  # noqa: E402
 from shards.reader import ShardDataset, SplitIndex  # noqa: E402
+from transport.base import Slot, host_slot  # noqa: E402
 
 __all__ = ["main", "parse_args"]
 

@@ -12,7 +12,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "format_store_table", "format_table", "format_targets", "git_revision", "machine_info", "plot", "write_document", "write_json"]
+__all__ = [
+    "SCHEMA_VERSION", "format_store_table", "format_table", "format_targets", "git_revision", "machine_info", "plot",
+    "write_document", "write_json",
+]
 
 SCHEMA_VERSION = 1
 _REPO = Path(__file__).resolve().parent.parent
@@ -105,7 +108,9 @@ def write_document(path: Path, document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
-def write_json(path: Path, config: dict, rows: list[dict], command: list[str], targets: list[dict] | None = None) -> dict:
+def write_json(
+    path: Path, config: dict, rows: list[dict], command: list[str], targets: list[dict] | None = None
+) -> dict:
     """Writes the run's document to ``path``; returns it.
 
     Args:
@@ -151,7 +156,8 @@ def format_store_table(rows: list[dict], bandwidth: dict[str, float]) -> str:
     lines = [header, "-" * len(header)]
     for r in rows:
         if "error" in r or "skipped" in r:
-            lines.append(f"{r['loader']:<14} {'failed' if 'error' in r else 'skipped'}: {r.get('error') or r['skipped']}")
+            outcome = "failed" if "error" in r else "skipped"
+            lines.append(f"{r['loader']:<14} {outcome}: {r.get('error') or r['skipped']}")
             continue
         lines.append(
             f"{r['loader']:<14} {_fmt(r.get('epoch1_images_per_s'), '9.0f')} {_fmt(r['images_per_s'], '9.0f')} "
@@ -162,8 +168,8 @@ def format_store_table(rows: list[dict], bandwidth: dict[str, float]) -> str:
     width = int(bandwidth.get("threads", 1))
     lines.append(f"store raw read bandwidth (whole GETs of the tars): {bandwidth.get('mb_per_s_1', 0):.0f} MB/s one at "
                  f"a time, {bandwidth.get(f'mb_per_s_{width}', 0):.0f} MB/s {width} at once = "
-                 f"{bandwidth.get(f'images_per_s_{width}', 0):.0f} images/s at {bandwidth.get('bytes_per_image', 0):.0f} "
-                 "bytes/image")
+                 f"{bandwidth.get(f'images_per_s_{width}', 0):.0f} images/s at "
+                 f"{bandwidth.get('bytes_per_image', 0):.0f} bytes/image")
     return "\n".join(lines)
 
 
@@ -193,7 +199,8 @@ def format_table(rows: list[dict]) -> str:
                          f"{r['epoch1_cpu_s_per_image'] * 1000:.2f} CPU ms/image; the row: later epochs")
         if r.get("clients", 1) > 1:
             rates = ", ".join(f"{x:.0f}" for x in r["per_client_images_per_s"])
-            lines.append(f"{'':<{_NAME_WIDTH}} {r['clients']} clients: {rates} images/s each, spread {r['client_spread']:.1%}")
+            lines.append(f"{'':<{_NAME_WIDTH}} {r['clients']} clients: {rates} images/s each, "
+                         f"spread {r['client_spread']:.1%}")
     return "\n".join(lines)
 
 

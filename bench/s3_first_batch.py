@@ -135,7 +135,8 @@ def measure(server: SeaweedFS, shards: Path, url: str, args: argparse.Namespace,
         trials.append(trial)
         print(f"trial {number + 1}: {json.dumps(trials[-1])}", flush=True)
     median = {key: statistics.median(float(t[key]) for t in trials) for key in _TIMES if key in trials[0]}
-    print("median: " + ", ".join(f"{key.removesuffix('_first_batch_s')} {value:.2f} s" for key, value in median.items()))
+    loaders = (f"{key.removesuffix('_first_batch_s')} {value:.2f} s" for key, value in median.items())
+    print("median: " + ", ".join(loaders))
     return {"trials": trials, "median": median}
 
 

@@ -241,7 +241,9 @@ class SeaweedFS:
 
 
 @contextmanager
-def seaweedfs(data_dir: Path, access_key: str = "feeder-test", secret_key: str = "feeder-test-secret") -> Iterator[SeaweedFS]:
+def seaweedfs(
+    data_dir: Path, access_key: str = "feeder-test", secret_key: str = "feeder-test-secret"
+) -> Iterator[SeaweedFS]:
     """A started :class:`SeaweedFS` in ``data_dir``, stopped (its whole process group)
     on exit.
 

@@ -55,14 +55,17 @@ MODES: dict[str, dict[str, Any]] = {  # ShardConfig options; "copy" is no shard 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--src", type=Path, help="input tree (default: sample data made once under --cache)")
     p.add_argument("--cache", type=Path, default=REPO / ".bench", help="where the default sample data is kept")
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--train-per-class", type=int, default=200)
     p.add_argument("--val-per-class", type=int, default=10)
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
-    p.add_argument("--modes", default="copy,passthrough,restarts,decode,half-copies,reencode", help=f"comma list of copy, {', '.join(MODES)}")
+    p.add_argument("--modes", default="copy,passthrough,restarts,decode,half-copies,reencode",
+                   help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
@@ -165,9 +168,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             for workers in [1] if mode == "copy" else [int(w) for w in args.workers.split(",")]:
                 seconds, cpu_seconds = measure(src, mode, workers, args.repeats, Path(scratch))
                 median = statistics.median(seconds)
-                row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes, "seconds": seconds,
-                       "cpu_seconds": cpu_seconds, "median_s": median, "images_per_s": images / median,
-                       "mb_per_s": input_bytes / median / 1e6,
+                row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes,
+                       "seconds": seconds, "cpu_seconds": cpu_seconds, "median_s": median,
+                       "images_per_s": images / median, "mb_per_s": input_bytes / median / 1e6,
                        "cpu_ms_per_image": 1000 * statistics.median(cpu_seconds) / images}  # fmt: skip
                 rows.append(row)
                 print(

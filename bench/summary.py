@@ -13,8 +13,8 @@ from statistics import mean, median
 from typing import Any
 
 __all__ = [
-    "FEEDER_TARGETS", "RATIO_PEERS", "STORE_PEERS", "STORE_TARGETS", "add_ratios", "add_store_ratios", "check_store_targets",
-    "check_targets", "merge_results", "summarise", "summarise_runs",
+    "FEEDER_TARGETS", "RATIO_PEERS", "STORE_PEERS", "STORE_TARGETS", "add_ratios", "add_store_ratios",
+    "check_store_targets", "check_targets", "merge_results", "summarise", "summarise_runs",
 ]
 
 # Column name -> loader every row is divided by (ratios are to peers in the same run).

@@ -59,8 +59,8 @@ from bench.summary import (  # noqa: E402
 )
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
-from core.processes import die_with_parent  # noqa: E402
 from core.errors import FeederError  # noqa: E402
+from core.processes import die_with_parent  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
@@ -87,7 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, help="shard directory (default: the sample data, made once under --cache)")
     p.add_argument("--source", type=Path, help="JPEG tree the shards came from (default: the manifest's source)")
     p.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                   help="where the default sample data, the peers' virtual environments and their dataset files are kept")
+                   help="where the default sample data, the peers' virtual environments and their dataset files "
+                   "are kept")
     p.add_argument("--split", default="train")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--image-size", type=int, default=224, help="output side in pixels")
@@ -98,8 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1,
                    help="start every loader this many times, in turn (spreads slow drifts of a shared "
                    "machine over all loaders); the median is over all windows of all rounds")
-    p.add_argument("--loaders", help=f"comma list of {', '.join(LOADERS)} (default: all but {', '.join(STORE_LOADERS)}; "
-                   f"with --store s3: {','.join(_STORE_DEFAULT)})")
+    p.add_argument("--loaders", help=f"comma list of {', '.join(LOADERS)} "
+                   f"(default: all but {', '.join(STORE_LOADERS)}; with --store s3: {','.join(_STORE_DEFAULT)})")
     p.add_argument("--store", choices=("local", "s3"), default="local",
                    help="s3: the data in a SeaweedFS started for the run, measured by epoch (--epochs 2 unless given)")
     p.add_argument("--store-images-per-class", type=int, default=600,
@@ -128,8 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"unknown loader(s) {', '.join(unknown)}; choose from {', '.join(LOADERS)}")
     if args.device == "gpu" and not _cuda_available():
         p.error("--device gpu needs a CUDA device, and none is visible")
-    if min(args.batch_size, args.image_size, args.threads, args.repeats, args.rounds, args.clients, args.jobs) < 1 or args.seconds <= 0:
-        p.error("--batch-size, --image-size, --threads, --repeats, --rounds, --clients, --jobs and --seconds must be positive")
+    counts = (args.batch_size, args.image_size, args.threads, args.repeats, args.rounds, args.clients, args.jobs)
+    if min(counts) < 1 or args.seconds <= 0:
+        p.error("--batch-size, --image-size, --threads, --repeats, --rounds, --clients, --jobs and --seconds "
+                "must be positive")
     if args.jobs > 1 and args.clients > 1:
         p.error("--jobs and --clients: choose one (several ranks of one job, or several jobs of one rank)")
     if args.epochs == 1 or args.epochs < 0:
@@ -281,8 +284,9 @@ def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict
     return {
         "data": str(data.shards), "source": str(data.source) if data.source else None, "split": args.split,
         "batch_size": args.batch_size, "image_size_px": args.image_size, "threads": args.threads,
-        "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "rounds": args.rounds, "loaders": names,
-        "clients": args.clients, "device": args.device, "seed": args.seed, "jobs": args.jobs, "epochs": args.epochs,
+        "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "rounds": args.rounds,
+        "loaders": names, "clients": args.clients, "device": args.device, "seed": args.seed, "jobs": args.jobs,
+        "epochs": args.epochs,
         "decoded_cache_bytes": args.decoded_cache_bytes, "decoded_cache_side_px": args.decoded_cache_side,
     }
 
@@ -417,7 +421,8 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         command = [f"bench/{Path(__file__).name}", *(argv if argv is not None else sys.argv[1:])]
         write_json(args.json, config, rows, command, targets)
     if args.plot:
-        title = f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, {args.device}"
+        title = (f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, "
+                 f"{args.device}")
         plot(args.plot, rows, title, targets)
     return 0 if all("error" not in r and not r.get("problems") for r in rows) else 1
 

@@ -258,10 +258,12 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
     from transport.grpc_payload import parse_batch
 
     path, _ = _server_of(path)  # the same client whichever server
-    transport = {"shm": feeder_pb2.TRANSPORT_SHM, "grpc": feeder_pb2.TRANSPORT_GRPC}.get(path, feeder_pb2.TRANSPORT_AUTO)
+    transports = {"shm": feeder_pb2.TRANSPORT_SHM, "grpc": feeder_pb2.TRANSPORT_GRPC}
+    transport = transports.get(path, feeder_pb2.TRANSPORT_AUTO)
     request = feeder_pb2.StreamRequest(
         batch_size=batch_size, max_samples=config.warmup_batches + config.batches, transport=transport,
-        job_id=path if path in (_TODAY, _CEILING) else "", client_host=HostIdentity.of_this_process(shm_dir).to_message(),
+        job_id=path if path in (_TODAY, _CEILING) else "",
+        client_host=HostIdentity.of_this_process(shm_dir).to_message(),
     )
     call = channel.unary_stream(STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
     releaser = SlotReleaser(channel.unary_unary(
@@ -393,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run(config)
     checks = targets(rows)
     for check in checks:
-        verdict = "" if check["target"] is None else f" (target {check['target']}x) {'met' if check['met'] else 'NOT met'}"
+        met = "met" if check["met"] else "NOT met"
+        verdict = "" if check["target"] is None else f" (target {check['target']}x) {met}"
         print(f"{check['name']}: {check['ratio']:.2f}x{verdict}")
     if args.json is not None:
         write_json(args.json, asdict(config), rows, [sys.executable, *sys.argv], checks)

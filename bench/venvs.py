@@ -93,7 +93,9 @@ def missing_debian_packages(names: tuple[str, ...], query: str = "dpkg-query") -
         return []
     missing = []
     for name in names:
-        done = subprocess.run([query, "-W", "-f=${db:Status-Abbrev}", name], capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            [query, "-W", "-f=${db:Status-Abbrev}", name], capture_output=True, text=True, check=False
+        )
         if done.returncode != 0 or not done.stdout.startswith("ii"):
             missing.append(name)
     return missing

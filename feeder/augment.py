@@ -109,7 +109,8 @@ def _uniforms(seed: int, epoch: int, hashes: np.ndarray) -> np.ndarray:
 
 def _fallback(widths: np.ndarray, heights: np.ndarray, crop: CropRange) -> tuple[np.ndarray, np.ndarray]:
     ratio = widths / heights
-    w = np.where(ratio < crop.min_ratio, widths, np.where(ratio > crop.max_ratio, np.rint(heights * crop.max_ratio), widths))
+    narrowed = np.where(ratio > crop.max_ratio, np.rint(heights * crop.max_ratio), widths)
+    w = np.where(ratio < crop.min_ratio, widths, narrowed)
     h = np.where(ratio < crop.min_ratio, np.rint(widths / crop.min_ratio), heights)
     return w.astype(np.int64), h.astype(np.int64)
 

@@ -3,9 +3,10 @@ pipelines instead of building one per stream (a build takes ~100 ms and a few MB
 
 Crop ranges, image size, transform and batch size are per-run inputs, not part of a
 pipeline's identity (:class:`PipelineSpec`); what remains is the batch-size bucket,
-the resize filter and the device, threads and prefetch: a few dozen specs at most. Each open stream holds a runner of its own, so the pool bounds the
-runners alive at once (lent plus idle, ``max_pipelines``), drops an idle one, oldest
-first, when a new one must be built at the bound, and drops idle ones after
+the resize filter and the device, threads and prefetch: a few dozen specs at most.
+Each open stream holds a runner of its own, so the pool bounds the runners alive at
+once (lent plus idle, ``max_pipelines``), drops an idle one, oldest first, when a new
+one must be built at the bound, and drops idle ones after
 ``idle_s`` with their threads and buffers (DALI keeps a pipeline's peak buffers while
 it lives).
 """

@@ -20,10 +20,10 @@ from typing import Protocol
 
 import numpy as np
 
+from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
 from feeder.augment import Crops, sample_crops
-from core.bad_input import OnError
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics
@@ -203,7 +203,8 @@ class Producer:
             return screened
         if self._ctx.samples.on_error is OnError.FAIL:
             raise error
-        reasons = {int(np.flatnonzero(screened.batch.indices == s.index)[0]): f"cannot be read from {s.url} ({s.reason})"
+        indices = screened.batch.indices
+        reasons = {int(np.flatnonzero(indices == s.index)[0]): f"cannot be read from {s.url} ({s.reason})"
                    for s in images}
         return self._ctx.samples.replace(screened, reasons)
 

@@ -11,16 +11,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from core.bad_input import OnError
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
 from feeder.admission import Admission, Ticket, client_key, stream_need_bytes
-from core.bad_input import OnError
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
 from feeder.decoded_cache import DecodedCache
-from feeder.log_lines import clip
 from feeder.devices import DevicePlacer, Placement, thread_share
+from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
@@ -28,9 +28,17 @@ from feeder.producer import BatchRunner, StreamContext
 from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
-from protocol.plan import BatchSlice, LastBatch, RankPart, epoch_order, iter_batches, rank_part, remaining_order
-from protocol.plan import tail_skipped
-from protocol.plan import validate_window
+from protocol.plan import (
+    BatchSlice,
+    LastBatch,
+    RankPart,
+    epoch_order,
+    iter_batches,
+    rank_part,
+    remaining_order,
+    tail_skipped,
+    validate_window,
+)
 from protocol.request import AugmentKind, StreamSpec
 from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex

@@ -258,7 +258,9 @@ def check_by_decode(accepted: ProcessedImage, max_pixels: int = DEFAULT_MAX_PIXE
     if size is None:
         return ProcessedImage(reject=_too_many(accepted.width, accepted.height, max_pixels))
     if size != (accepted.width, accepted.height):
-        return ProcessedImage(reject=f"corrupt JPEG: decodes to {size[0]}x{size[1]}, header says {accepted.width}x{accepted.height}")
+        return ProcessedImage(
+            reject=f"corrupt JPEG: decodes to {size[0]}x{size[1]}, header says {accepted.width}x{accepted.height}"
+        )
     return accepted
 
 
@@ -269,8 +271,9 @@ def check_without_decode(
 
     Headers suffice to pass a valid JPEG through (``check="header"``; a decode check
     is :func:`check_by_decode`) and to reject empty or header-corrupt JPEGs and JPEGs
-    over ``max_pixels`` when there is no ``max_side_px`` to shrink them to; everything else (including a JPEG that does not end with its end-of-image
-    marker: truncated, or followed by other bytes) needs ``decode_and_reencode``.
+    over ``max_pixels`` when there is no ``max_side_px`` to shrink them to; everything
+    else (including a JPEG that does not end with its end-of-image marker: truncated,
+    or followed by other bytes) needs ``decode_and_reencode``.
     """
     if not data:
         return ProcessedImage(reject="empty file")

@@ -32,4 +32,6 @@ def copy_to_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecor
         writer.finish()
     data = out / split / LMDB_DIR / "data.mdb"
     samples = sum(len(rec.rows) for rec in records)
-    return {"path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": file_sha256(data)}
+    return {
+        "path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": file_sha256(data),
+    }

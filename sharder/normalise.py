@@ -149,7 +149,9 @@ def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
 def _submit(data: bytes | ProcessedImage, config: ShardConfig, pool: Pool | None) -> ProcessedImage | AsyncResult:
     if isinstance(data, ProcessedImage):
         return data
-    quick = check_without_decode(data, max_side_px=config.max_side_px, quality=config.quality, max_pixels=config.max_pixels)
+    quick = check_without_decode(
+        data, max_side_px=config.max_side_px, quality=config.quality, max_pixels=config.max_pixels
+    )
     if quick is not None and quick.reject:
         return quick
     work: Callable[..., ProcessedImage]
@@ -187,7 +189,9 @@ def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None
     limit = _IN_FLIGHT_PER_WORKER * max(1, config.workers)
     for data in _read_ahead(paths):
         in_flight.append(_submit(data, config, pool))
-        while in_flight and (len(in_flight) > limit or isinstance(in_flight[0], ProcessedImage) or in_flight[0].ready()):
+        while in_flight and (
+            len(in_flight) > limit or isinstance(in_flight[0], ProcessedImage) or in_flight[0].ready()
+        ):
             yield _collect(in_flight.popleft())
     while in_flight:
         yield _collect(in_flight.popleft())

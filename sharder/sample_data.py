@@ -153,7 +153,9 @@ def _build(config: SampleDataConfig) -> None:
     _write(config.out / "LOC_synset_mapping.txt", mapping.encode())
 
 
-def _write_val(config: SampleDataConfig, names: tuple[str, ...], labels: np.ndarray, rng: np.random.Generator, bar: tqdm) -> None:
+def _write_val(
+    config: SampleDataConfig, names: tuple[str, ...], labels: np.ndarray, rng: np.random.Generator, bar: tqdm
+) -> None:
     """Flat val/ in Kaggle form: images numbered from 1, labels in LOC_val_solution.csv."""
     photos = {int(label): _load_photo(names[int(label)]) for label in set(labels.tolist())}
     rows = ["ImageId,PredictionString"]

@@ -110,7 +110,9 @@ def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRec
     }
 
 
-def _finish_split(config: ShardConfig, tree: SourceTree, split: SplitSource, records: list[ShardRecord], tar_root: Path) -> dict:
+def _finish_split(
+    config: ShardConfig, tree: SourceTree, split: SplitSource, records: list[ShardRecord], tar_root: Path
+) -> dict:
     wds = "wds" in config.formats
     (config.out / split.name).mkdir(parents=True, exist_ok=True)
     _write_index(config.out, split.name, records, lmdb_only=not wds)

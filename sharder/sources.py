@@ -192,7 +192,9 @@ def _ground_truth(folders: list[Path]) -> tuple[Path, dict[str, str]]:
         return kaggle, _kaggle_labels(kaggle)
     if devkit is not None:
         return devkit, _devkit_labels(devkit, folders)
-    raise ConfigError(f"{folders[1]} is flat but neither {KAGGLE_GROUND_TRUTH} nor {DEVKIT_GROUND_TRUTH} is in SRC or SRC/val")
+    raise ConfigError(
+        f"{folders[1]} is flat but neither {KAGGLE_GROUND_TRUTH} nor {DEVKIT_GROUND_TRUTH} is in SRC or SRC/val"
+    )
 
 
 def _flat_val(root: Path, data: Path, classes: list[str], pending: _Pending) -> SplitSource:
@@ -202,7 +204,9 @@ def _flat_val(root: Path, data: Path, classes: list[str], pending: _Pending) -> 
     if unknown:
         raise ConfigError(f"{path} names {len(unknown)} class(es) not in train/, e.g. {unknown[0]!r}")
     listing = pending.listing
-    split = SplitSource("val", ignored=listing.ignored, rejects=list(listing.unlisted), skipped_links=list(listing.skipped_links))
+    split = SplitSource(
+        "val", ignored=listing.ignored, rejects=list(listing.unlisted), skipped_links=list(listing.skipped_links)
+    )
     for source, _ in listing.images:
         wnid = truth.get(Path(source).name.split(".")[0])
         if wnid is None:
@@ -217,7 +221,8 @@ def _warn(root: Path, split: SplitSource, classes: list[str]) -> None:
     for source, reason in split.skipped_links:
         log.warning("%s: symlink not followed (%s)", root / source, reason)
     for name in split.empty_classes:
-        log.warning("%s: class %r has no images in split %s; kept as label %d with 0 samples", root, name, split.name, classes.index(name))
+        log.warning("%s: class %r has no images in split %s; kept as label %d with 0 samples",
+                    root, name, split.name, classes.index(name))
 
 
 def find_sources(root: Path, on_error: str = "skip") -> SourceTree:

@@ -105,7 +105,10 @@ class _RollingTarWriter:
         self.reencoded = 0
 
     def add(self, position: int, source: SourceFile, image: ProcessedImage) -> None:
-        if self.writer is not None and self.writer.bytes_after(len(image.data), len(image.half)) > self.config.shard_size_bytes:
+        if (
+            self.writer is not None
+            and self.writer.bytes_after(len(image.data), len(image.half)) > self.config.shard_size_bytes
+        ):
             self.close(consumed_end=position)
         if self.writer is None:
             self.writer = TarShardWriter(self.tar_root / self.split / shard_name(len(self.records)))

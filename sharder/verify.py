@@ -58,7 +58,8 @@ class VerifyResult:
 
     def summary(self) -> str:
         state = "OK" if not self.problems else f"{len(self.problems)} problem(s)"
-        return f"verified {self.root}: {self.samples} samples, {self.files} files, {self.decoded} images decoded: {state}"
+        return (f"verified {self.root}: {self.samples} samples, {self.files} files, "
+                f"{self.decoded} images decoded: {state}")
 
 
 @dataclass
@@ -181,7 +182,9 @@ def _checksum_problem(data: bytes, half: bytes, row: dict) -> str | None:
     return None
 
 
-def _decode_sample(result: VerifyResult, root: Root, rows: list[dict], shards: dict[str, _Shard], max_pixels: int) -> None:
+def _decode_sample(
+    result: VerifyResult, root: Root, rows: list[dict], shards: dict[str, _Shard], max_pixels: int
+) -> None:
     for row in rows:
         with open(root / row["shard"], "rb") as f:
             f.seek(row["offset"])
@@ -238,7 +241,9 @@ def _index_rows(result: VerifyResult, root: Root, split: str, entry: dict[str, A
         return None
 
 
-def _check_split(result: VerifyResult, root: Root, manifest: dict, split: str, full: bool, seed: int, bar: tqdm) -> None:
+def _check_split(
+    result: VerifyResult, root: Root, manifest: dict, split: str, full: bool, seed: int, bar: tqdm
+) -> None:
     entry = manifest["splits"][split]
     shards = {}
     for shard_entry in entry["shards"]:
@@ -262,7 +267,9 @@ def _check_split(result: VerifyResult, root: Root, manifest: dict, split: str, f
     _decode_sample(result, root, [row for row in located if row["key"] in chosen], shards, max_pixels)
     for shard in shards.values():
         if shard.sha_differs and not shard.named:
-            result.problems.append(f"{shard.path}: sha256 differs from the manifest (every sample still decodes at its indexed size)")
+            result.problems.append(
+                f"{shard.path}: sha256 differs from the manifest (every sample still decodes at its indexed size)"
+            )
 
 
 def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
@@ -275,7 +282,8 @@ def _sampled(rows: list[dict], full: bool, seed: int) -> list[dict]:
 def _root(config: VerifyConfig) -> Root:
     """The shard directory: a path, or one in an object store."""
     if isinstance(config.out, str):
-        return RemoteRoot(ObjectStore(ObjectUrl.parse(config.out), StoreOptions(endpoint_url=config.s3_endpoint))).path()
+        store = ObjectStore(ObjectUrl.parse(config.out), StoreOptions(endpoint_url=config.s3_endpoint))
+        return RemoteRoot(store).path()
     return config.out
 
 

@@ -157,7 +157,9 @@ class SplitIndex:
         path, (offset, size) = self._bytes.where(extent.shard), extent[1:]
         if got.done == size:
             raise SampleCorrupt(path, self.keys[index], index, half)
-        raise DataError(f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short")
+        raise DataError(
+            f"{path}: truncated while in use, sample {self.keys[index]} (bytes {offset}..{offset + size}) cut short"
+        )
 
     def _intact(self, data: np.ndarray, index: int, half: bool) -> bool:
         """True when ``data`` match their checksum in the index, or it has none."""

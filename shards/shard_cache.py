@@ -98,7 +98,8 @@ class ShardCache:
         self._fetch_bytes_per_s = fetch_bytes_per_s
         # Bytes per request of a download: a quarter second's worth where it is
         # throttled (so the rate is smooth), else large ranges.
-        self.chunk_bytes = min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4)) if fetch_bytes_per_s else _CHUNK_BYTES
+        throttled_bytes = min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4))
+        self.chunk_bytes = throttled_bytes if fetch_bytes_per_s else _CHUNK_BYTES
         self._stopping = threading.Event()
         self._lock_fd = _take_lock(self.directory)
         self._shards, self._partial = self.directory / "shards", self.directory / "partial"

@@ -212,8 +212,9 @@ class ObjectStore:
                 wait_s = random.uniform(0, min(self.options.max_backoff_s, self.options.first_backoff_s * 2 ** attempt))
                 if time.monotonic() + wait_s - first > window_s:
                     self.counters.add(failures=1)
-                    raise StoreUnreachable(self.url(name), f"the store did not answer for {time.monotonic() - first:.1f} "
-                                           f"s ({failure.detail}; endpoint {self.endpoint})") from e
+                    raise StoreUnreachable(self.url(name), f"the store did not answer for "
+                                           f"{time.monotonic() - first:.1f} s ({failure.detail}; "
+                                           f"endpoint {self.endpoint})") from e
             self.counters.add(retries=1)
             attempt += 1
             time.sleep(wait_s)
@@ -243,7 +244,9 @@ class ObjectStore:
 
         return self._call(prefix, listed, window_s)
 
-    def list_directory(self, directory: str = "", window_s: float | None = None) -> tuple[dict[str, ObjectInfo], set[str]]:
+    def list_directory(
+        self, directory: str = "", window_s: float | None = None
+    ) -> tuple[dict[str, ObjectInfo], set[str]]:
         """(objects, sub-directories) directly under ``directory`` ("" for the root),
         by name relative to the root. An absent bucket is ObjectMissing."""
         import obstore

@@ -16,7 +16,10 @@ from types import ModuleType
 
 from bench.loaders.base import Batch, LoaderSpec, LoaderUnavailable, check_batch
 
-__all__ = ["LOADERS", "MULTI_CLIENT", "STORE_LOADERS", "Batch", "LoaderSpec", "LoaderUnavailable", "check_batch", "loader_module"]
+__all__ = [
+    "LOADERS", "MULTI_CLIENT", "STORE_LOADERS", "Batch", "LoaderSpec", "LoaderUnavailable", "check_batch",
+    "loader_module",
+]
 
 # Name on the command line -> module under bench.loaders, in the order they run.
 LOADERS = {

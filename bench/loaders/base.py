@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "LoaderUnavailable", "check_batch", "dtype_name"]
+__all__ = [
+    "DEVICES", "LAYOUTS", "Batch", "LoaderModule", "LoaderSpec", "LoaderUnavailable", "check_batch", "dtype_name",
+]
 
 DEVICES = ("cpu", "gpu")
 # "decoded": full-size decoded images whose pixels stay where they were decoded;

@@ -32,7 +32,9 @@ DATASET = "bench"
 
 def daemon_options(spec: LoaderSpec) -> tuple[str, ...]:
     """The ``feeder serve`` options every bench daemon gets from ``spec``."""
-    cache = ("--decoded-cache-bytes", str(spec.decoded_cache_bytes), "--decoded-cache-side", str(spec.decoded_cache_side))
+    cache = (
+        "--decoded-cache-bytes", str(spec.decoded_cache_bytes), "--decoded-cache-side", str(spec.decoded_cache_side),
+    )
     return ("--device", spec.device, "--threads", str(spec.threads), "--max-batch-size", str(spec.batch_size), *cache)
 
 

@@ -19,7 +19,10 @@ from typing import Any
 from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.tar_samples import manifest_digest
 
-__all__ = ["FEEDER_PREFIX", "TORCH_REQUIREMENTS", "batches", "built_once", "decode", "local_dataset", "store_root", "train_transform"]
+__all__ = [
+    "FEEDER_PREFIX", "TORCH_REQUIREMENTS", "batches", "built_once", "decode", "local_dataset", "store_root",
+    "train_transform",
+]
 
 # Where the bench puts feeder's shards in the bucket (WebDataset reads the same tars).
 FEEDER_PREFIX = "feeder"

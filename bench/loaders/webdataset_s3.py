@@ -41,7 +41,8 @@ _SHUFFLE_BUFFER = 1000
 def shard_urls(spec: LoaderSpec) -> list[str]:
     """The ``pipe:`` URLs of the split's tars in the store."""
     root = store_root(spec, FEEDER_PREFIX)
-    return [f"pipe:{sys.executable} -m bench.loaders.s3_cat {root}/{path}" for path in split_tars(spec.shards, spec.split)]
+    tars = split_tars(spec.shards, spec.split)
+    return [f"pipe:{sys.executable} -m bench.loaders.s3_cat {root}/{path}" for path in tars]
 
 
 def _wanted(name: str) -> bool:

@@ -79,7 +79,8 @@ def test_the_dataset_file_holds_every_sample_and_is_written_once(bench_shards: P
     code = (
         "import sys; from pathlib import Path; from bench.loaders import LoaderSpec, ffcv_beton; "
         "from ffcv.reader import Reader; "
-        f"spec = LoaderSpec(shards=Path({str(bench_shards)!r}), source=None, threads=1, cache=Path({str(tmp_path)!r})); "
+        f"spec = LoaderSpec(shards=Path({str(bench_shards)!r}), source=None, threads=1, "
+        f"cache=Path({str(tmp_path)!r})); "
         "ffcv_beton.prepare(spec); print(Reader(str(ffcv_beton.beton_path(spec))).num_samples)"
     )
 

@@ -39,7 +39,8 @@ def _run(tmp_path: Path, daemon: float, inprocess: float, alone: float, host_cop
     (out / "logs.txt").write_text("tests/transport/test_cuda_ipc.py::test_batch_arrives PASSED [ 50%]\n"
                                   "tests/feeder/test_gpu_streams.py::test_slots FAILED [100%]\n")
     (work / "steps.tsv").write_text("machine\tok\t0\t6\t30\t\nthroughput-224\tok\t0\t48\t90\t\n"
-                                    "gpu-tests\tkilled at its limit\t124\t110\t110\tkilled 1 process(es) left behind: 42\n")
+                                    "gpu-tests\tkilled at its limit\t124\t110\t110\t"
+                                    "killed 1 process(es) left behind: 42\n")
     (work / "gpumem-throughput-224.base").write_text("0, 600\n")
     (work / "gpumem-throughput-224.csv").write_text("0, 600\n0, 5400\n0, 4200\n")
     return out, work

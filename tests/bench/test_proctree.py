@@ -11,7 +11,8 @@ from bench.proctree import cpu_seconds, kill_env, main, memory_bytes, pids_with_
 
 
 def test_a_busy_child_is_counted_in_its_parents_tree() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    busy_loop = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", busy_loop])
     try:
         before, deadline = cpu_seconds(os.getpid()), time.monotonic() + 20
         while cpu_seconds(os.getpid()) - before < 0.2 and time.monotonic() < deadline:

@@ -17,7 +17,8 @@ def _client(rank: int, windows: list[tuple[int, float, float]]) -> dict:
 
 
 def test_one_client_reports_the_median_window_and_cpu_per_image() -> None:
-    result = {"loader": "inprocess", "cpus": [0], "clients": [_client(0, [(100, 1.0, 2.0), (300, 1.0, 2.0), (200, 1.0, 2.0)])]}
+    windows = [(100, 1.0, 2.0), (300, 1.0, 2.0), (200, 1.0, 2.0)]
+    result = {"loader": "inprocess", "cpus": [0], "clients": [_client(0, windows)]}
 
     row = summarise(result, MEMORY)
 
@@ -75,8 +76,10 @@ def test_feeder_targets_are_checked_against_the_peers_that_ran() -> None:
     assert set(checks) == {"inprocess", "torchvision"}
     assert checks["inprocess"]["met"] and checks["inprocess"]["achieved_ratio"] == 0.98
     assert not checks["torchvision"]["met"] and checks["torchvision"]["target_images_per_s"] == 100.0
-    assert not check_targets([{"loader": "feeder-shm", "images_per_s": 60.0}, {"loader": "inprocess", "images_per_s": 100.0}])[0]["met"]
-    assert check_targets([{"loader": "feeder-shm", "error": "down"}, {"loader": "inprocess", "images_per_s": 1.0}]) == []
+    slow = [{"loader": "feeder-shm", "images_per_s": 60.0}, {"loader": "inprocess", "images_per_s": 100.0}]
+    assert not check_targets(slow)[0]["met"]
+    failed = [{"loader": "feeder-shm", "error": "down"}, {"loader": "inprocess", "images_per_s": 1.0}]
+    assert check_targets(failed) == []
 
 
 def test_rounds_pool_their_windows_and_keep_the_worst_memory_and_load() -> None:

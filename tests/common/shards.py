@@ -18,7 +18,9 @@ SMALL_MIN_SIDE_PX = 64  # small images: fast to make, shard and decode in tests
 SMALL_MAX_SIDE_PX = 112
 
 
-def build_sample_tree(root: Path, *, classes: int = 4, train_per_class: int = 16, val_per_class: int = 4, seed: int = 0) -> Path:
+def build_sample_tree(
+    root: Path, *, classes: int = 4, train_per_class: int = 16, val_per_class: int = 4, seed: int = 0
+) -> Path:
     """The sample ILSVRC-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv)."""
     src = Path(root) / f"sample-c{classes}-t{train_per_class}-v{val_per_class}-s{seed}"
     if not (src / "LOC_synset_mapping.txt").is_file():
@@ -58,7 +60,9 @@ def build_sample_shards(
     Returns:
         The shard directory.
     """
-    src = build_sample_tree(root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed)
+    src = build_sample_tree(
+        root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed
+    )
     out = Path(root) / f"shards-{src.name}-{'-'.join(formats)}-{shard_size_bytes}{'-half' if half_copies else ''}"
     if not (out / "manifest.json").is_file():
         shard(ShardConfig(src, out, formats=tuple(formats), seed=seed, shard_size_bytes=shard_size_bytes,

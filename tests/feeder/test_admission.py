@@ -22,9 +22,9 @@ from feeder.service import FeederService, open_datasets
 from protocol.batch import BatchMeta
 from protocol.request import StreamSpec
 from protos import feeder_pb2_grpc
-from transport.base import host_slot
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request
+from transport.base import host_slot
 
 MIB = 1 << 20
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from feeder.augment import centre_crops, key_hashes, philox4x32, random_resized_crops
 from protocol.request import CropRange

@@ -16,8 +16,8 @@ from core.errors import DataError
 from feeder.config import ServerConfig
 from feeder.decoded_cache import ENTRY_OVERHEAD_BYTES
 from feeder.metrics import ServerMetrics
-from protocol.plan import LastBatch
 from feeder.service import FeederService, open_datasets
+from protocol.plan import LastBatch
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path

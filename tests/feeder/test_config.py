@@ -102,4 +102,5 @@ def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
 
     result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory-bytes", "8X"])
     assert result.exit_code == 1
-    assert result.output.strip() == "feeder: error: --max-memory-bytes '8X': expected a size such as 8G, 512M or 1073741824"
+    expected = "feeder: error: --max-memory-bytes '8X': expected a size such as 8G, 512M or 1073741824"
+    assert result.output.strip() == expected

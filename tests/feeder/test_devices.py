@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-import threading
 import logging
+import threading
 
 import pytest
 
@@ -13,9 +13,9 @@ from feeder.config import ServerConfig
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
-from shards import jpeg
 from feeder.service import FeederService, open_datasets
 from protocol.request import StreamSpec
+from shards import jpeg
 
 # As torch prints them (no prefix) and as NVML / nvidia-smi do.
 UUIDS = ("GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-0a1b2c3d-0000-4000-8000-000000000001")

@@ -13,13 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from feeder.augment import sample_crops
-from protocol.request import AugmentKind, CropRange
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from protocol.plan import LastBatch
 from feeder.producer import ReadyBatch
 from feeder.service import FeederService, open_datasets
-from protocol.request import StreamSpec
+from protocol.plan import LastBatch
+from protocol.request import AugmentKind, CropRange, StreamSpec
 from shards import jpeg
 from shards.layout import index_path
 from shards.reader import ShardDataset

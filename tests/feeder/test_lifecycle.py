@@ -20,8 +20,8 @@ import pytest
 from core.errors import ConfigError, DataError, NotFound
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.stream import BatchStream
 from feeder.service import FeederService, cuda_devices, open_datasets
+from feeder.stream import BatchStream
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path

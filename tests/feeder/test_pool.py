@@ -9,14 +9,13 @@ import threading
 import pytest
 
 from core.errors import ResourceExhausted
-from protocol.request import CropRange
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, open_datasets
-from protocol.request import StreamSpec
+from protocol.request import CropRange, StreamSpec
+from tests.common.waiting import wait_for
 
 STREAMS = 250
-from tests.common.waiting import wait_for
 
 
 @pytest.fixture()

@@ -71,7 +71,9 @@ def test_a_missing_bucket_or_manifest_stops_the_daemon_with_one_line(s3_server: 
 def test_refused_credentials_stop_the_daemon_with_one_line(s3_server: SeaweedFS, remote: str) -> None:
     with pointed_at(s3_server, AWS_ACCESS_KEY_ID="nobody"):
         line = _one_line(_serve("--dataset", f"x={remote}"))
-    assert line.startswith(f"feeder: not authenticated: {remote}: the store refused access (403 Forbidden (InvalidAccessKeyId))")
+    assert line.startswith(
+        f"feeder: not authenticated: {remote}: the store refused access (403 Forbidden (InvalidAccessKeyId))"
+    )
 
 
 def test_an_unreachable_endpoint_stops_the_daemon_with_one_line(s3_server: SeaweedFS, remote: str) -> None:

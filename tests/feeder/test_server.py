@@ -27,7 +27,9 @@ def test_each_sample_once_per_epoch_across_ranks(stub, index_rows, world, policy
     skipped_before = stub.GetStats(feeder_pb2.StatsRequest()).samples_skipped
     batch_size = 3 if world < 7 else 2  # 64 samples: neither divides a rank's part evenly
     per_rank = [
-        list(stub.StreamBatches(request(rank=r, world_size=world, batch_size=batch_size, last_batch=policy, seed=5, epoch=2)))
+        list(stub.StreamBatches(
+            request(rank=r, world_size=world, batch_size=batch_size, last_batch=policy, seed=5, epoch=2)
+        ))
         for r in range(world)
     ]
     assert len({len(batches) for batches in per_rank}) == 1, "ranks must get equal batch counts"
@@ -50,7 +52,9 @@ def test_ranks_streaming_at_the_same_time_split_the_epoch(stub, index_rows):
     world = 4
     with ThreadPoolExecutor(world) as pool:
         per_rank = list(pool.map(
-            lambda r: [k for b in stub.StreamBatches(request(rank=r, world_size=world, batch_size=4, epoch=1)) for k in b.keys],
+            lambda r: [
+                k for b in stub.StreamBatches(request(rank=r, world_size=world, batch_size=4, epoch=1)) for k in b.keys
+            ],
             range(world),
         ))
     assert sorted(k for keys in per_rank for k in keys) == sorted(index_rows["train"])

@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["OPTIONS", "REPO", "SHARD_BYTES", "kill_after_second_shard", "killing_command", "shard_command", "tree_bytes"]
+__all__ = [
+    "OPTIONS", "REPO", "SHARD_BYTES", "kill_after_second_shard", "killing_command", "shard_command", "tree_bytes",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_BYTES = 60_000  # four tars of the train split of the tree these tests shard

@@ -14,7 +14,11 @@ def test_bench_writes_figures_config_and_revision(tmp_path: Path) -> None:
             "--json", str(tmp_path / "shard.json"), "--plot", str(tmp_path / "shard.png")]  # fmt: skip
     rows = main(args)
     document = json.loads((tmp_path / "shard.json").read_text())
-    assert [(r["mode"], r["workers"], r["images"]) for r in document["results"]] == [("copy", 1, 10), ("passthrough", 1, 10), ("passthrough", 2, 10)]
-    assert all(len(r["seconds"]) == len(r["cpu_seconds"]) == 2 and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0 for r in rows)
+    runs = [(r["mode"], r["workers"], r["images"]) for r in document["results"]]
+    assert runs == [("copy", 1, 10), ("passthrough", 1, 10), ("passthrough", 2, 10)]
+    assert all(
+        len(r["seconds"]) == len(r["cpu_seconds"]) == 2 and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0
+        for r in rows
+    )
     assert "revision" in document["git"] and document["config"]["repeats"] == 2
     assert (tmp_path / "shard.png").read_bytes()[:4] == b"\x89PNG"

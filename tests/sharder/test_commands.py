@@ -33,7 +33,8 @@ def _one_line_error(result, *fragments: str) -> None:
 
 
 def test_sample_data_shard_verify(tmp_path: Path) -> None:
-    made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1", "--no-progress")
+    made = _run("sample-data", tmp_path / "data", "--classes", "2", "--train-per-class", "2", "--val-per-class", "1",
+                "--no-progress")
     assert made.exit_code == 0 and "wrote 6 images" in made.output
     sharded = _run("shard", tmp_path / "data", tmp_path / "out", "--formats", "wds,lmdb", "--no-progress")
     assert sharded.exit_code == 0, sharded.output
@@ -68,8 +69,11 @@ def test_out_not_empty(src: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_class_in_val_ground_truth(tmp_path: Path) -> None:
-    write_tree(tmp_path / "src", {"train/n01": {"a.JPEG": rgb_jpeg()}, "val": {"ILSVRC2012_val_00000001.JPEG": rgb_jpeg()}})
-    (tmp_path / "src" / "LOC_val_solution.csv").write_text("ImageId,PredictionString\nILSVRC2012_val_00000001,n07 1 2 3 4\n")
+    write_tree(tmp_path / "src",
+               {"train/n01": {"a.JPEG": rgb_jpeg()}, "val": {"ILSVRC2012_val_00000001.JPEG": rgb_jpeg()}})
+    (tmp_path / "src" / "LOC_val_solution.csv").write_text(
+        "ImageId,PredictionString\nILSVRC2012_val_00000001,n07 1 2 3 4\n"
+    )
     _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out"), "LOC_val_solution.csv", "n07")
 
 
@@ -81,7 +85,8 @@ def test_unwritable_out(src: Path, tmp_path: Path) -> None:
 
 def test_on_error_fail_names_the_bad_file(tmp_path: Path) -> None:
     write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
-    _one_line_error(_run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "fail", "--no-progress"), "bad data", "broken.jpg", "truncated")
+    result = _run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "fail", "--no-progress")
+    _one_line_error(result, "bad data", "broken.jpg", "truncated")
 
 
 def test_out_overlapping_src_is_refused(src: Path) -> None:

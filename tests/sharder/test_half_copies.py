@@ -17,9 +17,9 @@ from PIL import Image
 from core.errors import DataError
 from feeder.augment import Crops, sample_crops
 from feeder.jobs import Job
-from protocol.request import AugmentKind, CropRange
 from feeder.pipeline import PipelineSpec
 from feeder.runner import PipelineRunner
+from protocol.request import AugmentKind, CropRange
 from sharder import ShardConfig, shard
 from sharder.normalise import HALF_COPY_QUALITY
 from sharder.verify import verify

@@ -87,7 +87,8 @@ def test_a_second_run_is_refused_naming_the_first_which_completes(src: Path, ref
         second = shard_command(src, out, *extra)
 
         assert second.returncode == 1, second.stderr
-        pattern = rf"feeder: error: OUT {re.escape(str(out))} is being sharded by pid {first.pid} \(started [0-9: -]+\)\n"
+        pattern = (rf"feeder: error: OUT {re.escape(str(out))} is being sharded by pid {first.pid} "
+                   r"\(started [0-9: -]+\)\n")
         assert re.fullmatch(pattern, second.stderr), second.stderr
         printed, err = first.communicate("\n", timeout=300)  # go on
         assert first.returncode == 0, err

@@ -54,7 +54,9 @@ shard(ShardConfig(sys.argv[1], sys.argv[2], formats=("wds", "lmdb"), seed=7,
 """
 
 
-def test_killed_run_resumes_without_redoing_shards_and_ends_identical(src: Path, reference: Path, tmp_path: Path) -> None:
+def test_killed_run_resumes_without_redoing_shards_and_ends_identical(
+    src: Path, reference: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "killed"
     command = [sys.executable, "-c", _KILL_AFTER_SECOND_SHARD, str(src), str(out), str(SHARD_BYTES)]
     process = subprocess.run(command, cwd=REPO, capture_output=True, timeout=120)
@@ -73,7 +75,9 @@ def test_killed_run_resumes_without_redoing_shards_and_ends_identical(src: Path,
     assert _tree_bytes(out) == _tree_bytes(reference)
 
 
-def test_a_run_killed_before_checksums_were_recorded_resumes_with_them(src: Path, reference: Path, tmp_path: Path) -> None:
+def test_a_run_killed_before_checksums_were_recorded_resumes_with_them(
+    src: Path, reference: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "killed"
     command = [sys.executable, "-c", _KILL_AFTER_SECOND_SHARD, str(src), str(out), str(SHARD_BYTES)]
     assert subprocess.run(command, cwd=REPO, capture_output=True, timeout=120).returncode == -9

@@ -18,7 +18,9 @@ def _files(root: Path) -> dict[str, bytes]:
 
 
 def _make(out: Path, seed: int = 0) -> Path:
-    return make_sample_data(SampleDataConfig(out, classes=3, train_per_class=2, val_per_class=2, seed=seed, min_side_px=60, max_side_px=90))
+    return make_sample_data(
+        SampleDataConfig(out, classes=3, train_per_class=2, val_per_class=2, seed=seed, min_side_px=60, max_side_px=90)
+    )
 
 
 def test_layout_sizes_and_labels(tmp_path: Path) -> None:
@@ -44,9 +46,10 @@ def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> None:
 
 
 def test_every_bundled_photograph_loads(tmp_path: Path) -> None:
-    root = make_sample_data(
-        SampleDataConfig(tmp_path / "all", classes=len(PHOTO_NAMES), train_per_class=1, val_per_class=0, min_side_px=32, max_side_px=40)
+    config = SampleDataConfig(
+        tmp_path / "all", classes=len(PHOTO_NAMES), train_per_class=1, val_per_class=0, min_side_px=32, max_side_px=40
     )
+    root = make_sample_data(config)
     assert len(list(root.glob("train/*/*.JPEG"))) == len(PHOTO_NAMES)
 
 

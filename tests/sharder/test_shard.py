@@ -145,7 +145,8 @@ def test_devkit_meta_mat_gives_the_synset_order(tmp_path: Path) -> None:
 
     order = ["n02000000", "n01000000"]
     src = _devkit_tree(tmp_path / "src", order, ids=[2, 1])
-    synsets = np.array([(i + 1, w, 0) for i, w in enumerate(order)], dtype=[("ILSVRC2012_ID", "O"), ("WNID", "O"), ("num_children", "O")])
+    synset_type = [("ILSVRC2012_ID", "O"), ("WNID", "O"), ("num_children", "O")]
+    synsets = np.array([(i + 1, w, 0) for i, w in enumerate(order)], dtype=synset_type)
     (src / "ILSVRC2012_devkit_t12" / "data").mkdir(parents=True)
     savemat(src / "ILSVRC2012_devkit_t12" / "data" / "meta.mat", {"synsets": synsets})
     shard(ShardConfig(src, tmp_path / "out"))
@@ -168,7 +169,8 @@ def test_ground_truth_naming_an_unknown_class_is_an_error(tmp_path: Path) -> Non
 
 
 def test_val_in_class_folders(tmp_path: Path) -> None:
-    src = write_tree(tmp_path / "src", {f"{s}/{c}": {f"{c}_{s}.jpg": rgb_jpeg(i)} for i, c in enumerate("ab") for s in ("train", "val")})
+    tree = {f"{s}/{c}": {f"{c}_{s}.jpg": rgb_jpeg(i)} for i, c in enumerate("ab") for s in ("train", "val")}
+    src = write_tree(tmp_path / "src", tree)
     shard(ShardConfig(src, tmp_path / "out"))
     assert [(r["source"], r["label"]) for r in sorted(_rows(tmp_path / "out", "val"), key=lambda r: r["label"])] == [
         ("val/a/a_val.jpg", 0),
@@ -250,8 +252,13 @@ def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_pat
     assert not verify(tmp_path / "small", full=True).problems
 
 
-def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = write_tree(tmp_path / "src", {"apple": {"a0.jpg": rgb_jpeg(0)}, "apple/sub": {"a1.jpg": rgb_jpeg(1)}, "zebra": {"z0.jpg": rgb_jpeg(2)}})
+def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = write_tree(
+        tmp_path / "src",
+        {"apple": {"a0.jpg": rgb_jpeg(0)}, "apple/sub": {"a1.jpg": rgb_jpeg(1)}, "zebra": {"z0.jpg": rgb_jpeg(2)}},
+    )
     (src / "mango").mkdir()
     (src / "x").symlink_to(".")
     make_unlistable(monkeypatch, src / "apple" / "sub")
@@ -265,6 +272,7 @@ def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(tmp_p
     assert [link["source"] for link in split["skipped_links"]] == ["x"] and split["skipped_links"][0]["reason"]
     assert {"source": "apple/sub", "reason": "cannot list directory: Permission denied"} in split["rejects"]
     assert split["rejected"] == 1 and split["accepted"] == 2
-    assert "rejected 1," in report.summary() and "skipped 1 link" in report.summary() and "2 empty classes" in report.summary()
+    summary = report.summary()
+    assert "rejected 1," in summary and "skipped 1 link" in summary and "2 empty classes" in summary
     assert not verify(out).problems
     assert ShardDataset.open("fruit", out).classes == manifest["classes"]  # the one reader tolerates the new keys

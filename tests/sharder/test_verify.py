@@ -22,7 +22,9 @@ from tests.sharder.odd_files import huge_jpeg, rgb_jpeg, write_tree
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_shards(tmp_path_factory.mktemp("verify"), classes=3, train_per_class=6, val_per_class=2, formats=("wds", "lmdb"))
+    return build_sample_shards(
+        tmp_path_factory.mktemp("verify"), classes=3, train_per_class=6, val_per_class=2, formats=("wds", "lmdb")
+    )
 
 
 def test_pristine_shards_pass_and_full_decodes_everything(pristine: Path) -> None:
@@ -60,7 +62,12 @@ def _damage_lmdb(root: Path) -> None:
 
 @pytest.mark.parametrize(
     "damage,fragment",
-    [(_shift_offsets, "does not locate"), (_miscount, "per-class counts"), (_truncate_idx, ".idx: missing or does not match"), (_damage_lmdb, "data.mdb")],
+    [
+        (_shift_offsets, "does not locate"),
+        (_miscount, "per-class counts"),
+        (_truncate_idx, ".idx: missing or does not match"),
+        (_damage_lmdb, "data.mdb"),
+    ],
 )
 def test_damage_is_reported(pristine: Path, tmp_path: Path, damage: Callable[[Path], None], fragment: str) -> None:
     root = tmp_path / "copy"
@@ -116,7 +123,9 @@ def _garble(root: Path) -> None:
 
 
 @pytest.mark.parametrize("damage", [_rewrite_one_label, _garble])
-def test_a_damaged_index_is_one_problem_and_exit_1(pristine: Path, tmp_path: Path, damage: Callable[[Path], None]) -> None:
+def test_a_damaged_index_is_one_problem_and_exit_1(
+    pristine: Path, tmp_path: Path, damage: Callable[[Path], None]
+) -> None:
     root = Path(shutil.copytree(pristine, tmp_path / "copy"))
     damage(root)
     code, problems = _verify_cli(root)
@@ -126,9 +135,12 @@ def test_a_damaged_index_is_one_problem_and_exit_1(pristine: Path, tmp_path: Pat
 
 @pytest.mark.parametrize(("manifest", "message"), [
     ([], "manifest.json: expected a JSON object, got a list"),
-    ({"format_version": 1, "classes": [], "splits": []}, "manifest.json: splits: expected an object of splits, got a list"),
+    ({"format_version": 1, "classes": [], "splits": []},
+     "manifest.json: splits: expected an object of splits, got a list"),
 ])
-def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_1(pristine: Path, tmp_path: Path, manifest, message) -> None:
+def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_1(
+    pristine: Path, tmp_path: Path, manifest, message
+) -> None:
     root = Path(shutil.copytree(pristine, tmp_path / "copy"))
     (root / "manifest.json").write_text(json.dumps(manifest))
     result = CliRunner().invoke(app, ["verify", str(root), "--no-progress"])
@@ -143,7 +155,8 @@ def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path:
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["options"]["max_pixels"]  # as a shard directory from before the option
     (out / "manifest.json").write_text(json.dumps(manifest))
-    key = next(r["key"] for r in pq.read_table(out / "train" / "index.parquet").to_pylist() if r["source"] == "a/bomb.jpg")
+    rows = pq.read_table(out / "train" / "index.parquet").to_pylist()
+    key = next(r["key"] for r in rows if r["source"] == "a/bomb.jpg")
     code, problems = _verify_cli(out)
     assert code == 1 and len(problems) == 1 and key in problems[0] and "20000x20000" in problems[0], problems
 
@@ -165,13 +178,16 @@ def _same_size_elsewhere(root: Path, numbers: tuple[int, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("full", [False, True])
-def test_samples_changed_in_place_are_one_problem_each_naming_tar_and_key(pristine: Path, tmp_path: Path, full: bool) -> None:
+def test_samples_changed_in_place_are_one_problem_each_naming_tar_and_key(
+    pristine: Path, tmp_path: Path, full: bool
+) -> None:
     root = Path(shutil.copytree(pristine, tmp_path / "copy"))
     keys = _same_size_elsewhere(root, (1, 4))
     problems = verify(root, full=full).problems
     assert len(problems) == 2, problems
     for key, problem in zip(keys, problems):
-        assert problem.startswith(f"{root / 'train'}/shard-") and f"sample {key}: image differs from its checksum" in problem
+        assert problem.startswith(f"{root / 'train'}/shard-")
+        assert f"sample {key}: image differs from its checksum" in problem
 
 
 def test_without_checksums_in_the_index_verify_checks_as_before(pristine: Path, tmp_path: Path) -> None:

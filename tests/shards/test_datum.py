@@ -12,8 +12,9 @@ def _datum_class():
     proto = descriptor_pb2.FileDescriptorProto(name="caffe_datum_test.proto", package="caffe", syntax="proto2")
     message = proto.message_type.add(name="Datum")
     f = descriptor_pb2.FieldDescriptorProto
-    for name, number, kind in [("channels", 1, f.TYPE_INT32), ("height", 2, f.TYPE_INT32), ("width", 3, f.TYPE_INT32),
-                               ("data", 4, f.TYPE_BYTES), ("label", 5, f.TYPE_INT32), ("encoded", 7, f.TYPE_BOOL)]:  # fmt: skip
+    fields = [("channels", 1, f.TYPE_INT32), ("height", 2, f.TYPE_INT32), ("width", 3, f.TYPE_INT32),
+              ("data", 4, f.TYPE_BYTES), ("label", 5, f.TYPE_INT32), ("encoded", 7, f.TYPE_BOOL)]  # fmt: skip
+    for name, number, kind in fields:
         message.field.add(name=name, number=number, type=kind, label=f.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
@@ -23,7 +24,8 @@ def _datum_class():
 def test_protobuf_parses_the_hand_encoding() -> None:
     payload = bytes(range(256)) * 3
     datum = _datum_class().FromString(encode_datum(payload, 917, width=500, height=375))
-    assert (datum.data, datum.label, datum.width, datum.height, datum.channels, datum.encoded) == (payload, 917, 500, 375, 3, True)
+    fields = (datum.data, datum.label, datum.width, datum.height, datum.channels, datum.encoded)
+    assert fields == (payload, 917, 500, 375, 3, True)
 
 
 def test_decode_round_trip() -> None:

@@ -47,7 +47,8 @@ def test_an_index_without_a_version_is_read_by_its_columns(shards: Path, tmp_pat
     split = ShardDataset.open("s", copy).splits["val"]
     assert split.index_version == expected
     original = ShardDataset.open("s", shards).splits["val"]
-    assert [split.read(i).tobytes() for i in range(len(split))] == [original.read(i).tobytes() for i in range(len(split))]
+    rows = range(len(split))
+    assert [split.read(i).tobytes() for i in rows] == [original.read(i).tobytes() for i in rows]
     assert read_index(copy, "val").column("half_size").to_pylist() == [0] * len(split)
 
 
@@ -55,7 +56,8 @@ def test_a_later_version_is_refused_naming_the_file_and_both_versions(shards: Pa
     copy = _copy(shards, tmp_path)
     later = INDEX_VERSION + 1
     _rewrite(copy, "val", metadata={INDEX_VERSION_KEY: str(later).encode()})
-    message = rf"{index_path(copy, 'val')}: index format version {later}; this reader reads versions 1 to {INDEX_VERSION}$"
+    message = (rf"{index_path(copy, 'val')}: index format version {later}; "
+               rf"this reader reads versions 1 to {INDEX_VERSION}$")
     with pytest.raises(DataError, match=message):
         ShardDataset.open("s", copy)
     with pytest.raises(DataError, match=message):

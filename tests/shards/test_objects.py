@@ -50,7 +50,8 @@ _REFUSED = ("Generic S3 error: Error performing GET http://127.0.0.1:1/bkt/p/a.b
 _SLOW_DOWN = ("Generic S3 error: Error performing GET http://h/b/k in 2ms - Server returned non-2xx status code: "
               "503 Service Unavailable: <Error><Code>SlowDown</Code><Message>Please reduce your request rate.")
 _THROTTLED = "Generic S3 error: Server returned non-2xx status code: 429 Too Many Requests: "
-_BAD_REQUEST = "Generic S3 error: Server returned non-2xx status code: 400 Bad Request: <Error><Code>InvalidArgument</Code>"
+_BAD_REQUEST = ("Generic S3 error: Server returned non-2xx status code: 400 Bad Request: "
+                "<Error><Code>InvalidArgument</Code>")
 
 
 @pytest.mark.parametrize("error, kind, status, detail", [

@@ -8,10 +8,9 @@ import shutil
 import tarfile
 from pathlib import Path
 
-import pytest
-
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 from core.errors import ConfigError, DataError, NotFound, SampleCorrupt
 from shards.index import read_index
@@ -130,7 +129,8 @@ def test_bytes_changed_in_place_are_refused_naming_tar_and_key_until_restored(sh
         split.read(row)
     with pytest.raises(SampleCorrupt):  # opening reads no sample (start-up stays fast): the read finds it
         ShardDataset.open("y", copy).splits["train"].read(row)
-    assert (caught.value.path, caught.value.key, caught.value.index, caught.value.half) == (tar, split.keys[row], row, False)
+    error = caught.value
+    assert (error.path, error.key, error.index, error.half) == (tar, split.keys[row], row, False)
     with pytest.raises(SampleCorrupt, match=split.keys[row]):
         split.read_many([other, row])
     with pytest.raises(SampleCorrupt, match=split.keys[row]):

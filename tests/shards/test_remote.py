@@ -53,7 +53,8 @@ def test_a_remote_root_reads_the_same_samples_as_the_local_one(s3_server: Seawee
         copies = rows[split.half_copies]
         assert len(copies)
         halves = np.ones(len(copies), bool)
-        assert all(np.array_equal(a, b) for a, b in zip(split.read_many(copies, halves), mine.read_many(copies, halves)))
+        pairs = zip(split.read_many(copies, halves), mine.read_many(copies, halves))
+        assert all(np.array_equal(a, b) for a, b in pairs)
         assert str(split.shard_paths[0]) == f"{remote}/{mine.shard_of(0)}"
 
 

@@ -9,8 +9,16 @@ import lmdb
 import numpy as np
 import pytest
 
-from shards.layout import FORMAT_VERSION, INDEX_VERSION, LMDB_DIR, MANIFEST_NAME, index_path, sample_checksum, shard_name
 from shards.index import read_index, read_manifest
+from shards.layout import (
+    FORMAT_VERSION,
+    INDEX_VERSION,
+    LMDB_DIR,
+    MANIFEST_NAME,
+    index_path,
+    sample_checksum,
+    shard_name,
+)
 from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
 from shards.reader import ShardDataset
 from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, write_index, write_json_atomic

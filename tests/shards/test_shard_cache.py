@@ -32,7 +32,9 @@ def remote(s3_server: SeaweedFS, local: Path) -> str:
     return upload_tree(s3_server, local, f"s3://{fresh_bucket(s3_server, 'cache')}/shards")
 
 
-def _split(server: SeaweedFS, url: str, cache: ShardCache | None, name: str = "val") -> tuple[SplitIndex, StoreCounters]:
+def _split(
+    server: SeaweedFS, url: str, cache: ShardCache | None, name: str = "val"
+) -> tuple[SplitIndex, StoreCounters]:
     counters = StoreCounters()
     access = RemoteAccess(StoreOptions(endpoint_url=server.endpoint_url), counters, cache)
     with pointed_at(server):

@@ -12,7 +12,9 @@ from shards.layout import INDEX_SCHEMA
 from shards.writers import LmdbWriter, Sample, TarShardWriter, ustar_header, write_index, write_json_atomic
 
 
-@pytest.mark.parametrize("name,size", [("a.jpg", 0), ("00000001_n01440764_10026.jpg", 110_000), ("x" * 99, 8**11 - 1), ("k.cls", 3)])
+@pytest.mark.parametrize(
+    "name,size", [("a.jpg", 0), ("00000001_n01440764_10026.jpg", 110_000), ("x" * 99, 8**11 - 1), ("k.cls", 3)]
+)
 def test_ustar_header_equals_the_standard_library(name: str, size: int) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
