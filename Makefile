@@ -29,10 +29,10 @@ install: $(STAMP) $(PROTO_OUT) $(JPEG_LIB)
 
 proto: $(PROTO_OUT)
 
-# Two workers for the tests that wait more than they compute; the ones comparing rates
+# Three workers (on two cores) for the tests that wait more than they compute; the ones comparing rates
 # or shares of the machine (marked serial) after them, alone.
 test: install typecheck lint
-	$(BIN)/python -m pytest -q -n 2 -m "not serial"
+	$(BIN)/python -m pytest -q -n 3 -m "not serial"
 	$(BIN)/python -m pytest -q -m serial
 
 typecheck: install
