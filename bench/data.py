@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench.loaders.store_peers import built_once
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
 from shards.layout import MANIFEST_NAME
 
@@ -30,17 +31,6 @@ class BenchData:
     source: Path | None
 
 
-def _build_once(target: Path, build) -> None:
-    """Run ``build(tmp)`` into a sibling temporary folder, then rename it to ``target``,
-    so an interrupted run never leaves a half-made folder that looks finished."""
-    if target.exists():
-        return
-    tmp = target.with_name(target.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(tmp)
-    tmp.rename(target)
-
-
 def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     """The sample tree and its shards under ``cache``, made on first use (about a minute),
     and the shards made again when the sharder's options have changed since. The
@@ -55,12 +45,12 @@ def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     root = cache / "sample"
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
-    _build_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
+    built_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
     config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
     manifest = shards / MANIFEST_NAME
     if manifest.is_file() and json.loads(manifest.read_text()).get("options") != config.options():
         shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
-    _build_once(shards, lambda tmp: shard(replace(config, out=tmp)))
+    built_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
 
 
@@ -77,9 +67,9 @@ def prepare_store_sample(cache: Path, train_per_class: int, seed: int = 0) -> Be
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
     sample = SampleDataConfig(src, train_per_class=train_per_class, seed=seed)
-    _build_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
+    built_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
     config = ShardConfig(src, shards, seed=seed, half_copies=True, shard_size_bytes=STORE_SHARD_BYTES, progress=True)
-    _build_once(shards, lambda tmp: shard(replace(config, out=tmp)))
+    built_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
 
 

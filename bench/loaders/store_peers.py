@@ -48,7 +48,7 @@ def local_dataset(spec: LoaderSpec, name: str) -> Path:
     return cache / f"{name}-{spec.split}-{manifest_digest(spec.shards)[:16]}"
 
 
-def built_once(target: Path, build: Callable[[Path], None]) -> None:
+def built_once(target: Path, build: Callable[[Path], object]) -> None:
     """``build(tmp)`` into a sibling folder renamed to ``target`` when done (nothing if
     ``target`` exists), so an interrupted run never leaves a folder that looks made."""
     if target.exists():
