@@ -93,19 +93,15 @@ def test_every_training_sample_visited_once_per_epoch(reference: Path, shards: P
     assert _visits(reference / "visits") == Counter({key: 6 for key in keys})
 
 
-def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
-    daemon: str, shards: Path, tmp_path: Path
-) -> None:
-    # One epoch per phase: 8 steps of batch 8, then 4 steps of batch 16 at another size.
-    # Uninterrupted, every sample is trained on once per epoch (the reference run above
-    # shows it), so exactly twice here.
+def _killed_at_step_6(daemon: str, tmp_path: Path) -> list[str]:
+    """Runs the trainer (two ranks, one epoch per phase: 8 steps of batch 8, then 4 of
+    batch 16 at another size) until its checkpoint at step 6 (mid epoch 0, phase 0),
+    then kills every process of it; returns its arguments, to resume with."""
     schedule = tmp_path / "short.toml"
     schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
     common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
               "--visit-log", str(tmp_path / "visits"), "--checkpoint-every-steps", "6",
               "--val-every-epochs", "0"]
-    # Checkpoint at step 6 (mid epoch 0, phase 0); every process of the run is killed
-    # right after it. The resumed run crosses into the next phase.
     latest = tmp_path / "checkpoints" / "LATEST"
 
     def checkpointed() -> bool:
@@ -113,6 +109,15 @@ def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
 
     assert kill_trainer_when(daemon, *common, ready=checkpointed) == -signal.SIGKILL
     assert latest.read_text() == "step-000006"
+    return common
+
+
+def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
+    daemon: str, shards: Path, tmp_path: Path
+) -> None:
+    # Uninterrupted, every sample is trained on once per epoch (the reference run above
+    # shows it), so exactly twice here; the resumed run crosses into the next phase.
+    common = _killed_at_step_6(daemon, tmp_path)
     resumed = run_trainer(daemon, *common, "--resume")
     _check(resumed)
     assert "resumed at step 6: epoch 0, cursor 48" in resumed.stdout
@@ -126,17 +131,7 @@ def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epo
     # As above, but the job comes back on four ranks: the rest of epoch 0 (what the two
     # ranks had not consumed at step 6) is split among four, then epoch 1 is planned
     # for four, and the learning rate goes on by samples seen.
-    schedule = tmp_path / "short.toml"
-    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
-    common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
-              "--visit-log", str(tmp_path / "visits"), "--checkpoint-every-steps", "6",
-              "--val-every-epochs", "0"]
-    latest = tmp_path / "checkpoints" / "LATEST"
-
-    def checkpointed() -> bool:
-        return latest.is_file() and latest.read_text() == "step-000006"
-
-    assert kill_trainer_when(daemon, *common, ready=checkpointed) == -signal.SIGKILL
+    common = _killed_at_step_6(daemon, tmp_path)
     resumed = run_trainer(daemon, *common, "--resume", nproc=4)
     _check(resumed)
     assert "resumed at step 6: epoch 0, cursor 0, 2 ranks then, 4 now" in resumed.stdout
