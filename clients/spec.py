@@ -6,8 +6,8 @@ rounds the crop limits to float32), so a value the daemon would refuse is refuse
 here with the daemon's own message, raised as ``ConfigError``. What depends on the
 daemon and the dataset is checked against what ``ListDatasets`` said
 (:class:`SplitInfo`): the daemon's ``--max-batch-size`` (same message as the daemon),
-and a ``drop`` batch larger than the rank's part (an empty epoch, which the daemon
-would serve without a word).
+and a ``drop`` batch larger than the rank's part (every epoch empty: the daemon
+refuses it too).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError, InvalidArgument
-from protocol.plan import LastBatch, Segment, plan_length, remaining_length
+from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
 from protocol.request import CropRange, StreamSpec, from_request, to_request
 
 __all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
@@ -165,10 +165,9 @@ class StreamSpecs:
         limit = self.split.max_batch_size
         if limit and batch_size > limit:  # the daemon's own message
             raise ConfigError(f"batch_size: {batch_size} is not in 1..{limit}")
-        part, base = self.samples_per_rank, self.base
-        if base.last_batch is LastBatch.DROP and batch_size > part:
-            raise ConfigError(
-                f"batch_size: {batch_size} is larger than rank {base.rank}'s part of {base.dataset}/{base.split} "
-                f"({part} samples: {self.split.num_samples} over {base.world_size} ranks); with last_batch "
-                f"'drop' every epoch would be empty"
-            )
+        base = self.base
+        try:  # the daemon's own check
+            check_epochs_hold_batches(self.split.num_samples, base.world_size, base.rank, batch_size,
+                                      base.last_batch, f"{base.dataset}/{base.split}")
+        except InvalidArgument as e:
+            raise ConfigError(str(e)) from e

@@ -32,8 +32,11 @@ from protocol.plan import (
     BatchSlice,
     LastBatch,
     RankPart,
+    batch_count,
+    check_epochs_hold_batches,
     epoch_order,
     iter_batches,
+    plan_length,
     rank_part,
     remaining_order,
     tail_skipped,
@@ -177,6 +180,8 @@ class FeederService:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
         part = self._part(spec, split, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
+        check_epochs_hold_batches(len(split), spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
+                                  f"{clip(spec.dataset)}/{clip(spec.split)}")
         client = client_key(peer, transport.client.pid if transport.client is not None else 0)
         job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(client, job, need)  # before building anything for a refused stream
@@ -239,23 +244,45 @@ class FeederService:
         return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        """The batches of every requested epoch (every ``batch_stride``-th from
-        ``batch_offset``, counted from the stream's first: a rank's share of a pool of
-        daemons); counts what ``drop`` skips (once, by the stream of offset 0)."""
-        for number, batch in enumerate(self._all_slices(spec, split, first)):
-            if number % spec.batch_stride == spec.batch_offset:
+        """The batches of every requested epoch: every ``batch_stride``-th from
+        ``batch_offset``, counted from the stream's first (a rank's share of a pool of
+        daemons). The epochs after the first hold the same number of batches, so those
+        holding none of this stream's are passed over unplanned: a stride longer than
+        an epoch costs no shuffle per epoch passed."""
+        yield from self._epoch_slices(spec, first, spec.epoch, spec.start_cursor, spec.max_samples, 0)
+        number = batch_count(len(first), spec.start_cursor, spec.batch_size, spec.last_batch, spec.max_samples)
+        full = plan_length(len(split), spec.world_size, spec.last_batch)
+        per_epoch = batch_count(full, 0, spec.batch_size, spec.last_batch)
+        k = 1
+        while k < spec.epochs and per_epoch:
+            passed = min(((spec.batch_offset - number) % spec.batch_stride) // per_epoch, spec.epochs - k)
+            if passed:
+                self._count_dropped(spec, full, 0, 0, len(split) - min(len(split), full * spec.world_size), passed)
+                k, number = k + passed, number + passed * per_epoch
+                continue
+            epoch = spec.epoch + k
+            yield from self._epoch_slices(spec, self._part(spec, split, epoch), epoch, 0, 0, number)
+            k, number = k + 1, number + per_epoch
+
+    def _epoch_slices(self, spec: StreamSpec, part: RankPart, epoch: int, cursor: int, limit: int,
+                      number: int) -> Iterator[BatchSlice]:
+        """The stream's batches of one epoch's ``part``, the first of which is the
+        stream's ``number``-th."""
+        self._count_dropped(spec, len(part), cursor, limit, part.skipped)
+        batches = iter_batches(part, cursor, spec.batch_size, spec.last_batch, limit, epoch=epoch)
+        for n, batch in enumerate(batches, start=number):
+            if n % spec.batch_stride == spec.batch_offset:
                 yield batch
 
-    def _all_slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        for k in range(spec.epochs):
-            epoch = spec.epoch + k
-            part = first if k == 0 else self._part(spec, split, epoch)
-            cursor, limit = (spec.start_cursor, spec.max_samples) if k == 0 else (0, 0)
-            if spec.last_batch is LastBatch.DROP and spec.batch_offset == 0:
-                tail = tail_skipped(len(part), cursor, spec.batch_size, limit)
-                remainder = part.skipped if cursor == 0 and spec.rank == 0 else 0  # once per job
-                self.metrics.samples_skipped(tail + remainder)
-            yield from iter_batches(part, cursor, spec.batch_size, spec.last_batch, limit, epoch=epoch)
+    def _count_dropped(self, spec: StreamSpec, part_length: int, cursor: int, limit: int, remainder: int,
+                       epochs: int = 1) -> None:
+        """Counts what ``drop`` skips of ``epochs`` epochs: each part's tail, and the
+        samples left over by the split among the ranks (``remainder``, counted by the
+        job's rank 0 from an epoch's start); by the stream of offset 0 alone."""
+        if spec.last_batch is not LastBatch.DROP or spec.batch_offset != 0:
+            return
+        tail = tail_skipped(part_length, cursor, spec.batch_size, limit)
+        self.metrics.samples_skipped(epochs * (tail + (remainder if cursor == 0 and spec.rank == 0 else 0)))
 
     def _split(self, spec: StreamSpec) -> SplitIndex:
         dataset = self.datasets.get(spec.dataset)

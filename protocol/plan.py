@@ -37,6 +37,8 @@ __all__ = [
     "LastBatch",
     "RankPart",
     "Segment",
+    "batch_count",
+    "check_epochs_hold_batches",
     "check_segments",
     "epoch_order",
     "iter_batches",
@@ -239,6 +241,39 @@ def iter_batches(
             yield _padded(part, lo, hi, batch_size, epoch)
             return
         yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi, epoch=epoch)
+
+
+def batch_count(part_length: int, start_cursor: int, batch_size: int, policy: LastBatch, max_samples: int = 0) -> int:
+    """How many batches :func:`iter_batches` cuts from a part of ``part_length``
+    samples, without cutting them."""
+    end = part_length if max_samples == 0 else min(part_length, start_cursor + max_samples)
+    full, rest = divmod(max(end - start_cursor, 0), batch_size)
+    at_part_end = end == part_length
+    return full + (1 if rest and (policy is LastBatch.PAD or not at_part_end) else 0)
+
+
+def check_epochs_hold_batches(num_samples: int, world_size: int, rank: int, batch_size: int, policy: LastBatch,
+                              split: str) -> None:
+    """Refuse a stream whose every epoch would be empty: it would serve nothing,
+    however many epochs it asked for (the daemon refuses it when it opens, the loader
+    when it is built).
+
+    Args:
+        split: the split's name in the message (``dataset/split``).
+
+    Raises:
+        InvalidArgument: a ``drop`` batch larger than the rank's part, or a split
+            without samples.
+    """
+    part = plan_length(num_samples, world_size, policy)
+    if batch_count(part, 0, batch_size, policy):
+        return
+    if not num_samples:
+        raise InvalidArgument(f"split: {split} has no samples")
+    raise InvalidArgument(
+        f"batch_size: {batch_size} is larger than rank {rank}'s part of {split} ({part} samples: {num_samples} "
+        f"over {world_size} ranks); with last_batch 'drop' every epoch would be empty"
+    )
 
 
 def tail_skipped(part_length: int, start_cursor: int, batch_size: int, max_samples: int = 0) -> int:

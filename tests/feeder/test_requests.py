@@ -132,7 +132,7 @@ def fuzz_stub(shards):
 def _answer(stub, message: feeder_pb2.StreamRequest) -> grpc.StatusCode | int:
     """The status the daemon answers with, or the number of batches taken (at most
     two: a valid request may ask for a long stream)."""
-    call = stub.StreamBatches(message, timeout=60)
+    call = stub.StreamBatches(message, timeout=20)
     taken = 0
     try:
         for _ in call:
@@ -155,6 +155,42 @@ def test_any_request_gets_batches_or_a_clear_status(fuzz_stub, message):
     event(f"answer: {answer.name if isinstance(answer, grpc.StatusCode) else 'batches'}")
     if isinstance(answer, grpc.StatusCode):
         assert answer in ANSWERS, f"{answer.name} for {message}"
+
+
+def test_a_stream_whose_every_epoch_is_empty_is_refused_at_once(fuzz_stub):
+    server, stub = fuzz_stub
+    # A drop batch larger than each rank's part, for as many epochs as may be asked:
+    # served, it made no batch for ever (a producer planning 2^31 empty epochs).
+    empty = request(split="val", world_size=1000, batch_size=16, epochs=2**31 - 1)
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.StreamBatches(empty, timeout=20))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("batch_size: 16 is larger than rank 0's part of sample/val (0 samples")
+    padded = request(split="val", world_size=1000, batch_size=16, last_batch=feeder_pb2.LAST_BATCH_PAD, epochs=3)
+    assert [sum(not p for p in b.padding) for b in stub.StreamBatches(padded, timeout=20)] == [1, 1, 1]
+
+
+def _epochs_and_keys(stub, **fields) -> list[tuple[int, list[str]]]:
+    return [(b.epoch, list(b.keys)) for b in stub.StreamBatches(request(split="val", **fields), timeout=60)]
+
+
+@pytest.mark.parametrize("batch_size,stride", [(16, 5), (4, 3), (4, 4), (5, 2)])
+def test_strided_streams_share_the_batches_of_every_epoch(fuzz_stub, batch_size, stride):
+    _, stub = fuzz_stub
+    fields = dict(batch_size=batch_size, epoch=3, epochs=11, last_batch=feeder_pb2.LAST_BATCH_PAD)
+    whole = _epochs_and_keys(stub, **fields)
+    assert len({epoch for epoch, _ in whole}) == 11
+    for offset in range(stride):
+        assert _epochs_and_keys(stub, batch_stride=stride, batch_offset=offset, **fields) == whole[offset::stride]
+
+
+def test_a_stride_longer_than_an_epoch_takes_its_batch_from_every_1024th_epoch(fuzz_stub):
+    _, stub = fuzz_stub
+    # One batch an epoch: every 1024th is 1023 epochs further, 2^31 epochs asked.
+    call = stub.StreamBatches(request(split="val", batch_size=16, batch_stride=1024, batch_offset=1000,
+                                      epochs=2**31 - 1), timeout=20)
+    assert [next(call).epoch for _ in range(3)] == [1000, 2024, 3048]
+    call.cancel()
 
 
 def test_daemon_serves_normally_after_the_fuzzing(fuzz_stub):

@@ -12,6 +12,8 @@ from protocol.plan import (
     LastBatch,
     RankPart,
     Segment,
+    batch_count,
+    check_epochs_hold_batches,
     epoch_order,
     iter_batches,
     plan_length,
@@ -186,3 +188,23 @@ def test_segments_chain_when_a_job_changes_size_twice_in_an_epoch():
 def test_segments_that_cannot_describe_the_epoch_are_refused(segment, message):
     with pytest.raises(InvalidArgument, match=message):
         remaining_order(np.arange(100), (segment,), LastBatch.DROP)
+
+
+@pytest.mark.parametrize("policy", list(LastBatch))
+def test_batch_count_is_the_number_of_batches_iter_batches_cuts(policy):
+    for length, cursor, batch, limit in itertools.product(range(0, 12), range(0, 12), (1, 3, 4, 16), (0, 1, 5)):
+        if cursor > length:
+            continue
+        part = RankPart(np.arange(length), np.zeros(length, dtype=bool), 0)
+        cut = list(iter_batches(part, cursor, batch, policy, limit))
+        assert batch_count(length, cursor, batch, policy, limit) == len(cut), (length, cursor, batch, limit)
+
+
+def test_streams_whose_every_epoch_is_empty_are_refused_naming_why():
+    check_epochs_hold_batches(16, 4, 0, 4, LastBatch.DROP, "d/val")
+    check_epochs_hold_batches(16, 1000, 999, 16, LastBatch.PAD, "d/val")  # one sample and 15 repeats
+    with pytest.raises(InvalidArgument, match=r"^batch_size: 5 is larger than rank 3's part of d/val \(4 samples: "
+                                              r"16 over 4 ranks\); with last_batch 'drop' every epoch would be empty$"):
+        check_epochs_hold_batches(16, 4, 3, 5, LastBatch.DROP, "d/val")
+    with pytest.raises(InvalidArgument, match=r"^split: d/val has no samples$"):
+        check_epochs_hold_batches(0, 1, 0, 1, LastBatch.PAD, "d/val")
