@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 from feeder.call_guard import CallGuard
 from feeder.config import ServerConfig, cpu_decoder_in_use
 from feeder.log_lines import LineLimitFilter
@@ -24,12 +24,14 @@ from feeder.security import TokenInterceptor, listen_on_socket, read_token, serv
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
+from sharder.config import VerifyConfig
+from sharder.verify import verify
 from shards import jpeg
 from transport.shm import sweep_stale
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeederServer", "create_server", "format_address", "serve"]
+__all__ = ["FeederServer", "create_server", "format_address", "serve", "verify_datasets"]
 
 SERVICE_NAME = feeder_pb2.DESCRIPTOR.services_by_name["Feeder"].full_name
 
@@ -37,6 +39,22 @@ SERVICE_NAME = feeder_pb2.DESCRIPTOR.services_by_name["Feeder"].full_name
 def format_address(host: str, port: int) -> str:
     """``host:port``, with brackets around an IPv6 host."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def verify_datasets(config: ServerConfig) -> None:
+    """``--verify-on-start``: check every dataset as ``feeder verify`` does.
+
+    Raises:
+        DataError: the first problem found, naming the dataset and the file, with the
+            count of the others (``feeder verify`` lists them all).
+    """
+    for name, root in config.datasets.items():
+        result = verify(VerifyConfig(root, progress=False, s3_endpoint=config.s3_endpoint))
+        if result.problems:
+            more = len(result.problems) - 1
+            others = f" (and {more} more problem(s): feeder verify {root})" if more else ""
+            raise DataError(f"verify_on_start: dataset {name}: {result.problems[0]}{others}")
+        log.info("dataset %s: %s", name, result.summary())
 
 
 class FeederServer:
@@ -62,6 +80,8 @@ class FeederServer:
         remote = remote_access(config)
         try:
             datasets = open_datasets(config.datasets, remote)
+            if config.verify_on_start:
+                verify_datasets(config)
         except BaseException:
             close_remote(remote)
             raise
