@@ -1,0 +1,40 @@
+"""What each open stream uses, in the ``feeder_stream_*`` gauges: the decode threads
+it kept busy, how full its ready queue is and how long its consumer has waited; a
+closed stream's gauges go."""
+
+from __future__ import annotations
+
+from protos import feeder_pb2_grpc
+from tests.common.waiting import wait_for
+from tests.feeder.conftest import connect, request
+
+
+def _gauges(server, name: str) -> dict[str, float]:
+    """Stream label -> value of ``feeder_stream_<name>``."""
+    return {s.labels["stream"]: s.value for metric in server.metrics.registry.collect()
+            if metric.name == f"feeder_stream_{name}" for s in metric.samples}
+
+
+def test_an_unread_stream_shows_a_full_queue_and_a_read_one_its_threads_and_waits(private_server):
+    server, port = private_server(queue_batches=2)
+    with connect(port) as channel:
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        unread = stub.StreamBatches(request(batch_size=4, image_size=32, epochs=1000))
+        next(unread)  # open, then left alone: its queue fills
+        assert wait_for(lambda: len(_gauges(server, "queue_fill")) == 1)
+        (slow,) = _gauges(server, "queue_fill")
+        assert wait_for(lambda: _gauges(server, "queue_fill").get(slow) == 1.0), _gauges(server, "queue_fill")
+        read = stub.StreamBatches(request(batch_size=16, image_size=64, epochs=1000))
+        try:
+            for _ in read:  # taken as fast as it comes: its consumer waits on the daemon
+                busy = {k: v for k, v in _gauges(server, "threads").items() if k != slow}
+                waited = {k: v for k, v in _gauges(server, "consumer_wait_seconds").items() if k != slow}
+                if busy and min(busy.values()) > 0 and waited and min(waited.values()) > 0:
+                    break
+        finally:
+            read.cancel()
+        (fast,) = busy
+        assert 0 < busy[fast] <= 1.0 + 0.05  # --threads 1: at most the whole budget
+        assert wait_for(lambda: _gauges(server, "threads")[slow] == 0.0)  # a full queue asks for no decodes
+        unread.cancel()
+    assert wait_for(lambda: not _gauges(server, "queue_fill")), "a closed stream's gauges stayed"
