@@ -6,16 +6,18 @@ likes, before any handler, token check or limit of the daemon runs. So every met
 is served as request-streaming (the wire is the same for clients: one message each
 way, or one then a stream): the handler starts at once, the guard reads the request
 itself, with a deadline (the call is cancelled when it passes) and a gate on how many
-calls may wait at once (past it, RESOURCE_EXHAUSTED at once), and parses it (a
-malformed message is one rate-limited log line and INVALID_ARGUMENT, not grpcio's
-traceback). Health checks wait in a gate and a thread pool of their own, so feeder's
+calls may wait at once (past it, the one that has waited longest is cancelled), and
+parses it (a malformed message is one rate-limited log line and INVALID_ARGUMENT, not
+grpcio's traceback). Health checks wait in a gate and a thread pool of their own, so feeder's
 calls never make them queue.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any, NoReturn
@@ -23,7 +25,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError
 
-from core.errors import FeederError, InvalidArgument, ResourceExhausted, grpc_code
+from core.errors import FeederError, InvalidArgument, grpc_code
 from feeder.deadlines import Deadlines
 from feeder.log_lines import RateLimitedLog, clip
 from feeder.metrics import ServerMetrics
@@ -41,10 +43,14 @@ Parse = Callable[[bytes], Any]
 
 class WaitingCalls:
     """A gate: at most ``limit`` calls wait for a client message at once, each for
-    at most ``timeout_s`` (then the call is cancelled).
+    at most ``timeout_s`` (then the call is cancelled). A call that finds ``limit``
+    waiting cancels the one that has waited longest and waits in its place: a client
+    sends its request with its call, so a call with its request there passes the
+    gate in microseconds, and calls that never send cannot keep it out however many
+    they are (refusing the newcomer instead would let them).
 
     Args:
-        limit: calls that may wait at once; more are refused as resource exhausted.
+        limit: calls that may wait at once (at least 1).
         timeout_s: seconds a call may wait for a message.
         deadlines: the scheduler that cancels calls past their time.
         metrics: counts waiting, refused and timed-out calls.
@@ -56,17 +62,18 @@ class WaitingCalls:
         self.limit, self.timeout_s = limit, timeout_s
         self._deadlines, self._metrics, self._lines = deadlines, metrics, lines
         self._lock = threading.Lock()
-        self._waiting = 0
+        self._waiting: OrderedDict[int, grpc.ServicerContext] = OrderedDict()  # oldest first
+        self._tickets = itertools.count()
 
     def read(self, requests: Iterator[bytes], context: grpc.ServicerContext, method: str) -> bytes:
         """The next raw message of ``requests``.
 
         Raises:
-            ResourceExhausted: ``limit`` calls are waiting already.
             StopIteration: the client closed its side without a message.
-            grpc.RpcError: the call was cancelled, by its client or at the deadline.
+            grpc.RpcError: the call was cancelled: by its client, at the deadline, or
+                to let a newer call wait.
         """
-        self._enter(context, method)
+        ticket = self._enter(context, method)
         deadline = self._deadlines.add(self.timeout_s, context.cancel)
         try:
             return next(requests)
@@ -78,24 +85,24 @@ class WaitingCalls:
             raise
         finally:
             self._deadlines.clear(deadline)
-            self._leave()
+            self._leave(ticket)
 
-    def _enter(self, context: grpc.ServicerContext, method: str) -> None:
+    def _enter(self, context: grpc.ServicerContext, method: str) -> int:
         with self._lock:
-            full = self._waiting >= self.limit
-            if not full:
-                self._waiting += 1
-        if full:
-            self._metrics.call_refused("waiting")
-            self._lines.warning("too many waiting calls", "RESOURCE_EXHAUSTED %s from %s: %d calls already "
-                                "waiting for their request message", method, clip(context.peer()), self.limit)
-            raise ResourceExhausted(f"calls: {self.limit} calls are already waiting for their request message "
-                                    "(--max-waiting-calls); send the request with the call, or retry later")
+            oldest = self._waiting.popitem(last=False)[1] if len(self._waiting) >= self.limit else None
+            ticket = next(self._tickets)
+            self._waiting[ticket] = context
         self._metrics.call_waiting(+1)
+        if oldest is not None:
+            self._metrics.call_refused("waiting")
+            self._lines.warning("too many waiting calls", "CANCELLED the longest waiting of %d calls without "
+                                "their request message, for %s from %s", self.limit, method, clip(context.peer()))
+            oldest.cancel()
+        return ticket
 
-    def _leave(self) -> None:
+    def _leave(self, ticket: int) -> None:
         with self._lock:
-            self._waiting -= 1
+            self._waiting.pop(ticket, None)
         self._metrics.call_waiting(-1)
 
 

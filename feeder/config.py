@@ -184,8 +184,10 @@ class ServerConfig:
             seconds after the call began is cancelled (clients send it with the call;
             a waiting call holds a gRPC worker thread).
         max_waiting_calls: calls that may wait for their request message at once,
-            each on a gRPC thread beyond ``rpc_threads``; more are refused as resource
-            exhausted. Calls without the token are refused before they wait; health
+            each on a gRPC thread beyond ``rpc_threads``; a call past it cancels the
+            one that has waited longest and waits in its place (a call with its request
+            passes in microseconds, so silent calls cannot keep it out). Calls without
+            the token are refused before they wait; health
             checks have a small gate and threads of their own. The default takes the
             burst of a node's ranks starting together (their requests come with their
             calls, but arrive at once).

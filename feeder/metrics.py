@@ -154,9 +154,9 @@ class ServerMetrics:
             registry=r,
         )
         self.calls_refused = Counter(
-            "feeder_calls_refused", "Calls ended before their handler ran: 'waiting' (--max-waiting-calls "
-            "calls already waiting), 'timeout' (no request message within --first-message-timeout-s), "
-            "'malformed' (not a valid request message).", ["reason"], registry=r,
+            "feeder_calls_refused", "Calls ended before their handler ran: 'waiting' (cancelled after the "
+            "longest wait, to let a newer call wait past --max-waiting-calls), 'timeout' (no request message "
+            "within --first-message-timeout-s), 'malformed' (not a valid request message).", ["reason"], registry=r,
         )
         self.scrapes_refused = Counter(
             "feeder_metrics_scrapes_refused", "Metrics connections not served: 'token' (missing or wrong), "

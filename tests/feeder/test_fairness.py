@@ -132,6 +132,9 @@ def test_a_process_hoarding_unread_streams_and_memory_locks_out_and_slows_no_job
             for channel in hog:
                 channel.close()
             assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams == 0, timeout_s=20)
+    print("each job's images/s beside the hoarder / alone:",  # the figure, shown with -s
+          {job: round(statistics.mean(r[job] for r in shared) / statistics.mean(r[job] for r in alone), 3)
+           for job in alone[0]})
     for job in alone[0]:
         typical_alone, typical_shared = statistics.mean(r[job] for r in alone), statistics.mean(
             r[job] for r in shared)
