@@ -1,6 +1,9 @@
 """The daemon's pipeline alone: images/s of ``feeder.runner.PipelineRunner`` on shard
 bytes in this process, with no stream, queue or transport around it: the ceiling of
 everything above it (``bench/throughput.py``'s in-process loader and the daemon).
+It also reports the pipeline's CPU time per image (every thread of this process) and
+what checking a sample's bytes against its checksum in the index costs of it (xxh3_64
+over every train sample, timed alone: each read of the daemon does it once).
 
 Reads, crop windows and the plan are the daemon's (``shards.reader``,
 ``feeder.augment``, ``protocol.plan``). On the GPU each batch is written device to
@@ -33,6 +36,7 @@ from feeder.pipeline import PipelineSpec  # noqa: E402
 from feeder.runner import PipelineRunner  # noqa: E402
 from protocol.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protocol.request import AugmentKind, CropRange  # noqa: E402
+from shards.layout import sample_checksum  # noqa: E402
 from shards.reader import ShardDataset, SplitIndex  # noqa: E402
 from transport.base import Slot, host_slot  # noqa: E402
 
@@ -54,22 +58,35 @@ def _jobs(split: SplitIndex, args: argparse.Namespace) -> Iterator[Job]:
             yield Job(jpegs, args.image_size, Crops(boxes=boxes, flips=crops.flips))
 
 
-def rate(batches: Iterator[Outcome[Job]], warmup_s: float, seconds: float) -> float:
-    """Images/s over a window of at least ``seconds`` (whole batches) after ``warmup_s``
-    of batches discarded."""
+def rate(batches: Iterator[Outcome[Job]], warmup_s: float, seconds: float) -> tuple[float, float]:
+    """Images/s and CPU ms per image (this process, all threads) over a window of at
+    least ``seconds`` (whole batches) after ``warmup_s`` of batches discarded."""
     start = time.monotonic()
     for _ in batches:
         if time.monotonic() - start >= warmup_s:
             break
-    images, begin = 0, time.monotonic()
+    images, begin, cpu = 0, time.monotonic(), time.process_time()
     for outcome in batches:
         if not isinstance(outcome, Decoded):
             raise outcome.error
         images += len(outcome.job)
         elapsed = time.monotonic() - begin
         if elapsed >= seconds:
-            return images / elapsed
+            return images / elapsed, (time.process_time() - cpu) * 1e3 / images
     raise RuntimeError("pipeline ended early")
+
+
+def checksum_us(split: SplitIndex, passes: int = 5) -> float:
+    """CPU us per image of ``sample_checksum`` over every sample's stored bytes, the
+    median of ``passes`` passes."""
+    data = [split.read(i) for i in range(len(split))]
+    times = []
+    for _ in range(passes):
+        started = time.process_time()
+        for sample in data:
+            sample_checksum(sample)
+        times.append((time.process_time() - started) * 1e6 / len(data))
+    return statistics.median(times)
 
 
 def _device_buffers(args: argparse.Namespace) -> Allocate:
@@ -107,20 +124,27 @@ def main(argv: list[str] | None = None) -> dict:
     runner = PipelineRunner(spec)
     allocate = _device_buffers(args) if args.device == "gpu" else host_slot
     batches = runner.run_many(_jobs(split, args), allocate)
-    rates = []
+    rates, cpu_ms = [], []
     for repeat in range(args.repeats):
-        rates.append(rate(batches, args.warmup_s if repeat == 0 else 0.0, args.seconds))
-        print(f"repeat {repeat + 1}/{args.repeats}: {rates[-1]:.1f} images/s", flush=True)
+        images_per_s, ms = rate(batches, args.warmup_s if repeat == 0 else 0.0, args.seconds)
+        rates.append(images_per_s)
+        cpu_ms.append(ms)
+        print(f"repeat {repeat + 1}/{args.repeats}: {images_per_s:.1f} images/s, {ms:.3f} CPU ms per image", flush=True)
     runner.close()
-    median = statistics.median(rates)
+    median, check_us = statistics.median(rates), checksum_us(split)
+    share = check_us / (statistics.median(cpu_ms) * 1e3)
     print(f"pipeline alone, {args.device}, {args.image_size} px, batch {args.batch_size}: {median:.1f} images/s "
-          f"(device-to-device copies {runner.device_copies}, host copies {runner.host_copies})")
+          f"(device-to-device copies {runner.device_copies}, host copies {runner.host_copies}); "
+          f"{statistics.median(cpu_ms):.3f} CPU ms per image, of which the checksum {check_us:.1f} us ({share:.2%})")
     report = {
         "benchmark": "pipeline",
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()} | {"shards": str(shards)},
         "samples": len(split),
         "images_per_s": rates,
         "median_images_per_s": median,
+        "cpu_ms_per_image": cpu_ms,
+        "checksum_us_per_image": check_us,
+        "checksum_share_of_cpu": share,
         "host_copies": runner.host_copies,
         "device_copies": runner.device_copies,
     }

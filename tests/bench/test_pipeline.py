@@ -21,4 +21,6 @@ def test_the_pipeline_alone_reports_images_per_s_and_its_json(tmp_path: Path, be
 
     assert len(report["images_per_s"]) == 2 and all(r > 0 for r in report["images_per_s"])
     assert report["host_copies"] == 0  # CPU: resized straight into host memory
+    assert len(report["cpu_ms_per_image"]) == 2 and all(ms > 0 for ms in report["cpu_ms_per_image"])
+    assert 0 < report["checksum_share_of_cpu"] < 1  # a sample's checksum is a part of its work
     assert json.loads(out.read_text())["median_images_per_s"] == report["median_images_per_s"]
