@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import grpc
+if TYPE_CHECKING:  # grpc loads where a call is made: the sharder's processes never start its threads
+    import grpc
 
 __all__ = [
     "ConfigError",
@@ -128,15 +129,16 @@ class Unauthenticated(FeederError):
     """A call without the daemon's token, or with a wrong one."""
 
 
-_GRPC_CODES: dict[type[FeederError], grpc.StatusCode] = {
-    ConfigError: grpc.StatusCode.FAILED_PRECONDITION,
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    DataError: grpc.StatusCode.DATA_LOSS,
-    ServiceUnavailable: grpc.StatusCode.UNAVAILABLE,
-    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    FeederError: grpc.StatusCode.INTERNAL,
+# By name of grpc.StatusCode.
+_GRPC_CODES: dict[type[FeederError], str] = {
+    ConfigError: "FAILED_PRECONDITION",
+    InvalidArgument: "INVALID_ARGUMENT",
+    NotFound: "NOT_FOUND",
+    DataError: "DATA_LOSS",
+    ServiceUnavailable: "UNAVAILABLE",
+    ResourceExhausted: "RESOURCE_EXHAUSTED",
+    Unauthenticated: "UNAUTHENTICATED",
+    FeederError: "INTERNAL",
 }
 
 _CLI_PREFIXES: dict[type[FeederError], str] = {
@@ -162,14 +164,16 @@ def error_for_code(code: grpc.StatusCode) -> type[FeederError]:
     """The error a client raises for a call that ended with ``code`` (the table read
     backwards; codes no feeder error maps to give :class:`FeederError`)."""
     for cls, mapped in _GRPC_CODES.items():
-        if mapped == code and cls is not FeederError:
+        if mapped == code.name and cls is not FeederError:
             return cls
     return FeederError
 
 
 def grpc_code(error: FeederError) -> grpc.StatusCode:
     """The gRPC status code a servicer should abort with for ``error``."""
-    return _lookup(_GRPC_CODES, error)
+    import grpc
+
+    return getattr(grpc.StatusCode, _lookup(_GRPC_CODES, error))
 
 
 def cli_message(error: FeederError) -> str:

@@ -137,7 +137,7 @@ class Failure(NamedTuple):
 _STATUS = re.compile(r"status code: (\d{3})(?: ([A-Za-z ]+))?")
 _S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
 _TRANSIENT_TEXT = ("error sending request", "timed out", "timeout", "connection", "reset", "broken pipe",
-                   "error decoding response body", "unexpected eof", "dns error")
+                   "error decoding response body", "body error", "unexpected eof", "dns error")
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 

@@ -47,6 +47,8 @@ _RANGE = ("Generic S3 error: Error performing GET http://127.0.0.1:39493/bkt/p/a
           "non-2xx status code: 416 Range Not Satisfiable: <Error><Code>InvalidRange</Code>")
 _REFUSED = ("Generic S3 error: Error performing GET http://127.0.0.1:1/bkt/p/a.bin in 117.469µs - HTTP error: error "
             "sending request\n\nDebug source:\nGeneric {\n    store: \"S3\",")
+# The store killed while it sent a body (seen from SeaweedFS under SIGKILL).
+_CUT = "Generic S3 error: HTTP error: request or response body error"
 _SLOW_DOWN = ("Generic S3 error: Error performing GET http://h/b/k in 2ms - Server returned non-2xx status code: "
               "503 Service Unavailable: <Error><Code>SlowDown</Code><Message>Please reduce your request rate.")
 _THROTTLED = "Generic S3 error: Server returned non-2xx status code: 429 Too Many Requests: "
@@ -60,6 +62,7 @@ _BAD_REQUEST = ("Generic S3 error: Server returned non-2xx status code: 400 Bad 
     (PermissionDeniedError(_DENIED), "refused", 403, "403 Forbidden (SignatureDoesNotMatch)"),
     (RuntimeError(_RANGE), "short", 416, "416 Range Not Satisfiable (InvalidRange)"),
     (RuntimeError(_REFUSED), "transient", None, "no answer (connection refused, reset or timed out)"),
+    (RuntimeError(_CUT), "transient", None, _CUT),
     (RuntimeError(_SLOW_DOWN), "transient", 503, "503 Service Unavailable (SlowDown)"),
     (RuntimeError(_THROTTLED), "transient", 429, "429 Too Many Requests"),
     (RuntimeError(_BAD_REQUEST), "other", 400, "400 Bad Request (InvalidArgument)"),
