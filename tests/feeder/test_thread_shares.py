@@ -73,6 +73,7 @@ def test_jobs_opened_at_once_share_the_budget_evenly_on_no_more_threads(service)
         time.sleep(3.0)
         rates = [job.rate(start, start + 3.0) for job in jobs]
         decoding = [t.name for t in threading.enumerate() if t.name.startswith("feeder-decode")]
+        print(f"{len(decoding)} decode threads; fastest job / slowest: {max(rates) / min(rates):.3f}")  # with -s
         assert len(decoding) == _THREADS  # the budget, however many streams
         assert not [t.name for t in threading.enumerate() if t.name.startswith(("feeder-resize", "feeder-cache"))]
         assert min(rates) > 0 and max(rates) / min(rates) <= 1.15, rates
@@ -103,6 +104,7 @@ def test_a_job_alone_gives_half_the_threads_back_when_a_second_opens(service):
         second.thread.start()
         time.sleep(1.0)  # within a few seconds
         shared = _threads([first, second], 2.0)
+        print(f"threads alone {alone:.2f}, then {shared[0]:.2f} and {shared[1]:.2f}")  # with -s
         assert alone > 1.2, alone  # it had most of both threads
         assert shared[0] < 0.8 * alone, (alone, shared)  # it gave about half back
         assert abs(shared[0] - shared[1]) <= 0.15 * max(shared), shared
