@@ -174,6 +174,26 @@ def test_an_unread_stream_is_cancelled_after_the_idle_timeout(private_server, ca
     assert any("idle" in r.getMessage() and "cancelled" in r.getMessage() for r in caplog.records)
 
 
+def test_while_a_client_is_refused_for_all_streams_unread_ones_are_cancelled_sooner(private_server):
+    server, port = private_server(max_streams=2, idle_timeout_s=600.0, contended_idle_timeout_s=1.0)
+    with connect(port) as hog, connect(port) as channel:
+        unread = [feeder_pb2_grpc.FeederStub(hog).StreamBatches(request(batch_size=16, image_size=128, epochs=50))
+                  for _ in range(2)]
+        assert wait_for(lambda: server.service.open_streams() == 2)
+        stub = feeder_pb2_grpc.FeederStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stub.StreamBatches(request()))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # the node is now contended
+        # Long before --idle-timeout-s, the unread streams give their places up.
+        assert wait_for(lambda: server.service.open_streams() == 0, timeout_s=15)
+        assert len(list(stub.StreamBatches(request(max_samples=10)))) == 2
+        assert server.metrics.registry.get_sample_value("feeder_streams_idle_cancelled_total") == 2
+        for call in unread:
+            with pytest.raises(grpc.RpcError) as ended:
+                list(call)
+            assert ended.value.code() == grpc.StatusCode.CANCELLED
+
+
 def test_a_slow_but_steady_reader_is_not_idle(private_server):
     server, port = private_server(idle_timeout_s=2.0)
     with connect(port) as channel:
