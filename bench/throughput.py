@@ -60,7 +60,7 @@ from bench.summary import (  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
 from core.errors import FeederError  # noqa: E402
-from core.processes import die_with_parent  # noqa: E402
+from core.processes import limited  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
@@ -217,8 +217,8 @@ def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[s
     """
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as log_file:
-        proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(limited(command, die_with_parent=True), cwd=REPO, env=env, stdout=log_file,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         _RUNNING.add(proc)
         watch = _MemoryWatch(proc.pid)
         watch.start()

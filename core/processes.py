@@ -1,25 +1,54 @@
-"""Child processes that do not outlive their parent."""
+"""Child processes with limits of their own (dying with their parent, a file size
+limit), set without ``preexec_fn``.
+
+``subprocess`` runs a ``preexec_fn`` in a forked copy of the caller, with the
+caller's at-fork handlers. In a process where grpc has run, grpc's handler restarts
+its event-engine poller in that copy, and the copy closes its descriptors before it
+execs: the poller finds its epoll descriptor gone and aborts the child (SIGABRT,
+"epoll_wait error: Bad file descriptor"; grpc/grpc#43055). So the limits are set by
+a short Python prelude the child runs itself, which then execs the command: the
+caller forks no Python code.
+"""
 
 from __future__ import annotations
 
-import ctypes
-import signal
+import os
+import sys
+from collections.abc import Sequence
 
-__all__ = ["die_with_parent"]
+__all__ = ["limited"]
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-
-def die_with_parent() -> None:
-    """Makes this process get SIGKILL when its parent dies, even by SIGKILL, which
-    leaves the parent no time to stop it (Linux ``prctl``; elsewhere nothing).
-
-    Meant as ``subprocess.Popen(preexec_fn=die_with_parent)``. Linux sends the signal
-    when the *thread* that started the child ends: start it from a thread that lives
-    as long as the child should (the main thread).
-    """
+# argv: parent pid (0: not tied to it), file size limit in bytes (-1: none), command.
+_PRELUDE = f"""
+import ctypes, os, resource, signal, sys
+parent, file_size = int(sys.argv[1]), int(sys.argv[2])
+if parent:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        sys.exit(1)
+if file_size >= 0:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+os.execvp(sys.argv[3], sys.argv[3:])
+"""
+
+
+def limited(command: Sequence[str], die_with_parent: bool = False, file_size_bytes: int | None = None) -> list[str]:
+    """``command`` started through the prelude that sets its limits, for
+    ``subprocess.Popen`` (same pid, same arguments once it execs).
+
+    Args:
+        die_with_parent: the child gets SIGKILL when its parent dies, even by SIGKILL,
+            which leaves the parent no time to stop it (Linux ``prctl``; elsewhere
+            nothing). Linux sends it when the *thread* that started the child ends:
+            start it from a thread that lives as long as the child should.
+        file_size_bytes: ``RLIMIT_FSIZE`` of the child: a write past it fails with
+            EFBIG (as on a file system with a size limit).
+    """
+    parent = os.getpid() if die_with_parent else 0
+    size = -1 if file_size_bytes is None else file_size_bytes
+    return [sys.executable, "-I", "-S", "-c", _PRELUDE, str(parent), str(size), *command]

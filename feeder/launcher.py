@@ -16,7 +16,7 @@ from types import TracebackType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from core.processes import die_with_parent
+from core.processes import limited
 
 __all__ = ["DaemonProcess"]
 
@@ -82,9 +82,8 @@ class DaemonProcess:
             RuntimeError: it exited or did not become healthy in time (with its last
                 lines of output).
         """
-        self._proc = subprocess.Popen(self.command, cwd=self._cwd, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True,
-                                      preexec_fn=die_with_parent if self._die_with_parent else None)
+        self._proc = subprocess.Popen(limited(self.command, die_with_parent=self._die_with_parent), cwd=self._cwd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         found: list[str] = []
         ready = threading.Event()
         threading.Thread(target=self._read_output, args=(found, ready), name="feeder-daemon-output",

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.processes import limited
+
 __all__ = [
     "OPTIONS", "REPO", "SHARD_BYTES", "kill_after_second_shard", "killing_command", "shard_command", "tree_bytes",
 ]
@@ -36,10 +38,13 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def shard_command(src: Path, out: Path, *extra: str, **popen: Any) -> subprocess.CompletedProcess[str]:
+def shard_command(src: Path, out: Path, *extra: str, file_size_bytes: int | None = None,
+                  **popen: Any) -> subprocess.CompletedProcess[str]:
     """``python -m feeder shard SRC OUT`` with ``OPTIONS`` and ``extra``, run to its end
-    (``popen``: more arguments of ``subprocess.run``)."""
-    command = [sys.executable, "-m", "feeder", "shard", str(src), str(out), *OPTIONS, *extra]
+    (``file_size_bytes``: its RLIMIT_FSIZE; ``popen``: more arguments of
+    ``subprocess.run``)."""
+    command = limited([sys.executable, "-m", "feeder", "shard", str(src), str(out), *OPTIONS, *extra],
+                      file_size_bytes=file_size_bytes)
     env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}  # nothing written but the run's own files
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, **popen)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
 from pathlib import Path
 
 import pytest
@@ -65,15 +64,9 @@ def test_no_space_left_is_one_line_and_the_same_command_resumes(src: Path, refer
     assert tree_bytes(out) == tree_bytes(reference)
 
 
-def _file_size_limit(limit_bytes: int):
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-    return limit
-
-
 def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    failed = shard_command(src, out, preexec_fn=_file_size_limit(40_000))  # below the first tar's 58,880 bytes
+    failed = shard_command(src, out, file_size_bytes=40_000)  # below the first tar's 58,880 bytes
 
     _assert_one_line(failed, f"feeder: error: {out / 'train' / 'shard-000000.tar'}: file too large {_NO_ROOM}")
     assert sorted(p.name for p in (out / "train").iterdir()) == []
@@ -84,7 +77,7 @@ def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, refer
 
 def test_an_lmdb_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    failed = shard_command(src, out, preexec_fn=_file_size_limit(100_000))  # every tar fits, train's LMDB does not
+    failed = shard_command(src, out, file_size_bytes=100_000)  # every tar fits, train's LMDB does not
 
     assert failed.returncode == 1, failed.stderr
     assert failed.stderr.count("\n") == 1, failed.stderr

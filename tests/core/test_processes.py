@@ -1,0 +1,51 @@
+"""``core.processes.limited``: the child sets its own limits, then execs the command
+(same pid, same arguments), so its parent forks no Python code."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from core.processes import limited
+
+_SHOW = ("import ctypes, os, resource, sys; pdeath = ctypes.c_int(); "
+         "ctypes.CDLL(None).prctl(2, ctypes.byref(pdeath), 0, 0, 0); "  # PR_GET_PDEATHSIG
+         "print(os.getpid(), pdeath.value, resource.getrlimit(resource.RLIMIT_FSIZE)[0], sys.argv[1:])")
+
+
+def _shown(command: list[str]) -> tuple[int, list[str]]:
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    pid, *rest = out.split(" ", 1)
+    assert int(pid) == proc.pid  # exec'd in place: the same process
+    return proc.pid, rest
+
+
+def test_the_command_runs_in_place_with_its_limits_and_arguments():
+    _, (shown,) = _shown(limited([sys.executable, "-c", _SHOW, "a b", "-c"], die_with_parent=True,
+                                 file_size_bytes=40_000))
+    assert shown.strip() == f"{int(signal.SIGKILL)} 40000 ['a b', '-c']"
+
+
+def test_without_limits_the_command_runs_unchanged():
+    _, (shown,) = _shown(limited([sys.executable, "-c", _SHOW]))
+    unlimited = subprocess.run([sys.executable, "-c", "import resource; print(resource.getrlimit("
+                                "resource.RLIMIT_FSIZE)[0])"], capture_output=True, text=True).stdout.strip()
+    assert shown.strip() == f"0 {unlimited} []"
+
+
+def test_a_child_of_a_process_where_grpc_ran_starts():
+    # grpc's at-fork handler restarts its poller in a forked copy of the caller, which
+    # aborts once the copy closes its descriptors: the prelude forks no Python code.
+    import grpc
+
+    with grpc.insecure_channel("127.0.0.1:1") as channel:
+        with pytest.raises(grpc.FutureTimeoutError):
+            grpc.channel_ready_future(channel).result(timeout=0.2)  # its poller runs
+        codes = [subprocess.run(limited([sys.executable, "-c", "pass"], die_with_parent=True)).returncode
+                 for _ in range(20)]
+    assert codes == [0] * 20
