@@ -32,8 +32,8 @@ proto: $(PROTO_OUT)
 # Three workers (on two cores) for the tests that wait more than they compute; the ones comparing rates
 # or shares of the machine (marked serial) after them, alone.
 test: install typecheck lint
-	$(BIN)/python -m pytest -q -n 3 -m "not serial"
-	$(BIN)/python -m pytest -q -m serial
+	$(BIN)/python -m pytest -q -n 3 -m "not serial" --durations=15
+	$(BIN)/python -m pytest -q -m serial --durations=5
 
 typecheck: install
 	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench

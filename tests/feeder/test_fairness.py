@@ -15,6 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from feeder.admission import stream_need_bytes
+from feeder.config import ServerConfig
 from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.waiting import wait_for
@@ -115,6 +117,13 @@ def _hoard(address: str, stats) -> tuple[list, list]:
             assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams > open_before, timeout_s=10)
     time.sleep(3.0)  # its first batches made: the producers wait on unread queues
     return hog, unread
+
+
+def test_the_hoard_holds_most_of_the_memory_budget_and_leaves_the_jobs_too_little(shards: Path):
+    config = ServerConfig(datasets={"sample": shards}, max_memory_bytes=400 << 20, max_batch_size=64)
+    hoard = 64 * stream_need_bytes(config, 4, 16)
+    jobs = _JOBS * _RANKS * 2 * stream_need_bytes(config, 8, 32)  # a train and a val stream per rank
+    assert hoard > 0.7 * config.max_memory_bytes and hoard + jobs > config.max_memory_bytes
 
 
 def test_a_process_hoarding_unread_streams_and_memory_locks_out_and_slows_no_job(shards: Path):
