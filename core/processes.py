@@ -12,28 +12,33 @@ caller forks no Python code.
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 
 __all__ = ["limited"]
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
 # argv: parent pid (0: not tied to it), file size limit in bytes (-1: none), command.
-_PRELUDE = f"""
+# 1 is PR_SET_PDEATHSIG (linux/prctl.h).
+_PRELUDE = r"""
 import ctypes, os, resource, signal, sys
 parent, file_size = int(sys.argv[1]), int(sys.argv[2])
 if parent:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
     if os.getppid() != parent:
         sys.exit(1)
 if file_size >= 0:
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
-os.execvp(sys.argv[3], sys.argv[3:])
+try:
+    os.execvp(sys.argv[3], sys.argv[3:])
+except OSError as e:
+    sys.stderr.write(f"cannot run {sys.argv[3]}: {e.strerror}\n")
+    sys.exit(127)
 """
 
 
@@ -48,7 +53,13 @@ def limited(command: Sequence[str], die_with_parent: bool = False, file_size_byt
             start it from a thread that lives as long as the child should.
         file_size_bytes: ``RLIMIT_FSIZE`` of the child: a write past it fails with
             EFBIG (as on a file system with a size limit).
+
+    Raises:
+        FileNotFoundError: ``command[0]`` cannot be found or run, as ``Popen`` would
+            raise it (the prelude could only say so in its exit status).
     """
+    if shutil.which(command[0]) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
     parent = os.getpid() if die_with_parent else 0
     size = -1 if file_size_bytes is None else file_size_bytes
     return [sys.executable, "-I", "-S", "-c", _PRELUDE, str(parent), str(size), *command]

@@ -49,3 +49,10 @@ def test_a_child_of_a_process_where_grpc_ran_starts():
         codes = [subprocess.run(limited([sys.executable, "-c", "pass"], die_with_parent=True)).returncode
                  for _ in range(20)]
     assert codes == [0] * 20
+
+
+def test_a_command_that_cannot_be_found_is_refused_as_popen_would(tmp_path):
+    gone = str(tmp_path / "venv" / "bin" / "python")
+    with pytest.raises(FileNotFoundError) as caught:
+        limited([gone, "-c", "pass"])
+    assert caught.value.filename == gone
