@@ -30,7 +30,7 @@ from shards.layout import (
     index_path,
     index_schema,
 )
-from shards.manifest import Root, read_manifest, read_served_manifest
+from shards.manifest import Root, is_inside, read_manifest, read_served_manifest
 
 __all__ = [
     "IndexColumns",
@@ -231,6 +231,8 @@ def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.nda
 
 def _check_extents(root: Root, path: Root, cols: IndexColumns) -> None:
     for shard_id, shard in enumerate(cols.shards):
+        if not is_inside(shard):  # the daemon opens it under the root: no other file
+            raise DataError(f"{path}: shard {shard[:200]!r} is not a relative path inside the shard directory")
         file = root / shard
         if not file.is_file():
             raise DataError(f"{path}: shard {shard} is missing")

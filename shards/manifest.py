@@ -9,7 +9,7 @@ field, instead of failing later as a Python error deep inside the reader.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from core.errors import DataError, NotFound
@@ -18,7 +18,7 @@ from shards.layout import FORMAT_VERSION, MANIFEST_NAME
 if TYPE_CHECKING:
     from shards.remote_root import ObjectPath
 
-__all__ = ["Root", "read_manifest", "read_served_manifest"]
+__all__ = ["Root", "is_inside", "read_manifest", "read_served_manifest"]
 
 # A shard directory: local, or in an object store (read through the same calls).
 Root: TypeAlias = "Path | ObjectPath"
@@ -138,5 +138,20 @@ def _check_split(path: Root, field: str, value: object) -> None:
         where = f"{field}.shards[{i}]"
         shard = _object(path, where, item)
         _string(path, f"{where}.path", shard.get("path", _ABSENT), "a path (a string)")
+        _inside(path, f"{where}.path", shard["path"])
         for count in (c for c in _SHARD_COUNTS if c in shard):
             _count(path, f"{where}.{count}", shard[count])
+
+
+def _inside(path: Root, field: str, value: str) -> None:
+    """A file the manifest names is a relative path inside the shard directory: the
+    daemon opens it under the root, and must not be led to read any other file."""
+    if not is_inside(value):
+        raise DataError(f"{path}: {field}: {value[:200]!r} is not a relative path inside the shard directory")
+
+
+def is_inside(relative: str) -> bool:
+    """Whether ``relative`` names a file under a directory: relative, without ``..``
+    and without a NUL."""
+    parts = PurePosixPath(relative).parts
+    return bool(parts) and not relative.startswith("/") and ".." not in parts and "\0" not in relative

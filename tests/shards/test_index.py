@@ -6,6 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -86,4 +87,17 @@ def test_an_index_of_another_version_than_the_manifest_says_is_refused(shards: P
     copy = _copy(shards, tmp_path)
     _rewrite(copy, "val", drop=HALF_COLUMNS, metadata={INDEX_VERSION_KEY: b"1"})
     with pytest.raises(DataError, match=rf"index format version 1, manifest says {INDEX_VERSION}"):
+        ShardDataset.open("s", copy)
+
+
+@pytest.mark.parametrize("shard", ["../outside.tar", "/etc/passwd", "val/../../outside.tar"])
+def test_an_index_naming_a_file_outside_the_directory_is_refused(shards: Path, tmp_path: Path, shard: str) -> None:
+    copy = _copy(shards, tmp_path)
+    (tmp_path / "outside.tar").write_bytes((copy / "val" / "shard-000000.tar").read_bytes())  # a real tar there
+    path = index_path(copy, "val")
+    table = pq.read_table(path)
+    column = table.schema.get_field_index("shard")
+    table = table.set_column(column, "shard", pa.array([shard] * table.num_rows))
+    pq.write_table(table, path)
+    with pytest.raises(DataError, match=rf"{path}: shard '{shard}' is not a relative path inside the shard directory"):
         ShardDataset.open("s", copy)

@@ -84,6 +84,10 @@ _BAD_MANIFESTS = [
      r"splits\.train\.shards\[0\]: expected an object, got a string"),
     ("a shard path a number", _set("splits", "train", "shards", 0, "path", value=0),
      r"splits\.train\.shards\[0\]\.path: expected a path \(a string\), got a number"),
+    ("a shard path out of the directory", _set("splits", "train", "shards", 0, "path", value="../../etc/passwd"),
+     r"splits\.train\.shards\[0\]\.path: '\.\./\.\./etc/passwd' is not a relative path inside the shard directory"),
+    ("a shard path absolute", _set("splits", "train", "shards", 0, "path", value="/etc/passwd"),
+     r"splits\.train\.shards\[0\]\.path: '/etc/passwd' is not a relative path inside the shard directory"),
     ("a shard size a string", _set("splits", "train", "shards", 0, "bytes", value="1000"),
      r"splits\.train\.shards\[0\]\.bytes: expected an integer, got a string"),
 ]
