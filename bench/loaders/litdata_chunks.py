@@ -29,12 +29,11 @@ from typing import Any
 from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.store_peers import (
     TORCH_REQUIREMENTS,
+    augmented,
     batches,
     built_once,
-    decode,
     local_dataset,
     store_root,
-    train_transform,
 )
 from bench.loaders.tar_samples import read_samples
 from bench.venvs import Environment
@@ -80,15 +79,9 @@ def prepare(spec: LoaderSpec) -> None:
 def _dataset(spec: LoaderSpec, cache: str) -> Any:
     from litdata import StreamingDataset
 
-    transform = train_transform(spec.image_size_px)
-
-    class Augmented(StreamingDataset):  # type: ignore[misc]  # a class of the peer's venv
-        def __getitem__(self, index: Any) -> Any:
-            sample = super().__getitem__(index)
-            return transform(decode(sample["jpg"])), sample["cls"]
-
-    return Augmented(store_root(spec, STORE_PREFIX), cache_dir=cache, shuffle=True, drop_last=True, seed=spec.seed,
-                     storage_options={"endpoint_url": spec.store_endpoint})
+    dataset = augmented(StreamingDataset, spec.image_size_px)
+    return dataset(store_root(spec, STORE_PREFIX), cache_dir=cache, shuffle=True, drop_last=True, seed=spec.seed,
+                   storage_options={"endpoint_url": spec.store_endpoint})
 
 
 @contextmanager

@@ -20,8 +20,8 @@ from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.tar_samples import manifest_digest
 
 __all__ = [
-    "FEEDER_PREFIX", "TORCH_REQUIREMENTS", "batches", "built_once", "decode", "local_dataset", "store_root",
-    "train_transform",
+    "FEEDER_PREFIX", "TORCH_REQUIREMENTS", "augmented", "batches", "built_once", "decode", "local_dataset",
+    "store_root", "train_transform",
 ]
 
 # Where the bench puts feeder's shards in the bucket (WebDataset reads the same tars).
@@ -75,6 +75,20 @@ def decode(jpeg: bytes) -> Any:
     from PIL import Image
 
     return Image.open(io.BytesIO(jpeg)).convert("RGB")
+
+
+def augmented(dataset: type, image_size_px: int) -> type:
+    """A subclass of a peer's ``dataset`` class (its ``StreamingDataset``, of the
+    peer's venv) whose samples, ``{"jpg": bytes, "cls": label}`` as the bench wrote
+    them, come out decoded and augmented: ``(uint8 CHW tensor, label)``."""
+    transform = train_transform(image_size_px)
+
+    class Augmented(dataset):  # type: ignore[misc, valid-type]
+        def __getitem__(self, index: Any) -> Any:
+            sample = super().__getitem__(index)
+            return transform(decode(sample["jpg"])), sample["cls"]
+
+    return Augmented
 
 
 def batches(epoch: Callable[[], Iterable[Any]]) -> Iterator[Batch]:

@@ -29,12 +29,11 @@ from typing import Any
 from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.store_peers import (
     TORCH_REQUIREMENTS,
+    augmented,
     batches,
     built_once,
-    decode,
     local_dataset,
     store_root,
-    train_transform,
 )
 from bench.loaders.tar_samples import read_samples
 from bench.venvs import Environment
@@ -76,15 +75,9 @@ def prepare(spec: LoaderSpec) -> None:
 def _dataset(spec: LoaderSpec, local: str) -> Any:
     from streaming import StreamingDataset
 
-    transform = train_transform(spec.image_size_px)
-
-    class Augmented(StreamingDataset):  # type: ignore[misc]  # a class of the peer's venv
-        def __getitem__(self, index: int) -> Any:
-            sample = super().__getitem__(index)
-            return transform(decode(sample["jpg"])), sample["cls"]
-
-    return Augmented(remote=store_root(spec, STORE_PREFIX), local=local, shuffle=True, shuffle_seed=spec.seed,
-                     batch_size=spec.batch_size)
+    dataset = augmented(StreamingDataset, spec.image_size_px)
+    return dataset(remote=store_root(spec, STORE_PREFIX), local=local, shuffle=True, shuffle_seed=spec.seed,
+                   batch_size=spec.batch_size)
 
 
 @contextmanager
