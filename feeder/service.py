@@ -36,6 +36,7 @@ from protocol.plan import (
     check_epochs_hold_batches,
     epoch_order,
     iter_batches,
+    left_over,
     plan_length,
     rank_part,
     remaining_order,
@@ -257,7 +258,7 @@ class FeederService:
         while k < spec.epochs and per_epoch:
             passed = min(((spec.batch_offset - number) % spec.batch_stride) // per_epoch, spec.epochs - k)
             if passed:
-                self._count_dropped(spec, full, 0, 0, len(split) - min(len(split), full * spec.world_size), passed)
+                self._count_dropped(spec, full, 0, 0, left_over(len(split), spec.world_size, spec.last_batch), passed)
                 k, number = k + passed, number + passed * per_epoch
                 continue
             epoch = spec.epoch + k

@@ -42,6 +42,7 @@ __all__ = [
     "check_segments",
     "epoch_order",
     "iter_batches",
+    "left_over",
     "plan_length",
     "rank_part",
     "remaining_length",
@@ -100,6 +101,11 @@ def plan_length(num_samples: int, world_size: int, policy: LastBatch) -> int:
     if policy is LastBatch.DROP:
         return num_samples // world_size
     return -(-num_samples // world_size)
+
+
+def left_over(num_samples: int, world_size: int, policy: LastBatch) -> int:
+    """Samples of an epoch no rank gets (``drop``: the ``N % w`` over; ``pad``: 0)."""
+    return num_samples - min(num_samples, plan_length(num_samples, world_size, policy) * world_size)
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,7 @@ def rank_part(order: np.ndarray, rank: int, world_size: int, policy: LastBatch) 
     else:
         full = np.resize(order, total) if n else np.zeros(0, dtype=np.int64)
         is_pad = np.arange(total) >= n
-    return RankPart(full[rank::world_size], is_pad[rank::world_size], skipped=n - min(n, total))
+    return RankPart(full[rank::world_size], is_pad[rank::world_size], skipped=left_over(n, world_size, policy))
 
 
 def validate_window(part_length: int, start_cursor: int, max_samples: int) -> None:
