@@ -24,8 +24,6 @@ from feeder.security import TokenInterceptor, listen_on_socket, read_token, serv
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from protos import feeder_pb2
-from sharder.config import VerifyConfig
-from sharder.verify import verify
 from shards import jpeg
 from transport.shm import sweep_stale
 
@@ -48,6 +46,9 @@ def verify_datasets(config: ServerConfig) -> None:
         DataError: the first problem found, naming the dataset and the file, with the
             count of the others (``feeder verify`` lists them all).
     """
+    from sharder.config import VerifyConfig  # the checks load only when asked for
+    from sharder.verify import verify
+
     for name, root in config.datasets.items():
         result = verify(VerifyConfig(root, progress=False, s3_endpoint=config.s3_endpoint))
         if result.problems:
