@@ -6,9 +6,9 @@ from __future__ import annotations
 import grpc
 
 from clients.channel import open_channel, resolve_token
-from clients.fetcher import error_from_rpc
 from clients.loader_config import LoaderConfig
 from clients.spec import SplitInfo
+from clients.verdicts import error_from_rpc
 from core.errors import NotFound, ServiceUnavailable
 from protos import feeder_pb2, feeder_pb2_grpc
 from transport.client import STREAM_BATCHES, SlotReleaser

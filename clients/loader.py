@@ -26,7 +26,7 @@ from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_ra
 from clients.spec import Sizes, StreamSpecs
 from clients.streams import Streams
 from clients.transfer import DeviceTransfer
-from core.errors import ConfigError
+from core.errors import ConfigError, DataError
 from protocol.plan import remaining_length
 from protocol.request import StreamSpec
 from transport.base import HostIdentity
@@ -334,8 +334,9 @@ class FeederLoader(Positioned):
         while len(self) > 0:
             waited = time.perf_counter()
             host = self._streams.next_batch(self.position.epoch, self.position.cursor, self._sizes)
-            if host is None:
-                break
+            if host is None:  # the plan's batches of this epoch are all delivered by then
+                raise DataError(f"{self!r}: the streams ended with {len(self)} batches of epoch "
+                                f"{self.position.epoch} left (cursor {self.position.cursor})")
             out = self._deliver(host)
             now = time.perf_counter()
             self._account(now - waited, now - started)

@@ -88,6 +88,11 @@ class Member:
     def usable(self) -> bool:
         return self.failed_s is None
 
+    @property
+    def left(self) -> bool:
+        """Left for good: never probed or asked again."""
+        return self.retry_s == float("inf")
+
 
 class DaemonPool:
     """The members of one loader's pool. Thread-safe.
@@ -161,11 +166,20 @@ class DaemonPool:
             _log.warning("daemon %s of the pool failed (%s); its batches are asked of the others", member.address, why)
         self._fail(member, why)
 
+    def leave(self, member: Member, why: str) -> None:
+        """``member`` cannot serve the pool's streams (another dataset, a request it
+        refuses, its data broken): never used again, with one line."""
+        if not member.left:
+            _log.error("daemon %s left the pool for good: %s", member.address, why)
+        self._fail(member, why, retry=False)
+
     def _fail(self, member: Member, why: str, retry: bool = True) -> None:
         with self._lock:
             now = time.monotonic()
             if member.failed_s is None:
                 member.failed_s, member.delay_s = now, _FIRST_RETRY_S
+            if member.left:
+                return
             member.why = why
             member.retry_s = now + member.delay_s if retry else float("inf")
             member.delay_s = min(member.delay_s * 2, _MAX_RETRY_S)
@@ -179,13 +193,6 @@ class DaemonPool:
             member = Member(address, Connection(self.config, address), failed_s=time.monotonic(), why="new")
             self.members.append(member)
         self._wake.set()
-
-    def all_failed_since(self) -> float | None:
-        """Since when no member is usable (None: one is)."""
-        with self._lock:
-            if any(m.usable for m in self.members):
-                return None
-            return min(m.failed_s for m in self.members if m.failed_s is not None)
 
     def names(self) -> str:
         """Every member's address and state, for messages."""

@@ -21,6 +21,7 @@ from typing import Any
 from core.errors import ConfigError, InvalidArgument
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
 from protocol.request import CropRange, StreamSpec, from_request, to_request
+from protocol.stream_plan import StreamWindow
 
 __all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
 
@@ -140,6 +141,12 @@ class StreamSpecs:
             ConfigError: what the daemon would refuse, with its message.
         """
         return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs, consumed=consumed)
+
+    def window(self, spec: StreamSpec) -> StreamWindow:
+        """The batches of a stream of ``spec`` (one of these specs), numbered as the
+        daemon numbers them."""
+        return StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch,
+                            self.part_length(spec.epoch), self.samples_per_rank, spec.max_samples)
 
     def check(self, sizes: Sizes, epoch: int | None = None) -> None:
         """Refuse ``sizes`` (from ``epoch`` on) where the daemon would, or where they

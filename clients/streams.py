@@ -9,22 +9,18 @@ holds no reference to its loader, so a finalizer of the loader can own it.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
-from clients.fetcher import StreamFetcher
+from clients.failover import Failover
 from clients.host_batch import HostBatch
 from clients.loader_config import LoaderConfig
 from clients.pool import DaemonPool
-from clients.pooled import PooledFetcher
 from clients.spec import Sizes, StreamSpecs
 from protocol.request import MAX_EPOCH, to_request
 from protos import feeder_pb2
 from transport.base import TransportKind
 
 __all__ = ["Streams"]
-
-# One daemon's stream, or one drawn from a pool of them (the same interface).
-Fetcher = Union[StreamFetcher, PooledFetcher]
 
 # Epochs one stream runs on for when no size change is planned: the daemon plans each
 # epoch only when it gets there, so a long stream costs nothing up front.
@@ -34,7 +30,7 @@ _EPOCHS_PER_STREAM = 1000
 class OpenStream(NamedTuple):
     """A stream and the sizes it was opened with."""
 
-    fetcher: Fetcher
+    fetcher: Failover
     sizes: Sizes
 
 
@@ -60,6 +56,7 @@ class Streams:
         self.planned: dict[int, Sizes] = {}  # epoch -> sizes from then on
         self._closed_reconnects = 0
         self._last_transport = ""
+        self._in_use = 0  # daemons the last closed stream drew from (``as-needed`` starts there)
         # What new streams ask for: the configured transport, or the one a stream fell
         # back to because this process cannot use it (asked for once, warned once).
         self._transport = config.transport_kind
@@ -82,7 +79,7 @@ class Streams:
         kept for the next pass).
 
         Raises:
-            FeederError: what ended the stream (see :meth:`StreamFetcher.get`).
+            FeederError: what ended the stream (see :meth:`Failover.get`).
         """
         host: HostBatch | None
         if self.pending is not None:
@@ -109,12 +106,9 @@ class Streams:
     @property
     def daemons_in_use(self) -> int:
         """Daemons the current stream draws from (0 before the first)."""
-        if self.current is None:
-            return 0
-        fetcher = self.current.fetcher
-        return fetcher.daemons_in_use if isinstance(fetcher, PooledFetcher) else 1
+        return self.current.fetcher.daemons_in_use if self.current is not None else 0
 
-    def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> Fetcher:
+    def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> Failover:
         """The stream that delivers the next batch at ``(epoch, cursor)`` and ``sizes``:
         the open one, else the one opened ahead, else a new one."""
         if self.current is not None and self.current.sizes == sizes:
@@ -130,17 +124,14 @@ class Streams:
             self.current = self._start(epoch, cursor, sizes)
         return self.current.fetcher
 
-    def _open_successor(self, fetcher: Fetcher) -> None:
+    def _open_successor(self, fetcher: Failover) -> None:
         """Once ``fetcher`` has received its stream's last batch (the daemon's side is
         done; the consumer still has the queued ones to drain), open the planned next."""
         planned = self.planned.get(fetcher.end_epoch)
         if planned is None or self.successor is not None or self.current is None or \
                 self.current.fetcher is not fetcher:
             return
-        received_all = fetcher.finished.is_set() or (
-            fetcher.epoch == fetcher.end_epoch - 1
-            and self._specs.batches_after(fetcher.cursor, fetcher.request.batch_size, fetcher.epoch) == 0)
-        if received_all:
+        if fetcher.finished.is_set() or fetcher.received_all:
             self.successor = self._start(fetcher.end_epoch, 0, planned)
 
     def _start(self, epoch: int, cursor: int, sizes: Sizes) -> OpenStream:
@@ -160,13 +151,8 @@ class Streams:
         request = to_request(spec)
         request.transport = self._usable_transport().value
         request.client_host.CopyFrom(self._client_host)
-        if len(self.pool.members) > 1:
-            return OpenStream(PooledFetcher(self.pool, request, self._specs, config, self._pin), sizes)
-        conn = self.pool.members[0].connection
-        fetcher = StreamFetcher(conn.stream_batches, request, conn.address, config.prefetch_batches,
-                                config.reconnect_timeout_s, pin=self._pin, stall_timeout_s=config.stall_timeout_s,
-                                release=conn.releaser, shm_dir=config.shm_dir)
-        return OpenStream(fetcher, sizes)
+        failover = Failover(self.pool, request, self._specs.window(spec), config, self._pin, daemons=self._in_use)
+        return OpenStream(failover, sizes)
 
     def _usable_transport(self) -> TransportKind:
         """The transport new streams ask for: a fetcher changes its request only to
@@ -183,6 +169,7 @@ class Streams:
             if stream is not None:
                 self._last_transport = stream.fetcher.transport or self._last_transport
                 self._closed_reconnects += stream.fetcher.reconnects
+                self._in_use = stream.fetcher.daemons_in_use or self._in_use
                 stream.fetcher.close()
         self.current = self.successor = None
         self.pending = None

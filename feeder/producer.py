@@ -290,7 +290,7 @@ class Producer:
         meta = BatchMeta(
             epoch=batch.epoch,
             cursor=batch.cursor,
-            samples_per_rank=self._ctx.samples_per_rank,
+            samples_per_rank=batch.part_length or self._ctx.samples_per_rank,
             keys=[split.keys[int(i)] for i in batch.indices],
             labels=split.labels[batch.indices],
             padding=batch.padding,

@@ -30,20 +30,17 @@ from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
 from protocol.plan import (
     BatchSlice,
-    LastBatch,
     RankPart,
-    batch_count,
     check_epochs_hold_batches,
     epoch_order,
-    iter_batches,
     left_over,
     plan_length,
     rank_part,
     remaining_order,
-    tail_skipped,
     validate_window,
 )
 from protocol.request import AugmentKind, StreamSpec
+from protocol.stream_plan import Skipped, StreamWindow, stream_steps
 from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
@@ -245,45 +242,23 @@ class FeederService:
         return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        """The batches of every requested epoch: every ``batch_stride``-th from
-        ``batch_offset``, counted from the stream's first (a rank's share of a pool of
-        daemons). The epochs after the first hold the same number of batches, so those
-        holding none of this stream's are passed over unplanned: a stride longer than
-        an epoch costs no shuffle per epoch passed."""
-        yield from self._epoch_slices(spec, first, spec.epoch, spec.start_cursor, spec.max_samples, 0)
-        number = batch_count(len(first), spec.start_cursor, spec.batch_size, spec.last_batch, spec.max_samples)
-        full = plan_length(len(split), spec.world_size, spec.last_batch)
-        per_epoch = batch_count(full, 0, spec.batch_size, spec.last_batch)
-        k = 1
-        while k < spec.epochs and per_epoch:
-            passed = min(((spec.batch_offset - number) % spec.batch_stride) // per_epoch, spec.epochs - k)
-            if passed:
-                self._count_dropped(spec, full, 0, 0, left_over(len(split), spec.world_size, spec.last_batch), passed)
-                k, number = k + passed, number + passed * per_epoch
-                continue
-            epoch = spec.epoch + k
-            yield from self._epoch_slices(spec, self._part(spec, split, epoch), epoch, 0, 0, number)
-            k, number = k + 1, number + per_epoch
+        """The stream's batches, as :func:`protocol.stream_plan.stream_steps` cuts them
+        (every ``batch_stride``-th from ``batch_offset``: a rank's share of a pool of
+        daemons); what ``drop`` skips is counted on the way (the left-over of the
+        split among the ranks by the job's rank 0 alone)."""
+        window = StreamWindow(
+            spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch, len(first),
+            plan_length(len(split), spec.world_size, spec.last_batch), spec.max_samples,
+            left_over(len(split), spec.world_size, spec.last_batch))
 
-    def _epoch_slices(self, spec: StreamSpec, part: RankPart, epoch: int, cursor: int, limit: int,
-                      number: int) -> Iterator[BatchSlice]:
-        """The stream's batches of one epoch's ``part``, the first of which is the
-        stream's ``number``-th."""
-        self._count_dropped(spec, len(part), cursor, limit, part.skipped)
-        batches = iter_batches(part, cursor, spec.batch_size, spec.last_batch, limit, epoch=epoch)
-        for n, batch in enumerate(batches, start=number):
-            if n % spec.batch_stride == spec.batch_offset:
-                yield batch
+        def part_of(epoch: int) -> RankPart:
+            return first if epoch == spec.epoch else self._part(spec, split, epoch)
 
-    def _count_dropped(self, spec: StreamSpec, part_length: int, cursor: int, limit: int, remainder: int,
-                       epochs: int = 1) -> None:
-        """Counts what ``drop`` skips of ``epochs`` epochs: each part's tail, and the
-        samples left over by the split among the ranks (``remainder``, counted by the
-        job's rank 0 from an epoch's start); by the stream of offset 0 alone."""
-        if spec.last_batch is not LastBatch.DROP or spec.batch_offset != 0:
-            return
-        tail = tail_skipped(part_length, cursor, spec.batch_size, limit)
-        self.metrics.samples_skipped(epochs * (tail + (remainder if cursor == 0 and spec.rank == 0 else 0)))
+        for step in stream_steps(window, part_of, spec.batch_stride, spec.batch_offset):
+            if isinstance(step, Skipped):
+                self.metrics.samples_skipped(step.tail + (step.left_over if spec.rank == 0 else 0))
+            else:
+                yield step
 
     def _split(self, spec: StreamSpec) -> SplitIndex:
         dataset = self.datasets.get(spec.dataset)

@@ -79,12 +79,14 @@ class RankPart:
 
 @dataclass(frozen=True)
 class BatchSlice:
-    """The samples of one batch, the cursor after it and the epoch it belongs to."""
+    """The samples of one batch, the cursor after it, the epoch it belongs to and the
+    length of the rank's part of that epoch."""
 
     indices: np.ndarray
     padding: np.ndarray
     cursor: int
     epoch: int = 0
+    part_length: int = 0
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -246,7 +248,7 @@ def iter_batches(
                 return
             yield _padded(part, lo, hi, batch_size, epoch)
             return
-        yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi, epoch=epoch)
+        yield BatchSlice(part.indices[lo:hi], part.padding[lo:hi], cursor=hi, epoch=epoch, part_length=len(part))
 
 
 def batch_count(part_length: int, start_cursor: int, batch_size: int, policy: LastBatch, max_samples: int = 0) -> int:
@@ -296,4 +298,4 @@ def _padded(part: RankPart, lo: int, hi: int, batch_size: int, epoch: int) -> Ba
     repeat = np.resize(part.indices, fill)  # cycles from the part's start
     indices = np.concatenate([part.indices[lo:hi], repeat])
     padding = np.concatenate([part.padding[lo:hi], np.ones(fill, dtype=bool)])
-    return BatchSlice(indices, padding, cursor=hi, epoch=epoch)
+    return BatchSlice(indices, padding, cursor=hi, epoch=epoch, part_length=len(part))

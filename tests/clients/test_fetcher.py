@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from clients import FeederLoader
-from clients.connection import Connection
-from clients.fetcher import StreamFetcher
+from clients.failover import Failover
 from clients.loader_config import LoaderConfig
+from clients.pool import DaemonPool
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
 from protocol.batch import BatchMeta, to_message
-from protocol.plan import LastBatch
+from protocol.plan import LastBatch, plan_length
 from protocol.request import StreamSpec, to_request
+from protocol.stream_plan import StreamWindow
 from protos import feeder_pb2, feeder_pb2_grpc
 from transport.base import TransportKind
 
@@ -38,8 +39,9 @@ class StallingFeeder(feeder_pb2_grpc.FeederServicer):
     """Serves ``SAMPLES`` tiny samples of dataset ``fake``; a stream stops sending (and
     keeps the call open) where ``stalls(call_index, cursor)`` says so."""
 
-    def __init__(self, stalls: Callable[[int, int], bool]) -> None:
-        self.stalls = stalls
+    def __init__(self, stalls: Callable[[int, int], bool],
+                 ends: Callable[[int, int], bool] = lambda c, k: False) -> None:
+        self.stalls, self.ends = stalls, ends
         self.calls = 0
         self._lock = threading.Lock()
 
@@ -51,27 +53,31 @@ class StallingFeeder(feeder_pb2_grpc.FeederServicer):
     def StreamBatches(self, request, context) -> Iterator[feeder_pb2.Batch]:
         with self._lock:
             call, self.calls = self.calls, self.calls + 1
-        cursor = request.start_cursor
-        while cursor < SAMPLES:
-            if self.stalls(call, cursor):
-                while context.is_active():  # sends nothing until the client goes away
-                    time.sleep(0.05)
-                return
-            n = min(request.batch_size, SAMPLES - cursor)
-            yield feeder_pb2.Batch(
-                epoch=request.epoch, cursor=cursor + n, keys=[str(i) for i in range(cursor, cursor + n)],
-                labels=[0] * n, images=bytes(n * SIDE * SIDE * 3), shape=[n, SIDE, SIDE, 3],
-                samples_per_rank=SAMPLES)
-            cursor += n
+        part = SAMPLES // request.world_size  # rank r's samples, as keys r, r + w, ... would be
+        for epoch in range(request.epoch, request.epoch + max(1, request.epochs)):
+            cursor = request.start_cursor if epoch == request.epoch else 0
+            while cursor + request.batch_size <= part:
+                if self.stalls(call, cursor):
+                    while context.is_active():  # sends nothing until the client goes away
+                        time.sleep(0.05)
+                    return
+                if self.ends(call, cursor):  # ends the call with OK, batches left in its plan
+                    return
+                n = request.batch_size
+                yield feeder_pb2.Batch(
+                    epoch=epoch, cursor=cursor + n, keys=[str(i) for i in range(cursor, cursor + n)],
+                    labels=[0] * n, images=bytes(n * SIDE * SIDE * 3), shape=[n, SIDE, SIDE, 3],
+                    samples_per_rank=part)
+                cursor += n
 
 
 @pytest.fixture
 def fake_daemon() -> Iterator[Callable[[Callable[[int, int], bool]], str]]:
     servers = []
 
-    def start(stalls: Callable[[int, int], bool]) -> str:
+    def start(stalls: Callable[[int, int], bool], ends: Callable[[int, int], bool] = lambda c, k: False) -> str:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        feeder_pb2_grpc.add_FeederServicer_to_server(StallingFeeder(stalls), server)
+        feeder_pb2_grpc.add_FeederServicer_to_server(StallingFeeder(stalls, ends), server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         servers.append(server)
@@ -99,6 +105,16 @@ def test_stalled_stream_reopens_at_its_cursor_without_loss_or_repeat(fake_daemon
     assert time.monotonic() - started < 10
 
 
+def test_a_stream_that_ends_before_its_plan_does_is_reopened_at_its_cursor(fake_daemon) -> None:
+    # The first call ends with OK at cursor 8 of 24. Before: the loader took that as the
+    # end of the epoch and went on to the next, 16 samples short, without a word.
+    address = fake_daemon(lambda call, cursor: False, ends=lambda call, cursor: call == 0 and cursor == 8)
+    with _loader(address, prefetch_next_epoch=False) as loader:
+        keys = [k for _, _, batch_keys in loader for k in batch_keys]
+        assert loader.reconnects == 1
+    assert keys == [str(i) for i in range(SAMPLES)]
+
+
 def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> None:
     address = fake_daemon(lambda call, cursor: call > 0 or cursor == 8)
     started = time.monotonic()
@@ -113,19 +129,29 @@ def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> No
     assert time.monotonic() - started < 10
 
 
+def _failover(address: str, spec: StreamSpec, open_stream=None, **options) -> Failover:
+    """A failover over the one daemon at ``address`` (``open_stream`` in place of its calls)."""
+    config = LoaderConfig(address=address, dataset=spec.dataset, **options)
+    pool = DaemonPool(config, [address])
+    part = plan_length(pool.describe(5.0).num_samples, spec.world_size, spec.last_batch)
+    if open_stream is not None:
+        pool.members[0].connection.stream_batches = open_stream
+    window = StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch, part, part)
+    failover = Failover(pool, to_request(spec), window, config, pin=False)
+    failover.close = lambda close=failover.close: (close(), pool.close())  # type: ignore[method-assign]
+    return failover
+
+
 def test_a_refused_request_ends_the_stream_at_once_without_retrying(daemon) -> None:
-    connection = Connection(LoaderConfig(address=daemon, dataset="sample"), daemon)
     # Over the test daemon's --max-batch-size of 64: a loader would refuse it itself.
     spec = StreamSpec("sample", "train", batch_size=1000, image_size=32, last_batch=LastBatch.PAD)
-    fetcher = StreamFetcher(connection.stream_batches, to_request(spec), daemon, depth=1,
-                            reconnect_timeout_s=600, pin=False, stall_timeout_s=600)
+    failover = _failover(daemon, spec, reconnect_timeout_s=600, stall_timeout_s=600)
     try:
         with pytest.raises(InvalidArgument, match=r"batch_size: 1000 is not in 1\.\.64"):
-            fetcher.get()
-        assert fetcher.reconnects == 0
+            failover.get()
+        assert failover.reconnects == 1  # the one call, left
     finally:
-        fetcher.close()
-        connection.close()
+        failover.close()
 
 
 def test_stall_timeout_must_be_positive() -> None:
@@ -147,19 +173,19 @@ class _DeafCall:
         pass
 
 
-def test_get_gives_up_even_when_the_stream_ignores_cancel() -> None:
+def test_get_gives_up_even_when_the_stream_ignores_cancel(fake_daemon) -> None:
     released = threading.Event()
-    request = feeder_pb2.StreamRequest(dataset="fake", split="train", rank=0, world_size=1)
-    fetcher = StreamFetcher(lambda _: _DeafCall(released), request, "127.0.0.1:9", depth=1,
-                            reconnect_timeout_s=0.5, pin=False, stall_timeout_s=0.5)
+    address = fake_daemon(lambda call, cursor: False)
+    spec = StreamSpec("fake", "train", batch_size=4, image_size=SIDE)
+    failover = _failover(address, spec, lambda _: _DeafCall(released), reconnect_timeout_s=0.5, stall_timeout_s=0.5)
     started = time.monotonic()
     try:
-        with pytest.raises(ServiceUnavailable, match="127.0.0.1:9"):
-            fetcher.get()
+        with pytest.raises(ServiceUnavailable, match=address):
+            failover.get()
         assert time.monotonic() - started < 8
     finally:
         released.set()
-        fetcher.close()
+        failover.close()
 
 
 @pytest.mark.slow
@@ -234,7 +260,7 @@ def test_transports_this_process_cannot_use_fall_back_to_the_next_with_one_warni
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        with caplog.at_level(logging.WARNING, logger="clients.fetcher"), \
+        with caplog.at_level(logging.WARNING, logger="clients.failover"), \
                 _loader(f"127.0.0.1:{port}", transport="cuda_ipc", prefetch_batches=2) as loader:
             first = [k for _, _, keys in loader for k in keys]
             loader.set_image_size(2 * SIDE)  # a new stream: it asks for what worked

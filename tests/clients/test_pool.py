@@ -56,12 +56,20 @@ def test_a_daemon_killed_mid_epoch_loses_and_repeats_nothing(shards, reference):
             assert loader.daemons_in_use == 2 or loader.epoch == 1
 
 
-def test_a_stopped_daemon_is_left_to_the_others_and_used_again_once_it_answers(shards, reference):
+def test_a_stopped_daemon_is_left_to_the_others_and_used_again_once_it_answers(shards, reference, caplog):
+    caplog.set_level(logging.WARNING, logger="clients.pool")
     with ExitStack() as stack:
         daemons = _daemons(stack, shards, 3)
         stopped = daemons[2]
-        with FeederLoader([d.address for d in daemons], "sample", **_KW) as loader:
+        # Batches of 16 at 224 px: the first batch of a stream taken over takes longer than a poll.
+        with FeederLoader([d.address for d in daemons], "sample", **(_KW | dict(image_size=224, batch_size=16))) \
+                as loader:
             assert _keys(loader, {2: lambda: os.kill(stopped.pid, signal.SIGSTOP)}) == reference
+            # Only the stopped daemon failed: the stall is timed per daemon, from what it
+            # was asked. Before: from the start of the consumer's wait, so every daemon
+            # that took over after it was "stalled" at its first poll.
+            failed = [r.getMessage() for r in caplog.records if "of the pool failed" in r.getMessage()]
+            assert failed and all(stopped.address in line for line in failed), failed
             os.kill(stopped.pid, signal.SIGCONT)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not all(m.usable for m in loader._streams.pool.members):
