@@ -25,8 +25,9 @@ _KW = dict(split="train", batch_size=4, image_size=16, return_keys=True, normali
            world_size=1, prefetch_next_epoch=False, pool_stall_timeout_s=1.5)
 
 
-def _daemons(stack: ExitStack, shards: Path, count: int) -> list[DaemonProcess]:
-    return [stack.enter_context(DaemonProcess({"sample": shards}, ("--threads", "1"))) for _ in range(count)]
+def _daemons(stack: ExitStack, shards: Path, count: int, *options: str) -> list[DaemonProcess]:
+    return [stack.enter_context(DaemonProcess({"sample": shards}, ("--threads", "1", *options)))
+            for _ in range(count)]
 
 
 def _keys(loader: FeederLoader, after_batch: dict[int, object] | None = None) -> list[str]:
@@ -59,12 +60,13 @@ def test_a_daemon_killed_mid_epoch_loses_and_repeats_nothing(shards, reference):
 def test_a_stopped_daemon_is_left_to_the_others_and_used_again_once_it_answers(shards, reference, caplog):
     caplog.set_level(logging.WARNING, logger="clients.pool")
     with ExitStack() as stack:
-        daemons = _daemons(stack, shards, 3)
+        # Little buffered on either side, so the stopped daemon still owes batches.
+        daemons = _daemons(stack, shards, 3, "--ring-slots", "2", "--queue-batches", "1")
         stopped = daemons[2]
         # Batches of 16 at 224 px: the first batch of a stream taken over takes longer than a poll.
-        with FeederLoader([d.address for d in daemons], "sample", **(_KW | dict(image_size=224, batch_size=16))) \
-                as loader:
-            assert _keys(loader, {2: lambda: os.kill(stopped.pid, signal.SIGSTOP)}) == reference
+        with FeederLoader([d.address for d in daemons], "sample",
+                          **(_KW | dict(image_size=224, batch_size=16, prefetch_batches=1))) as loader:
+            assert _keys(loader, {1: lambda: os.kill(stopped.pid, signal.SIGSTOP)}) == reference
             # Only the stopped daemon failed: the stall is timed per daemon, from what it
             # was asked. Before: from the start of the consumer's wait, so every daemon
             # that took over after it was "stalled" at its first poll.
