@@ -64,7 +64,8 @@ class Connection:
         if found is None:
             names = [s.name for s in info.splits]
             raise NotFound(f"daemon {self.address}: dataset {dataset!r} has no split {split!r} (splits: {names})")
-        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size, info.manifest_sha256)
+        return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size, info.manifest_sha256,
+                         found.index_sha256, dict(reply.pixel_options))
 
     def close(self) -> None:
         """Stops handing slots back and closes the channel."""

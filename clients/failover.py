@@ -273,6 +273,8 @@ class Failover:
         if failure.verdict is Verdict.REFUSED:
             self._refusal = failure
         if failure.verdict is Verdict.LEAVE:
+            if len(self._pool.members) == 1:
+                raise failure.error  # the one daemon cannot serve the stream: the job ends with its line
             self._pool.leave(share.member, failure.detail)
         elif len(self._pool.members) > 1:
             self._pool.fail(share.member, failure.detail)

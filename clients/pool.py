@@ -146,11 +146,11 @@ class DaemonPool:
         if self.split is None:
             raise ServiceUnavailable("the pool has not been described yet")
         member.manifest_sha256 = info.manifest_sha256
-        if info.manifest_sha256 != self.split.manifest_sha256 or info.num_samples != self.split.num_samples:
-            self._fail(member, "another manifest", retry=False)
-            _log.error("daemon %s serves %s/%s from manifest %s, the pool's is %s: left out of the pool",
-                       member.address, self.config.dataset, self.config.split, info.manifest_sha256[:12] or "?",
-                       self.split.manifest_sha256[:12] or "?")
+        theirs, ours = info.identity(), self.split.identity()
+        if theirs != ours or info.num_samples != self.split.num_samples:
+            self._fail(member, "another manifest, index or pixel options", retry=False)
+            _log.error("daemon %s serves %s/%s with %s, the pool's is %s: left out of the pool", member.address,
+                       self.config.dataset, self.config.split, theirs.describe(), ours.describe())
             return False
         return True
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError, InvalidArgument
+from protocol.identity import Identity, digest_for
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
 from protocol.request import CropRange, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow
@@ -59,12 +60,21 @@ class SplitInfo:
         classes: Class names, in label order.
         max_batch_size: The daemon's ``--max-batch-size``; 0: not said (an older daemon).
         manifest_sha256: The dataset's manifest identity ("" from an older daemon).
+        index_sha256: The split's index identity ("" from an older daemon).
+        pixel_options: The daemon's options that change pixels (empty from an older
+            daemon; see :mod:`protocol.identity`).
     """
 
     num_samples: int
     classes: list[str]
     max_batch_size: int = 0
     manifest_sha256: str = ""
+    index_sha256: str = ""
+    pixel_options: dict[str, str] = field(default_factory=dict)
+
+    def identity(self, antialias: bool | None = None) -> Identity:
+        """What a daemon must serve for a request of ``antialias`` to stand in for this one."""
+        return Identity(self.manifest_sha256, self.index_sha256, digest_for(self.pixel_options, antialias))
 
 
 @contextmanager
@@ -114,7 +124,9 @@ class StreamSpecs:
     """
 
     def __init__(self, base: StreamSpec, split: SplitInfo) -> None:
-        self.base = base
+        served = split.identity(base.antialias)  # carried by every request, checked on every open
+        self.base = respec(base, manifest_sha256=served.manifest_sha256, index_sha256=served.index_sha256,
+                           pixel_options_sha256=served.pixel_options_sha256)
         self.split = split
         # Length of this rank's part of a whole epoch.
         self.samples_per_rank = plan_length(split.num_samples, base.world_size, base.last_batch)

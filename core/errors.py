@@ -19,8 +19,10 @@ __all__ = [
     "ConfigError",
     "DataError",
     "FeederError",
+    "IdentityMismatch",
     "InvalidArgument",
     "NotFound",
+    "PermissionDenied",
     "ResourceExhausted",
     "Located",
     "SampleCorrupt",
@@ -41,6 +43,12 @@ class FeederError(Exception):
 
 class ConfigError(FeederError):
     """A command-line option or configuration value that cannot work."""
+
+
+class IdentityMismatch(ConfigError):
+    """A request for other data or pixels than the daemon serves under the name: the
+    dataset re-sharded, its index changed, or options that change pixels differ (the
+    message names both sides)."""
 
 
 class InvalidArgument(FeederError):
@@ -126,7 +134,12 @@ class ResourceExhausted(FeederError):
 
 
 class Unauthenticated(FeederError):
-    """A call without the daemon's token, or with a wrong one."""
+    """A call without the daemon's token, or with a wrong one; credentials a store
+    refused or found expired."""
+
+
+class PermissionDenied(FeederError):
+    """Credentials that are valid but not allowed what was asked (a store's 403)."""
 
 
 # By name of grpc.StatusCode.
@@ -138,6 +151,7 @@ _GRPC_CODES: dict[type[FeederError], str] = {
     ServiceUnavailable: "UNAVAILABLE",
     ResourceExhausted: "RESOURCE_EXHAUSTED",
     Unauthenticated: "UNAUTHENTICATED",
+    PermissionDenied: "PERMISSION_DENIED",
     FeederError: "INTERNAL",
 }
 
@@ -149,6 +163,7 @@ _CLI_PREFIXES: dict[type[FeederError], str] = {
     ServiceUnavailable: "unavailable",
     ResourceExhausted: "over budget",
     Unauthenticated: "not authenticated",
+    PermissionDenied: "permission denied",
     FeederError: "error",
 }
 

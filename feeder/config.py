@@ -22,6 +22,7 @@ from feeder.config_values import (
     parse_datasets,
     physical_memory_bytes,
 )
+from protocol.identity import pixel_options
 
 if TYPE_CHECKING:
     from transport.base import TransportConfig
@@ -346,6 +347,13 @@ class ServerConfig:
     def remote_datasets(self) -> list[str]:
         """The names of the datasets in object stores."""
         return [name for name, root in self.datasets.items() if isinstance(root, str)]
+
+    @property
+    def pixel_options(self) -> dict[str, str]:
+        """The options that change a stream's pixels, as ``ListDatasets`` reports them
+        (:func:`protocol.identity.pixel_options`)."""
+        side = self.decoded_cache_side if self.decoded_cache_bytes else 0
+        return pixel_options(self.antialias, self.max_pixels, side)
 
     @property
     def footprint_bytes(self) -> int:

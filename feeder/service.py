@@ -28,6 +28,7 @@ from feeder.producer import BatchRunner, StreamContext
 from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.stream import BatchStream, StreamOutcome
+from protocol.identity import Identity, check, digest_for
 from protocol.plan import (
     BatchSlice,
     RankPart,
@@ -165,6 +166,8 @@ class FeederService:
 
         Raises:
             NotFound: unknown dataset or split.
+            IdentityMismatch: the request expects another manifest, index or pixel
+                options (FAILED_PRECONDITION).
             InvalidArgument: a batch larger than ``max_batch_size``, a cursor past the
                 rank's part.
             ServiceUnavailable: shutting down.
@@ -174,6 +177,7 @@ class FeederService:
             FeederError: DALI could not build the pipeline.
         """
         split = self._split(spec)
+        self._check_identity(spec, split)
         if spec.batch_size > self.config.max_batch_size:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
         part = self._part(spec, split, spec.epoch)
@@ -259,6 +263,17 @@ class FeederService:
                 self.metrics.samples_skipped(step.tail + (step.left_over if spec.rank == 0 else 0))
             else:
                 yield step
+
+    def _check_identity(self, spec: StreamSpec, split: SplitIndex) -> None:
+        """Refuse a request that expects another manifest, index or pixel options than
+        this daemon serves under the name (re-sharded data, other options).
+
+        Raises:
+            IdentityMismatch: naming both.
+        """
+        served = Identity(self.datasets[spec.dataset].manifest_sha256, split.index_sha256,
+                          digest_for(self.config.pixel_options, spec.antialias))
+        check(spec.identity, served, f"{clip(spec.dataset)}/{clip(spec.split)}")
 
     def _split(self, spec: StreamSpec) -> SplitIndex:
         dataset = self.datasets.get(spec.dataset)

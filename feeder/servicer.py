@@ -40,12 +40,14 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
         datasets = []
         for name, dataset in sorted(self.service.datasets.items()):
             splits = [
-                feeder_pb2.SplitInfo(name=s, num_samples=len(index))
+                feeder_pb2.SplitInfo(name=s, num_samples=len(index), index_sha256=index.index_sha256)
                 for s, index in sorted(dataset.splits.items())
             ]
             datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes,
                                                    manifest_sha256=dataset.manifest_sha256))
-        return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=self.service.config.max_batch_size)
+        config = self.service.config
+        return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=config.max_batch_size,
+                                               pixel_options=config.pixel_options)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
         try:

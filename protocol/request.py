@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidArgument
+from protocol.identity import Identity
 from protocol.plan import LastBatch, Segment
 from protos import feeder_pb2
 
@@ -47,6 +49,7 @@ MAX_WORLD_SIZE = 1 << 20
 # Daemons one rank may draw from (the stride of a share of its stream).
 MAX_BATCH_STRIDE = 1024
 _MAX_INT32 = 2**31 - 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_INT64 = 2**63 - 1
 # RandomResizedCrop limits a request may set. Below 1 % of the area a crop of a
 # typical photo is a few pixels wide; ratios past 10:1 are slivers.
@@ -134,6 +137,8 @@ class StreamSpec:
     part is of the rest, see :func:`protocol.plan.remaining_order`). ``batch_stride``
     and ``batch_offset``: only every ``batch_stride``-th batch from ``batch_offset``
     (counted across the stream's epochs), a rank's share of a pool of daemons.
+    ``manifest_sha256``, ``index_sha256``, ``pixel_options_sha256``: what the daemon
+    must serve (:mod:`protocol.identity`; "" not checked).
 
     Raises:
         InvalidArgument: a field out of range (the message starts with its name).
@@ -159,6 +164,9 @@ class StreamSpec:
     consumed: tuple[Segment, ...] = ()
     batch_stride: int = 1
     batch_offset: int = 0
+    manifest_sha256: str = ""
+    index_sha256: str = ""
+    pixel_options_sha256: str = ""
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -179,9 +187,18 @@ class StreamSpec:
                                       f"{segment.world_size} (1..{MAX_WORLD_SIZE})")
             if any(not 0 <= c <= _MAX_INT64 for c in segment.cursors):
                 raise InvalidArgument(f"consumed[{k}]: a cursor below 0")
+        for name in ("manifest_sha256", "index_sha256", "pixel_options_sha256"):
+            value = getattr(self, name)
+            if value and not _SHA256.fullmatch(value):
+                raise InvalidArgument(f"{name}: {value[:80]!r} is not a sha256 (64 hex digits)")
         if self.batch_size * self.image_size**2 * 3 > MAX_BATCH_BYTES:
             raise InvalidArgument(f"batch_size: {self.batch_size} images of {self.image_size} px exceed "
                                   f"{MAX_BATCH_BYTES >> 20} MiB per message")
+
+    @property
+    def identity(self) -> Identity:
+        """What the daemon must serve for this request."""
+        return Identity(self.manifest_sha256, self.index_sha256, self.pixel_options_sha256)
 
     @property
     def kind(self) -> AugmentKind:
@@ -204,7 +221,8 @@ _AUGMENT = {
 }
 # Fields copied as they are between StreamSpec and StreamRequest.
 _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "batch_size", "image_size",
-         "start_cursor", "max_samples", "local_world_size", "batch_offset")
+         "start_cursor", "max_samples", "local_world_size", "batch_offset", "manifest_sha256", "index_sha256",
+         "pixel_options_sha256")
 
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:

@@ -27,6 +27,7 @@ from shards.layout import (
     INDEX_SCHEMA,
     INDEX_VERSION,
     INDEX_VERSION_KEY,
+    file_sha256,
     index_path,
     index_schema,
 )
@@ -58,6 +59,8 @@ class IndexColumns:
         checksums: uint64 ``sample_checksum`` of each sample's bytes, and
             ``half_checksums`` of its half-scale copy's; None for an index without
             them (version 1 or 2): its samples are not checked.
+        sha256: of the ``index.parquet`` read (the split's identity beside the
+            manifest's: :mod:`protocol.identity`).
     """
 
     version: int
@@ -73,6 +76,7 @@ class IndexColumns:
     half_sizes: np.ndarray
     checksums: np.ndarray | None
     half_checksums: np.ndarray | None
+    sha256: str = ""
 
 
 def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
@@ -178,6 +182,7 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     """
     path, expected = index_path(root, split), info.get("num_samples")
     table = read_index(root, split, _SERVED)
+    digest = _checked_digest(path, info)
     if expected is not None and table.num_rows != expected:
         raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
     version = int(table.schema.metadata[INDEX_VERSION_KEY])
@@ -198,6 +203,7 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
         half_sizes=table.column("half_size").to_numpy().astype(np.int64),
         checksums=_checksums(path, table, "checksum", version),
         half_checksums=_checksums(path, table, "half_checksum", version),
+        sha256=digest,
     )
     if num_classes is not None:
         _check_labels(path, columns, num_classes)
@@ -205,6 +211,22 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     _check_image_sizes(path, columns)
     _check_half_copies(path, columns)
     return columns
+
+
+def _checked_digest(path: Root, info: dict[str, Any]) -> str:
+    """The sha256 of the index file, checked against the manifest's ``index_sha256``
+    where it has one: the samples' checksums cover their bytes, not their labels or
+    keys, so an index changed after sharding would otherwise be served as it is.
+
+    Raises:
+        DataError: its sha256 differs (names the file).
+    """
+    digest = file_sha256(path)
+    expected = info.get("index_sha256")
+    if isinstance(expected, str) and expected and digest != expected:
+        raise DataError(f"{path}: sha256 {digest[:12]}, the manifest's index_sha256 is {expected[:12]} (changed "
+                        "after sharding: its keys, labels or offsets are not the dataset's)")
+    return digest
 
 
 def _check_labels(path: Root, cols: IndexColumns, num_classes: int) -> None:

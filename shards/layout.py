@@ -86,6 +86,8 @@ through :mod:`shards.tars`).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
@@ -106,6 +108,7 @@ __all__ = [
     "INDEX_VERSION_KEY",
     "LMDB_DIR",
     "MANIFEST_NAME",
+    "file_sha256",
     "index_path",
     "index_schema",
     "sample_checksum",
@@ -173,3 +176,12 @@ def index_path(root: ObjectPath, split: str) -> ObjectPath: ...
 def index_path(root: Path | ObjectPath, split: str) -> Path | ObjectPath:
     """Path of the Parquet index of ``split`` under shard directory ``root``."""
     return root / split / INDEX_NAME
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of the file at ``path``, read in 1 MiB pieces (a file of any size)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -81,6 +81,7 @@ class SplitIndex:
         self.widths = columns.widths
         self.heights = columns.heights
         self.index_version = columns.version
+        self.index_sha256 = columns.sha256
         self._cols = columns
         self._shards = columns.shards
         # Samples whose half-scale copy did not decode: read from the image instead.

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
-from shards.layout import INDEX_VERSION, index_schema, sample_checksum
+from shards.layout import INDEX_VERSION, file_sha256, index_schema, sample_checksum
 
 __all__ = [
     "LmdbWriter",
@@ -77,15 +77,6 @@ class Stored(NamedTuple):
     half_size: int = 0
     checksum: int = 0
     half_checksum: int = 0
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of the file at ``path``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from clients import FeederLoader
 from feeder.config import ServerConfig
 from feeder.server import FeederServer, create_server
-from tests.common.proxy import Proxy
+from tests.common.proxy import TcpProxy
 from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
@@ -76,14 +76,14 @@ def test_a_share_whose_connection_is_reset_resumes_at_the_batch_it_owes(shards, 
     with ExitStack() as stack:
         _, first = _daemon(stack, shards)
         _, second = _daemon(stack, shards)
-        proxy = stack.enter_context(Proxy(first))
+        proxy = stack.enter_context(TcpProxy(first))
         # 1 MB batches: the share's call is still streaming when it is cut.
         with FeederLoader([proxy.address, second], "sample", image_size=288, transport="grpc", **_KW) as loader:
             keys: list[str] = []
             for n, (_, _, batch_keys) in enumerate(loader):
                 keys += batch_keys
                 if n == 3:
-                    assert wait_for(lambda: proxy.reset() > 0, timeout_s=10)
+                    assert wait_for(lambda: proxy.reset_open() > 0, timeout_s=10)
                     time.sleep(3.0)  # longer than the channel takes to connect again
             assert proxy.resets == 1
             assert keys == reference[0]

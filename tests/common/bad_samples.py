@@ -3,14 +3,14 @@ scan cannot be decoded, or an index row that claims a huge image."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from shards.layout import MANIFEST_NAME, index_path, sample_checksum
-from shards.writers import file_sha256, write_index
+from shards.layout import index_path, sample_checksum
+from shards.writers import write_index
+from tests.common.shards import seal_index
 
 __all__ = ["break_scan", "claim_size", "copy_shards", "index_as_stored"]
 
@@ -56,9 +56,7 @@ def index_as_stored(root: Path, split: str) -> None:
         columns[name] = [_checksum_at(root / shard, at, count) if count > 0 else 0
                          for shard, at, count in zip(columns["shard"], columns[offset], columns[size])]
     write_index(path, columns)
-    manifest = json.loads((root / MANIFEST_NAME).read_text())
-    manifest["splits"][split]["index_sha256"] = file_sha256(path)
-    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    seal_index(root, split)
 
 
 def _checksum_at(tar: Path, offset: int, size: int) -> int:
@@ -74,4 +72,5 @@ def claim_size(root: Path, split: str, row: int, width: int, height: int) -> str
     columns = pq.read_table(path).to_pydict()
     columns["width"][row], columns["height"][row] = width, height
     write_index(path, columns)
+    seal_index(root, split)
     return str(columns["key"][row])

@@ -1,6 +1,7 @@
-"""A TCP proxy in front of a daemon, for fault tests: it forwards every connection to
-the target until told to reset them all (as a load balancer or a proxy restart does:
-the client sees its calls fail and connects again) or to refuse new ones."""
+"""A TCP forwarder in front of a server (a daemon, an object store), for fault tests:
+connections it resets (as a load balancer or a proxy restart does: the client's calls
+fail and it connects again), connections it freezes (bytes stop flowing both ways:
+requests hang until their timeout)."""
 
 from __future__ import annotations
 
@@ -9,52 +10,58 @@ import struct
 import threading
 from types import TracebackType
 
-__all__ = ["Proxy"]
-
-_CHUNK = 1 << 16
+__all__ = ["TcpProxy"]
 
 
-class Proxy:
-    """Forwards ``127.0.0.1:<port>`` to ``target`` (``host:port``); a context manager.
+class TcpProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``upstream``; a context manager.
+
+    Args:
+        upstream: ``host:port`` of the real server.
 
     Attributes:
-        address: where clients connect (``127.0.0.1:<port>``).
-        resets: how many times :meth:`reset` cut connections (at least one each).
+        address: ``127.0.0.1:<port>``, where clients connect.
+        url: ``http://`` + ``address`` (the endpoint of a store client).
+        resets: how many times :meth:`reset_open` cut at least one connection.
     """
 
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self._target = (host, int(port))
+    def __init__(self, upstream: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self._upstream = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.url = f"http://{self.address}"
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._to_reset = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._sockets: list[socket.socket] = []
         self.resets = 0
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
 
-    def reset(self) -> int:
-        """Cut every open connection with a TCP reset; returns how many were cut."""
+    def freeze(self) -> None:
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
+
+    def reset_open(self) -> int:
+        """Reset every open connection now; returns how many pairs were cut."""
         with self._lock:
-            pairs, self._pairs = self._pairs, []
-        for pair in pairs:
-            for sock in pair:
-                _hard_close(sock)
-        if pairs:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            _reset(sock)
+        if sockets:
             self.resets += 1
-        return len(pairs)
+        return len(sockets) // 2
 
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-        self.reset()
-
-    def __enter__(self) -> Proxy:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        self.close()
+    def reset_next(self, connections: int) -> None:
+        """The next ``connections`` connections are reset as soon as they are accepted,
+        and every open one now."""
+        with self._lock:
+            self._to_reset += connections
+        self.reset_open()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -62,30 +69,53 @@ class Proxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            with self._lock:
+                reset, self._to_reset = self._to_reset > 0, max(0, self._to_reset - 1)
+            if reset:
+                _reset(client)
+                continue
             try:
-                upstream = socket.create_connection(self._target)
+                server = socket.create_connection(self._upstream)
             except OSError:
-                _hard_close(client)
+                _reset(client)
                 continue
             with self._lock:
-                self._pairs.append((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(a, b), name="proxy-pump", daemon=True).start()
+                self._sockets += [client, server]
+            for source, target in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(source, target), name="proxy-pump", daemon=True).start()
+
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                self._flowing.wait()
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, target):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        self._listener.close()
+        self.reset_open()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` with a TCP reset (linger 0), as a crashed peer does."""
     try:
-        while data := source.recv(_CHUNK):
-            sink.sendall(data)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
     except OSError:
         pass
-    finally:
-        _hard_close(sink)
-
-
-def _hard_close(sock: socket.socket) -> None:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
-    except OSError:
-        pass
-    sock.close()

@@ -7,12 +7,14 @@ it takes about a second). Calls with the same root and arguments reuse the resul
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
+from shards.layout import MANIFEST_NAME, file_sha256, index_path
 
-__all__ = ["build_sample_shards", "build_sample_tree"]
+__all__ = ["build_sample_shards", "build_sample_tree", "seal_index"]
 
 SMALL_MIN_SIDE_PX = 64  # small images: fast to make, shard and decode in tests
 SMALL_MAX_SIDE_PX = 112
@@ -68,3 +70,12 @@ def build_sample_shards(
         shard(ShardConfig(src, out, formats=tuple(formats), seed=seed, shard_size_bytes=shard_size_bytes,
                           half_copies=half_copies, overwrite=True))
     return out
+
+
+def seal_index(root: Path, split: str) -> None:
+    """Record the index of ``split`` as it is now in the manifest's ``index_sha256``, as
+    if the dataset had been sharded with it: for tests of what the reader does with an
+    index of a given content, past the check that it is the manifest's."""
+    manifest = json.loads((root / MANIFEST_NAME).read_text())
+    manifest["splits"][split]["index_sha256"] = file_sha256(index_path(root, split))
+    (root / MANIFEST_NAME).write_text(json.dumps(manifest))

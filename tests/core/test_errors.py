@@ -13,8 +13,10 @@ from core.errors import (
     ConfigError,
     DataError,
     FeederError,
+    IdentityMismatch,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ResourceExhausted,
     SampleCorrupt,
     ServiceUnavailable,
@@ -33,6 +35,8 @@ from core.errors import (
     (ServiceUnavailable("x"), grpc.StatusCode.UNAVAILABLE, "unavailable"),
     (ResourceExhausted("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, "over budget"),
     (Unauthenticated("x"), grpc.StatusCode.UNAUTHENTICATED, "not authenticated"),
+    (PermissionDenied("x"), grpc.StatusCode.PERMISSION_DENIED, "permission denied"),
+    (IdentityMismatch("x"), grpc.StatusCode.FAILED_PRECONDITION, "error"),
     (FeederError("x"), grpc.StatusCode.INTERNAL, "error"),
 ])
 def test_each_error_has_one_code_and_one_line(error, code, prefix):

@@ -8,12 +8,16 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
 from bench.seaweedfs import SeaweedFS
 from feeder.cli import app
 from protos import feeder_pb2, feeder_pb2_grpc
+from shards.layout import index_path
+from tests.common.bad_samples import copy_shards
 from tests.common.s3 import fresh_bucket, pointed_at, upload_tree
 from tests.feeder.conftest import connect, request, start
 
@@ -87,3 +91,20 @@ def test_a_bad_store_url_or_endpoint_is_one_line(tmp_path: Path) -> None:
     assert "s3://b/a/../x" in _one_line(_serve("--dataset", "x=s3://b/a/../x"))
     assert _one_line(_serve("--dataset", f"x={tmp_path}", "--s3-endpoint", "127.0.0.1:9000")) == (
         "feeder: error: s3_endpoint: '127.0.0.1:9000' is not an http:// or https:// URL")
+
+
+def test_a_remote_index_changed_after_sharding_stops_the_daemon_with_one_line(s3_server: SeaweedFS, shards: Path,
+                                                                             tmp_path: Path) -> None:
+    # The index's sha256 is checked against the manifest's, as from local disk: before,
+    # a remote index with its labels permuted was served (half the samples mislabelled).
+    copy = copy_shards(shards, tmp_path / "permuted")
+    path = index_path(copy, "train")
+    table = pq.read_table(path)
+    labels = table.column("label").to_pylist()
+    pq.write_table(table.set_column(table.schema.get_field_index("label"), "label",
+                                    pa.array(labels[1:] + labels[:1])), path)
+    url = upload_tree(s3_server, copy, f"s3://{fresh_bucket(s3_server, 'permuted')}/sample")
+    with pointed_at(s3_server):
+        line = _one_line(_serve("--dataset", f"x={url}", "--s3-endpoint", s3_server.endpoint_url))
+    assert line.startswith(f"feeder: bad data: {url}/train/index.parquet: sha256 "), line
+    assert "the manifest's index_sha256 is" in line

@@ -28,7 +28,7 @@ from shards.layout import HALF_COLUMNS, index_path
 from shards.members import read_lmdb_sample
 from shards.reader import ShardDataset, half_boxes
 from shards.writers import file_sha256
-from tests.common.shards import build_sample_shards
+from tests.common.shards import build_sample_shards, seal_index
 from tests.sharder.odd_files import encode, odd_inputs, write_tree
 
 
@@ -111,6 +111,7 @@ def test_an_index_written_before_the_copies_reads_as_having_none(tmp_path: Path)
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["splits"]["train"]["index_version"]
     (out / "manifest.json").write_text(json.dumps(manifest))
+    seal_index(out, "train")
     assert read_index(out, "train").column("half_size").to_pylist() == [0] * table.num_rows
     split = ShardDataset.open("s", out).splits["train"]
     assert not split.half_copies.any()
@@ -124,6 +125,7 @@ def test_an_index_locating_a_copy_before_the_tar_is_refused_at_open(tmp_path: Pa
     table = pq.read_table(path)
     offsets = pa.array([-1] + table.column("half_offset").to_pylist()[1:], pa.int64())
     pq.write_table(table.set_column(table.schema.get_field_index("half_offset"), "half_offset", offsets), path)
+    seal_index(out, "train")
     with pytest.raises(DataError, match=r"index.parquet: key .* has half_offset -1, half_size \d+ \(1 rows\)"):
         ShardDataset.open("s", out)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,8 +14,9 @@ import pytest
 
 from core.errors import DataError
 from shards.index import index_version, read_index
-from shards.layout import HALF_COLUMNS, INDEX_VERSION, INDEX_VERSION_KEY, index_path
+from shards.layout import HALF_COLUMNS, INDEX_VERSION, INDEX_VERSION_KEY, file_sha256, index_path
 from shards.reader import ShardDataset
+from tests.common.shards import seal_index
 
 
 def _copy(shards: Path, tmp_path: Path) -> Path:
@@ -27,6 +30,7 @@ def _rewrite(root: Path, split: str, drop: tuple[str, ...] = (), metadata: dict[
     table = pq.read_table(path)
     table = table.drop_columns(list(drop)).replace_schema_metadata(metadata)
     pq.write_table(table, path)
+    seal_index(root, split)
 
 
 def test_the_sharder_records_its_version_in_the_index_and_the_manifest(shards: Path) -> None:
@@ -99,5 +103,42 @@ def test_an_index_naming_a_file_outside_the_directory_is_refused(shards: Path, t
     column = table.schema.get_field_index("shard")
     table = table.set_column(column, "shard", pa.array([shard] * table.num_rows))
     pq.write_table(table, path)
+    seal_index(copy, "val")
     with pytest.raises(DataError, match=rf"{path}: shard '{shard}' is not a relative path inside the shard directory"):
         ShardDataset.open("s", copy)
+
+
+def _permute_labels(root: Path, split: str) -> Path:
+    """The split's index with its labels in another order (every row still valid)."""
+    path = index_path(root, split)
+    table = pq.read_table(path)
+    labels = table.column("label").to_pylist()
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels[1:] + labels[:1]))
+    pq.write_table(table, path)
+    return path
+
+
+def test_an_index_changed_after_sharding_is_refused_naming_it_and_both_digests(shards: Path, tmp_path: Path) -> None:
+    # The samples' checksums cover their bytes, not their labels. Before: an index with
+    # its labels permuted was served as it was (half the samples with wrong labels).
+    copy = _copy(shards, tmp_path)
+    path = _permute_labels(copy, "train")
+    expected = json.loads((copy / "manifest.json").read_text())["splits"]["train"]["index_sha256"]
+    with pytest.raises(DataError, match=rf"^{path}: sha256 [0-9a-f]{{12}}, the manifest's index_sha256 is "
+                                        rf"{expected[:12]} \(changed after sharding"):
+        ShardDataset.open("s", copy)
+
+
+def test_feeder_serve_refuses_an_index_changed_after_sharding_with_one_line(shards: Path, tmp_path: Path) -> None:
+    copy = _copy(shards, tmp_path)
+    path = _permute_labels(copy, "val")
+    command = [sys.executable, "-m", "feeder", "serve", "--port", "0", "--threads", "1", "--dataset", f"x={copy}"]
+    process = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 1, process.stderr
+    assert process.stderr.count("\n") == 1 and process.stderr.startswith(f"feeder: bad data: {path}: sha256 "), \
+        process.stderr
+
+
+def test_the_served_index_digest_is_the_files(shards: Path) -> None:
+    split = ShardDataset.open("s", shards).splits["train"]
+    assert split.index_sha256 == file_sha256(index_path(shards, "train"))

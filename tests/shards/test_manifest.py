@@ -21,6 +21,7 @@ from core.errors import DataError
 from shards.layout import index_path
 from shards.manifest import read_manifest
 from shards.reader import ShardDataset
+from tests.common.shards import seal_index
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,6 +126,7 @@ def test_a_negative_label_is_refused_naming_its_key(shards, tmp_path) -> None:
     labels[2] = -1
     table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
     pq.write_table(table, path)
+    seal_index(copy, "val")
     key = table.column("key")[2].as_py()
     with pytest.raises(DataError, match=f"{re.escape(str(path))}: key '{key}' has label -1$"):
         ShardDataset.open("x", copy)

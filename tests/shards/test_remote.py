@@ -18,7 +18,8 @@ from shards.ranged import MERGE_GAP_BYTES, RemoteAccess, merged_spans
 from shards.reader import ShardDataset
 from shards.sources import Extent
 from shards.store import StoreCounters, StoreOptions
-from tests.common.s3 import TcpProxy, fresh_bucket, pointed_at, store_of, upload_tree
+from tests.common.proxy import TcpProxy
+from tests.common.s3 import fresh_bucket, pointed_at, store_of, upload_tree
 from tests.common.shards import build_sample_shards
 
 
