@@ -116,12 +116,14 @@ class BatchStream:
                 raise item
             if not isinstance(item, ReadyBatch):
                 raise TypeError(f"unexpected queue item {item!r}")
-            waited = time.perf_counter()
-            yield item
-            self._metrics.stage("send", time.perf_counter() - waited)
+            # Counted as it is handed on, not once the next is asked for: a client that
+            # stops after its last batch and asks for the counters must find it counted.
             self._metrics.batch_sent(len(item.meta), item.images.nbytes)
             self.samples_sent += len(item.meta)
             self.batches_sent += 1
+            waited = time.perf_counter()
+            yield item
+            self._metrics.stage("send", time.perf_counter() - waited)
 
     @property
     def queue_fill(self) -> float:
