@@ -6,13 +6,15 @@ on the verdict alone.
 - ``RETRY``: the daemon went away or dropped the call (a restart, a reset, its idle
   cancel, a stall): its share goes to another daemon of the pool at once, or, with
   none usable, to the same one after a backoff, until ``reconnect_timeout_s``.
-- ``REFUSED``: the daemon refused the stream for a budget (``RESOURCE_EXHAUSTED``):
-  as ``RETRY`` (another stream may end and free what is missing), and if it still
-  refuses at the deadline, the job ends with its refusal.
+- ``REFUSED``: the daemon refused the stream for now: for a budget
+  (``RESOURCE_EXHAUSTED``: another stream may end and free what is missing), or for
+  credentials (``UNAUTHENTICATED`` / ``PERMISSION_DENIED``: its store refused its
+  credentials, which are rotated back or refreshed; the daemon's own token is checked
+  when the loader is built). As ``RETRY``, and if it still refuses at the deadline,
+  the job ends with its refusal, naming the URL.
 - ``LEAVE``: this daemon cannot serve the stream (another dataset under the name,
-  its limits, its data or credentials broken, a batch the plan does not have): it
-  is left for good, with one line; the job ends with its error when no daemon of
-  the pool is left.
+  its limits, its data broken, a batch the plan does not have): it is left for good,
+  with one line; the job ends with its error when no daemon of the pool is left.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ _VERDICTS = {
     grpc.StatusCode.INVALID_ARGUMENT: Verdict.LEAVE,  # its limits (--max-batch-size)
     grpc.StatusCode.NOT_FOUND: Verdict.LEAVE,  # restarted without the dataset
     grpc.StatusCode.DATA_LOSS: Verdict.LEAVE,  # more bad samples than it skips
-    grpc.StatusCode.UNAUTHENTICATED: Verdict.LEAVE,  # another token, or the store refused it
-    grpc.StatusCode.PERMISSION_DENIED: Verdict.LEAVE,
+    grpc.StatusCode.UNAUTHENTICATED: Verdict.REFUSED,  # its store's credentials refused or expired
+    grpc.StatusCode.PERMISSION_DENIED: Verdict.REFUSED,
 }
 
 

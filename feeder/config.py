@@ -181,6 +181,16 @@ class ServerConfig:
             another dataset's streams). 16 reads 0.9-1.0 thousand 40 KB samples/s from
             a SeaweedFS on the same 2-core machine, against 0.5-0.6 with 4 and 0.7-0.8
             with 8.
+        store_retry_window_s: a remote read that keeps failing transiently (5xx,
+            throttling, timeouts, connections refused or reset) is retried with
+            backoff for this many seconds; then the stream ends with UNAVAILABLE
+            naming the URL (the loader reconnects).
+        store_heal_s: a shard the store says is missing, or whose bytes differ from
+            the index, is read again with backoff for this many seconds before its
+            samples count as bad (an overwrite or a re-upload under way); once past
+            it, that shard's failures count at once, and what the store said is
+            forgotten when the object changes, exists again, or after 5 minutes.
+            0: at once.
         first_message_timeout_s: a call whose request message has not come this many
             seconds after the call began is cancelled (clients send it with the call;
             a waiting call holds a gRPC worker thread).
@@ -249,6 +259,8 @@ class ServerConfig:
     cache_bytes: int = 100 << 30
     cache_fetch_bytes_per_s: int = field(default=0, metadata=cli(parse=parse_bytes))
     store_requests: int = 16
+    store_retry_window_s: float = 60.0
+    store_heal_s: float = 10.0
     first_message_timeout_s: float = 10.0
     max_waiting_calls: int = 64
     metrics_threads: int = 4
@@ -271,6 +283,9 @@ class ServerConfig:
                      "max_streams_per_peer", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("store_retry_window_s", "store_heal_s"):
+            if not getattr(self, name) >= 0:  # NaN too
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         for name in ("idle_timeout_s", "contended_idle_timeout_s"):
             if not getattr(self, name) > 0:  # NaN too
                 raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")

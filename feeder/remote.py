@@ -33,7 +33,8 @@ def remote_access(config: ServerConfig) -> RemoteAccess | None:
         usage = cache.usage()
         log.info("shard cache %s: %d shards, %.1f of %.1f GiB", config.cache_dir, usage.cached_shards,
                  usage.cached_bytes / (1 << 30), usage.budget_bytes / (1 << 30))
-    return RemoteAccess(StoreOptions(endpoint_url=config.s3_endpoint), StoreCounters(), cache, config.store_requests)
+    options = StoreOptions(endpoint_url=config.s3_endpoint, retry_window_s=config.store_retry_window_s)
+    return RemoteAccess(options, StoreCounters(), cache, config.store_requests, heal_s=config.store_heal_s)
 
 
 def close_remote(remote: RemoteAccess | None) -> None:

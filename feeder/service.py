@@ -42,7 +42,7 @@ from protocol.plan import (
 )
 from protocol.request import AugmentKind, StreamSpec
 from protocol.stream_plan import Skipped, StreamWindow, stream_steps
-from shards.ranged import RemoteAccess
+from shards.ranged import READ_AHEAD_BYTES, RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
 from transport.daemon import TransportHub, TransportRequest
@@ -78,15 +78,18 @@ def _where(device: str, device_id: int) -> str:
     return f"gpu {device_id}" if device == "gpu" else "cpu"
 
 
-def _say_footprint(config: ServerConfig) -> None:
+def _say_footprint(config: ServerConfig, datasets: Mapping[str, ShardDataset]) -> None:
     """One line on the most memory this daemon should take; a warning where that is
     more than the machine has."""
     gib = 1 << 30
-    footprint, physical = config.footprint_bytes, physical_memory_bytes()
+    remote_splits = sum(len(d.splits) for d in datasets.values() if not isinstance(d.root, Path))
+    read_ahead = READ_AHEAD_BYTES * remote_splits
+    footprint, physical = config.footprint_bytes + read_ahead, physical_memory_bytes()
     level = logging.WARNING if footprint > physical else logging.INFO
-    log.log(level, "memory: at most %.1f GiB (streams %.1f, shared memory %.1f, decoded cache %.1f, libraries "
-            "%.1f) of the machine's %.1f GiB", footprint / gib, config.max_memory_bytes / gib,
-            config.shm_budget_bytes / gib, config.decoded_cache_bytes / gib, LIBRARY_BYTES / gib, physical / gib)
+    log.log(level, "memory: at most %.1f GiB (streams %.1f, shared memory %.1f, decoded cache %.1f, remote read-ahead "
+            "%.1f, libraries %.1f) of the machine's %.1f GiB", footprint / gib, config.max_memory_bytes / gib,
+            config.shm_budget_bytes / gib, config.decoded_cache_bytes / gib, read_ahead / gib, LIBRARY_BYTES / gib,
+            physical / gib)
 
 
 def open_datasets(paths: Mapping[str, Path | str], remote: RemoteAccess | None = None) -> dict[str, ShardDataset]:
@@ -124,7 +127,7 @@ class FeederService:
         if remote is not None:
             metrics.watch_remote(remote.counters, remote.cache)
         self.device = resolve_device(config.device)
-        _say_footprint(config)
+        _say_footprint(config, datasets)
         self.devices = DevicePlacer.of_this_process(self.device)
         # The node's decode threads (``--threads``), shared fairly by every stream.
         self.workers = FairPool(config.threads)

@@ -13,12 +13,21 @@ store that cannot be reached or keeps failing :class:`StoreUnreachable`
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from core.errors import ConfigError, DataError, NotFound, ServiceUnavailable, Unauthenticated
+from core.errors import (
+    ConfigError,
+    DataError,
+    FeederError,
+    NotFound,
+    PermissionDenied,
+    ServiceUnavailable,
+    Unauthenticated,
+)
 
 __all__ = [
     "SCHEMES",
@@ -26,6 +35,8 @@ __all__ = [
     "ObjectMissing",
     "ObjectShort",
     "ObjectUrl",
+    "StoreFault",
+    "StoreForbidden",
     "StoreRefused",
     "StoreUnreachable",
     "classify",
@@ -106,6 +117,15 @@ class StoreRefused(Unauthenticated):
         self.url, self.detail = str(url), detail
 
 
+class StoreForbidden(PermissionDenied):
+    """The store accepted the credentials but refused access to the object (403)."""
+
+    def __init__(self, url: ObjectUrl | str, detail: str) -> None:
+        super().__init__(f"{url}: the store denied access ({detail}); check the bucket's policy for these "
+                         "credentials")
+        self.url, self.detail = str(url), detail
+
+
 class StoreUnreachable(ServiceUnavailable):
     """The store could not be reached, or kept failing, for as long as retries last."""
 
@@ -122,14 +142,31 @@ class ObjectShort(DataError):
         self.url, self.detail = str(url), detail
 
 
-class Failure(NamedTuple):
-    """What a store's error means: ``kind`` is ``missing``, ``refused``, ``short``
-    (permanent: retrying gives the same answer), ``transient`` (5xx, throttling,
-    timeouts, connections refused or reset: retried) or ``other`` (permanent, of
-    another kind); ``status`` the HTTP status where there was one; ``detail`` one
-    short line."""
+class StoreFault(str, enum.Enum):
+    """What a store's failed answer means, carried from the store client to the
+    reader and the stream, each with its policy:
 
-    kind: str
+    - ``TRANSIENT`` (5xx, throttling, timeouts, connections refused or reset): retried
+      for the store's retry window, then the stream ends with UNAVAILABLE;
+    - ``UNAUTHORIZED`` (401, refused or expired credentials) and ``FORBIDDEN`` (403):
+      the stream ends with UNAUTHENTICATED / PERMISSION_DENIED naming the URL;
+    - ``MISSING`` (404) and ``CORRUPT`` (an object shorter than the index says, or
+      another permanent answer about it): read again for the heal window
+      (:mod:`shards.troubles`), then the bad-sample policy.
+    """
+
+    TRANSIENT = "transient"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
+class Failure(NamedTuple):
+    """What a store's error means: its ``kind``, the HTTP ``status`` where there was
+    one, and one short line of ``detail``."""
+
+    kind: StoreFault
     status: int | None
     detail: str
 
@@ -139,6 +176,10 @@ _S3_CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
 _TRANSIENT_TEXT = ("error sending request", "timed out", "timeout", "connection", "reset", "broken pipe",
                    "error decoding response body", "body error", "unexpected eof", "dns error")
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+# S3 error codes that say the credentials are wrong or have run out, whatever the status
+# (400 ExpiredToken, 403 InvalidAccessKeyId, ...): the caller's identity, not the object.
+_CREDENTIAL_CODES = {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired", "InvalidToken",
+                     "InvalidAccessKeyId", "SignatureDoesNotMatch", "RequestExpired", "InvalidClientTokenId"}
 
 
 def classify(error: BaseException) -> Failure:
@@ -154,18 +195,18 @@ def classify(error: BaseException) -> Failure:
     status = int(status_match[1]) if status_match else None
     code = _S3_CODE.search(text)
     detail = _detail(status_match, code[1] if code else None, first)
-    name = type(error).__name__
+    name, s3_code = type(error).__name__, code[1] if code else None
     if status == 404 or isinstance(error, FileNotFoundError):
-        return Failure("missing", status or 404, detail)
-    if status in (401, 403) or name in ("PermissionDeniedError", "UnauthenticatedError"):
-        return Failure("refused", status, detail)
-    if status == 416:
-        return Failure("short", status, detail)
-    if status in _TRANSIENT_STATUS or (code is not None and code[1] in ("SlowDown", "RequestTimeout")):
-        return Failure("transient", status, detail)
+        return Failure(StoreFault.MISSING, status or 404, detail)
+    if status == 401 or s3_code in _CREDENTIAL_CODES or name == "UnauthenticatedError":
+        return Failure(StoreFault.UNAUTHORIZED, status, detail)
+    if status == 403 or name == "PermissionDeniedError":
+        return Failure(StoreFault.FORBIDDEN, status, detail)
+    if status in _TRANSIENT_STATUS or s3_code in ("SlowDown", "RequestTimeout"):
+        return Failure(StoreFault.TRANSIENT, status, detail)
     if status is None and any(word in text.lower() for word in _TRANSIENT_TEXT):
-        return Failure("transient", None, detail)
-    return Failure("other", status, detail)
+        return Failure(StoreFault.TRANSIENT, None, detail)
+    return Failure(StoreFault.CORRUPT, status, detail)  # 416, or another permanent answer about the object
 
 
 def _detail(status: re.Match[str] | None, code: str | None, first_line: str) -> str:
@@ -177,14 +218,17 @@ def _detail(status: re.Match[str] | None, code: str | None, first_line: str) -> 
     return first_line[:200]
 
 
-def store_error(url: ObjectUrl | str, failure: Failure) -> DataError | NotFound | Unauthenticated | ServiceUnavailable:
+def store_error(url: ObjectUrl | str, failure: Failure) -> FeederError:
     """The project's error for a permanent (or given up) ``failure`` on ``url``."""
-    if failure.kind == "missing":
+    kind = failure.kind
+    if kind is StoreFault.MISSING:
         return ObjectMissing(url, f"does not exist ({failure.detail})")
-    if failure.kind == "refused":
+    if kind is StoreFault.UNAUTHORIZED:
         return StoreRefused(url, failure.detail)
-    if failure.kind == "short":
-        return ObjectShort(url, f"shorter than the bytes asked for ({failure.detail})")
-    if failure.kind == "transient":
+    if kind is StoreFault.FORBIDDEN:
+        return StoreForbidden(url, failure.detail)
+    if kind is StoreFault.TRANSIENT:
         return StoreUnreachable(url, f"the store did not answer ({failure.detail})")
+    if failure.status == 416:
+        return ObjectShort(url, f"shorter than the bytes asked for ({failure.detail})")
     return DataError(f"{url}: the store failed the request ({failure.detail})")

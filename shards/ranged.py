@@ -2,22 +2,23 @@
 (:mod:`shards.shard_cache`) once it is there.
 
 A batch's samples are grouped by shard and neighbouring ranges merged into one
-request (less than ``MERGE_GAP_BYTES`` apart, at most ``MAX_REQUEST_BYTES`` each);
-the requests of all streams of a dataset share one pool of ``max_requests`` threads,
-so the requests in flight per dataset are bounded and a slow store of one dataset
-never holds another dataset's streams. A batch's own reads go before read-ahead
-(:meth:`RemoteShards.will_need`, the next batch, fetched while this one decodes).
-Each request has the store's timeout and retries (:mod:`shards.store`); what a store
-refuses for good (404, 403, an object shorter than the index says) comes back as
-:attr:`Got.refused`, per sample, for the reader's error policy.
+request (:mod:`shards.requests`); the requests of all streams of a dataset share one
+pool of ``max_requests`` threads, so the requests in flight per dataset are bounded
+and a slow store of one dataset never holds another dataset's streams. A batch's own
+reads go before read-ahead (:meth:`RemoteShards.will_need`, the next batch, fetched
+while this one decodes); a read-ahead that failed is never handed to a later read.
+Each request has the store's timeout and retries (:mod:`shards.store`). What the
+store answers is taken by kind (:class:`~shards.objects.StoreFault`): an object
+missing or shorter than the index says is read again for the shard's heal window
+(:mod:`shards.troubles`), then comes back as :attr:`Got.refused`, per sample, for the
+reader's error policy; credentials refused, or a store unreachable for the whole
+retry window, end the stream, naming the URL.
 """
 
 from __future__ import annotations
 
-import itertools
-import queue
 import threading
-import weakref
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -25,100 +26,38 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from core.errors import DataError, ServiceUnavailable
-from shards.objects import ObjectUrl
+from core.errors import DataError, FeederError
+from shards.objects import ObjectMissing, ObjectUrl, StoreFault
+from shards.requests import AHEAD as _AHEAD
+from shards.requests import MAX_REQUEST_BYTES, MERGE_GAP_BYTES, RequestPool, merged_spans
+from shards.requests import NEEDED as _NEEDED
 from shards.shard_cache import CachedShard, ShardCache
 from shards.sources import Extent, Got
 from shards.store import ObjectStore, StoreCounters, StoreOptions
-from shards.tars import OpenTar
+from shards.tars import DEFAULT_RECHECK_S, OpenTar
+from shards.troubles import ShardTroubles
 
 __all__ = [
-    "MAX_REQUEST_BYTES", "MERGE_GAP_BYTES", "RemoteAccess", "RemoteShards", "RequestPool", "cache_entries",
-    "merged_spans",
+    "MAX_REQUEST_BYTES", "MERGE_GAP_BYTES", "READ_AHEAD_BYTES", "RemoteAccess", "RemoteShards", "RequestPool",
+    "cache_entries", "merged_spans",
 ]
 
-# Two samples' ranges less than this apart are fetched in one request: the bytes
-# between cost less than a request's round trip (about 1.5 ms here, 100 KB at the
-# store's 70 MB/s per request).
-MERGE_GAP_BYTES = 128 << 10
-MAX_REQUEST_BYTES = 8 << 20
-_AHEAD_BYTES = 64 << 20  # per split: bytes fetched ahead and not read yet
-_NEEDED, _AHEAD = 0, 1  # request priorities
+READ_AHEAD_BYTES = 64 << 20  # per remote split: bytes fetched ahead and not read yet
 _FROM_CACHE, _FROM_STORE = "cache", "store"
 
 
 @dataclass(frozen=True)
 class RemoteAccess:
     """How a daemon (or a tool) reads remote roots: the store's options, counters
-    shared by its datasets, the node-local cache (None: ranged reads only), and the
-    requests in flight per dataset."""
+    shared by its datasets, the node-local cache (None: ranged reads only), the
+    requests in flight per dataset, and how long a shard the store fails is read
+    again before its samples count as bad (:mod:`shards.troubles`)."""
 
     options: StoreOptions = StoreOptions()
     counters: StoreCounters = field(default_factory=StoreCounters)
     cache: ShardCache | None = None
     max_requests: int = 16
-
-
-class RequestPool:
-    """``threads`` threads running requests, lower priority first, then in order.
-    One per dataset; its threads end once nothing refers to it (the dataset's splits
-    are gone)."""
-
-    def __init__(self, threads: int, name: str) -> None:
-        self._queue: queue.PriorityQueue[_Queued] = queue.PriorityQueue()
-        self._order = itertools.count()
-        for i in range(threads):  # the threads hold the queue, not the pool
-            threading.Thread(target=_work, args=(self._queue,), name=f"{name}-{i}", daemon=True).start()
-        weakref.finalize(self, _stop, self._queue, threads)
-
-    def submit(self, request: Callable[[], Any], priority: int = _NEEDED) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._queue.put((priority, next(self._order), future, request))
-        return future
-
-
-_Queued = tuple[int, int, "Future[Any] | None", "Callable[[], Any] | None"]
-
-
-def _work(requests: queue.PriorityQueue[_Queued]) -> None:
-    while True:
-        _, _, future, request = requests.get()
-        if future is None or request is None:
-            return
-        if not future.set_running_or_notify_cancel():
-            continue
-        try:
-            future.set_result(request())
-        except BaseException as e:  # handed to whoever waits on the future
-            future.set_exception(e)
-        del future, request  # while waiting for the next, hold nothing that holds the pool
-
-
-def _stop(requests: queue.PriorityQueue[_Queued], threads: int) -> None:
-    for number in range(threads):
-        requests.put((_AHEAD + 1, -1 - number, None, None))  # after every request queued
-
-
-class Span(NamedTuple):
-    start: int
-    end: int
-    members: list[int]  # positions of the extents it covers
-
-
-def merged_spans(extents: Sequence[Extent], positions: Sequence[int], gap: int = MERGE_GAP_BYTES,
-                 max_bytes: int = MAX_REQUEST_BYTES) -> list[Span]:
-    """The requests that fetch ``extents[p]`` for each ``p`` of ``positions`` (one
-    shard's): ranges sorted, and merged where less than ``gap`` bytes apart while the
-    request stays within ``max_bytes``."""
-    spans: list[Span] = []
-    for p in sorted(positions, key=lambda p: extents[p].offset):
-        start, end = extents[p].offset, extents[p].offset + extents[p].size
-        last = spans[-1] if spans else None
-        if last is not None and start - last.end < gap and max(end, last.end) - last.start <= max_bytes:
-            spans[-1] = Span(last.start, max(end, last.end), [*last.members, p])
-        else:
-            spans.append(Span(start, end, [p]))
-    return spans
+    heal_s: float = 0.0  # a tool's one look reports what it finds; the daemon waits (--store-heal-s)
 
 
 def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str]) -> list[CachedShard | None]:
@@ -152,15 +91,21 @@ class RemoteShards:
             sha256 in the manifest).
         cache: the node-local shard cache, or None.
         pool: the dataset's request pool.
+        heal_s: how long a shard the store fails (missing, or bytes that differ) is
+            read again before the failure stands (:mod:`shards.troubles`).
+        recheck_s: the most time between two looks at a shard in trouble.
     """
 
     def __init__(self, store: ObjectStore, shards: list[str], entries: list[CachedShard | None],
-                 cache: ShardCache | None, pool: RequestPool) -> None:
+                 cache: ShardCache | None, pool: RequestPool, heal_s: float = 0.0,
+                 recheck_s: float = DEFAULT_RECHECK_S) -> None:
         self._store, self._shards, self._entries = store, shards, entries
         self._cache, self._pool = cache, pool
         self._ahead: dict[int, list[_Ahead]] = {}
         self._ahead_order: list[tuple[int, _Ahead]] = []
         self._lock = threading.Lock()
+        self._troubles = ShardTroubles(heal_s, recheck_s, self._look, lambda shard: self._shards[shard],
+                                       lambda shard: str(self.where(shard)))
 
     def where(self, shard: int) -> ObjectUrl:
         return self._store.url(self._shards[shard])
@@ -169,7 +114,7 @@ class RemoteShards:
         """Each extent's bytes: from the cached copy of its shard, read ahead, or
         fetched now (merged per shard); shards not cached are wanted by the cache."""
         found: list[Got | None] = [None] * len(extents)
-        waits: list[tuple[list[int], int, Future[memoryview]]] = []
+        waits: list[tuple[list[int], int, Future[memoryview], bool]] = []
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
             by_shard.setdefault(extent.shard, []).append(p)
@@ -183,11 +128,11 @@ class RemoteShards:
                 if ahead is None:
                     fetch.append(p)
                 else:
-                    waits.append(([p], ahead.start, ahead.future))
-            for span in merged_spans(extents, fetch):
-                waits.append((span.members, span.start, self._submit(shard, span.start, span.end, _NEEDED)))
-        for members, start, future in waits:
-            self._fill(extents, members, start, future, found)
+                    waits.append(([p], ahead.start, ahead.future, True))
+            waits += self._requests(extents, shard, fetch)
+        for members, start, future, from_ahead in waits:
+            self._fill(extents, members, start, future, found, from_ahead)
+        self._heal(extents, found)
         if self._cache is not None:
             self._cache.counted(hits=sum(g is not None and g.token == _FROM_CACHE for g in found),
                                 misses=sum(g is not None and g.token == _FROM_STORE for g in found))
@@ -196,41 +141,80 @@ class RemoteShards:
             raise DataError(f"{self.where(extents[missing[0]].shard)}: {len(missing)} samples were not read")
         return [got for got in found if got is not None]
 
+    def _requests(self, extents: Sequence[Extent], shard: int,
+                  positions: list[int]) -> list[tuple[list[int], int, Future[memoryview], bool]]:
+        """The merged requests that fetch ``extents[p]`` (of ``shard``) for ``positions``, started."""
+        return [(span.members, span.start, self._submit(shard, span.start, span.end, _NEEDED), False)
+                for span in merged_spans(extents, positions)]
+
+    def _heal(self, extents: Sequence[Extent], found: list[Got | None]) -> None:
+        """Extents the store said are missing or corrupt, read again while their
+        shard's heal window lasts (what a store says is a state of the store: an
+        overwrite, a re-upload); the reads that succeeded end a missing shard's trouble."""
+        while True:
+            for shard in {extents[p].shard for p, got in enumerate(found) if got is not None and got.refused is None}:
+                self._troubles.read_ok(shard)
+            refused: dict[int, list[int]] = {}
+            for p, got in enumerate(found):
+                if got is not None and got.fault in (StoreFault.MISSING, StoreFault.CORRUPT):
+                    refused.setdefault(extents[p].shard, []).append(p)
+            waits = {shard: self._troubles.wait_s(shard, found[ps[0]].fault is StoreFault.MISSING)  # type: ignore
+                     for shard, ps in refused.items()}
+            due = {shard: ps for shard, ps in refused.items() if waits[shard] > 0}
+            if not due:
+                return
+            time.sleep(max(waits[shard] for shard in due))
+            for shard, positions in due.items():
+                for members, start, future, _ in self._requests(extents, shard, positions):
+                    self._fill(extents, members, start, future, found)
+
     def _submit(self, shard: int, start: int, end: int, priority: int) -> Future[memoryview]:
         name = self._shards[shard]
         return self._pool.submit(lambda: self._store.get_range(name, start, end - start, exact=False), priority)
 
     def _fill(self, extents: Sequence[Extent], members: list[int], start: int, future: Future[memoryview],
-              found: list[Got | None]) -> None:
+              found: list[Got | None], ahead: bool = False) -> None:
         """The extents at ``members`` from the bytes ``future`` brings (from ``start``).
+        A read-ahead that failed, in any way, is never handed on: its extents are
+        fetched again now.
 
         Raises:
             ServiceUnavailable: the store did not answer for as long as retries last.
+            Unauthenticated, PermissionDenied: the store refused the credentials
+                (names the URL): the stream ends.
         """
         try:
             data = future.result()
-        except CancelledError:  # read-ahead dropped past its budget before it ran: fetch it now
+        except (CancelledError, FeederError) as e:
+            if not ahead and not isinstance(e, CancelledError):
+                self._refuse(extents, members, found, e)
+                return
+            # Read-ahead dropped past its budget, or failed (the store may be back): fetch it now.
             span_end = max(extents[p].offset + extents[p].size for p in members)
             future = self._submit(extents[members[0]].shard, start, span_end, _NEEDED)
             self._fill(extents, members, start, future, found)
             return
-        except ServiceUnavailable:
-            raise
-        except DataError as e:  # refused for good: missing, denied, short (the reader's policy decides)
-            for p in members:
-                found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=_reason(e))
-            return
-        except Exception as e:  # a store error of another kind (e.g. a 400): for good as well
-            for p in members:
-                found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=getattr(e, "detail", str(e)))
-            return
         for p in members:
             offset, size = extents[p].offset - start, extents[p].size
             if offset + size > len(data):
-                found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=(
+                found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, fault=StoreFault.CORRUPT, refused=(
                     f"the object ends at byte {start + len(data)}, the index says {extents[p].offset + size}"))
             else:
                 found[p] = Got(np.frombuffer(data, np.uint8, size, offset).copy(), size, token=_FROM_STORE)
+
+    @staticmethod
+    def _refuse(extents: Sequence[Extent], members: list[int], found: list[Got | None], error: FeederError) -> None:
+        """What the store refused for the extents at ``members``, by kind: missing or
+        corrupt goes to the heal window and then the bad-sample policy; anything else
+        (unreachable for the whole retry window, credentials refused) ends the stream."""
+        if isinstance(error, ObjectMissing):
+            fault = StoreFault.MISSING
+        elif isinstance(error, DataError):  # shorter than the index says, another permanent answer
+            fault = StoreFault.CORRUPT
+        else:
+            raise error
+        for p in members:
+            found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=_reason(error), fault=fault)
 
     def _read_cached(self, shard: int, positions: list[int], extents: Sequence[Extent],
                      found: list[Got | None]) -> bool:
@@ -261,29 +245,51 @@ class RemoteShards:
             self._cache.want(entry, lambda: self._store.chunks(name, size, chunk))
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
-        """After a copy's bytes failed their checksum: the copy is dropped and the
-        extent fetched from the store. Bytes from the store are not fetched again."""
+        """After bytes failed their checksum: a cached copy is dropped and the extent
+        fetched from the store; bytes from the store are fetched again while the
+        shard's heal window lasts (then None: the sample is bad, for now)."""
         entry = self._entries[extent.shard]
-        if got.token != _FROM_CACHE or self._cache is None or entry is None:
+        if got.token == _FROM_CACHE and self._cache is not None and entry is not None:
+            self._cache.discard(entry)
+        elif got.token == _FROM_STORE:
+            wait_s = self._troubles.wait_s(extent.shard, missing=False)
+            if wait_s <= 0:
+                return None
+            time.sleep(wait_s)
+        else:
             return None
-        self._cache.discard(entry)
         found: list[Got | None] = [None]
         future = self._submit(extent.shard, extent.offset, extent.offset + extent.size, _NEEDED)
         self._fill([extent], [0], extent.offset, future, found)
         return found[0]
 
     def generation(self, shard: int) -> int:
-        return 0  # an object is not watched for changes: every read is checked against the index
+        """How many times what the store said of ``shard`` was found over (see
+        :mod:`shards.troubles`)."""
+        return self._troubles.generation(shard)
 
     def on_changed(self, listener: Callable[[str], None]) -> None:
-        pass
+        self._troubles.on_over(listener)
 
     def look_at(self, shard: int) -> None:
-        pass
+        """Look at a shard in trouble again, in the background (its ETag, or whether
+        it exists), at most once per ``recheck_s``."""
+        self._troubles.looked(shard)
+
+    def _look(self, shard: int) -> Future[str]:
+        name = self._shards[shard]
+
+        def etag() -> str:
+            try:
+                return self._store.head(name, window_s=0).etag or "?"
+            except ObjectMissing:
+                return ""
+
+        return self._pool.submit(etag, _AHEAD)
 
     def will_need(self, extents: Sequence[Extent]) -> None:
         """Fetch these extents now, behind the reads batches wait on; kept (at most
-        ``_AHEAD_BYTES`` per split) until read."""
+        ``READ_AHEAD_BYTES`` per split) until read."""
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
             if not self._cached(extent.shard):
@@ -301,7 +307,7 @@ class RemoteShards:
             self._ahead.setdefault(shard, []).append(ahead)
             self._ahead_order.append((shard, ahead))
             total = sum(a.end - a.start for _, a in self._ahead_order)
-            while total > _AHEAD_BYTES and len(self._ahead_order) > 1:
+            while total > READ_AHEAD_BYTES and len(self._ahead_order) > 1:
                 old_shard, old = self._ahead_order.pop(0)
                 self._ahead[old_shard].remove(old)
                 old.future.cancel()
@@ -313,6 +319,10 @@ class RemoteShards:
         with self._lock:
             for ahead in self._ahead.get(extent.shard, ()):
                 if ahead.start <= extent.offset and extent.offset + extent.size <= ahead.end:
+                    if _failed(ahead.future):  # never handed on: the store may answer now
+                        self._ahead[extent.shard].remove(ahead)
+                        self._ahead_order.remove((extent.shard, ahead))
+                        return None
                     return ahead
         return None
 
@@ -325,6 +335,11 @@ class RemoteShards:
             self._ahead_order.clear()
 
 
-def _reason(error: DataError) -> str:
+def _failed(future: Future[Any]) -> bool:
+    """Whether ``future`` is done and raised (cancelled ones too)."""
+    return future.done() and (future.cancelled() or future.exception() is not None)
+
+
+def _reason(error: FeederError) -> str:
     detail = getattr(error, "detail", None)
     return str(detail) if detail else str(error)

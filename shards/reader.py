@@ -148,13 +148,13 @@ class SplitIndex:
     def _checked(self, index: int, half: bool, extent: Extent, got: Got) -> np.ndarray:
         """The bytes of ``got`` once they are whole and match their checksum, looked
         for again where they are not."""
-        if got.done == extent.size and self._intact(got.data, index, half):
-            return got.data
-        again = self._bytes.reread(extent, got)
-        if again is not None and again.refused is None:
+        while not (got.done == extent.size and self._intact(got.data, index, half)):
+            again = self._bytes.reread(extent, got)
+            if again is None or again.refused is not None:
+                break
             got = again
-            if got.done == extent.size and self._intact(got.data, index, half):
-                return got.data
+        else:
+            return got.data
         path, (offset, size) = self._bytes.where(extent.shard), extent[1:]
         if got.done == size:
             raise SampleCorrupt(path, self.keys[index], index, half)
@@ -340,7 +340,8 @@ class ShardDataset:
         for split, info in manifest["splits"].items():
             check_split_shards(top, split, info)
             columns = read_columns(top, split, info, len(classes))
-            source = RemoteShards(store, columns.shards, cache_entries(url, info, columns.shards), remote.cache, pool)
+            source = RemoteShards(store, columns.shards, cache_entries(url, info, columns.shards), remote.cache, pool,
+                                  remote.heal_s, recheck_s)
             splits[split] = SplitIndex(url, split, columns, recheck_s, source)
         return cls._checked(name, url, manifest, splits)
 

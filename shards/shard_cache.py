@@ -244,6 +244,8 @@ class ShardCache:
             self._fetch_failed(shard, partial, None if full else f"not cached: {e.strerror or e}")
             if full:
                 self._disk_full(e)
+        except Exception as e:  # noqa: BLE001 - anything else: its reservation must not leak
+            self._fetch_failed(shard, partial, f"not cached: {type(e).__name__}: {e}")
         else:
             with self._mutex:
                 self._pending.pop(shard.sha256, None)

@@ -16,6 +16,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from core.errors import DataError, Located
+from shards.objects import StoreFault
 from shards.tars import DEFAULT_RECHECK_S, OpenTar, TarFiles
 
 __all__ = ["Extent", "Got", "LocalTars", "ShardBytes"]
@@ -35,13 +36,15 @@ class Got:
     valid up to ``done`` bytes), whether it all came from memory (the page cache;
     False where unknown), what it was read from (``token``: a source tells by it
     whether a second look finds another file), and for a store that refuses the
-    bytes for good, why (``refused``; ``data`` is then not filled)."""
+    bytes for good, why (``refused``, and ``fault`` its kind; ``data`` is then not
+    filled)."""
 
     data: np.ndarray
     done: int
     cached: bool = False
     token: object = None
     refused: str | None = None
+    fault: StoreFault | None = None
 
 
 class ShardBytes(Protocol):
@@ -61,7 +64,9 @@ class ShardBytes(Protocol):
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """``extent`` read again after ``got`` came up short or failed its checksum,
-        from wherever its bytes are now; None when nothing has changed."""
+        from wherever its bytes are now; None when nothing has changed (a store's
+        source reads again while the shard's heal window lasts: the reader asks
+        until it gets None)."""
         ...
 
     def generation(self, shard: int) -> int: ...

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 from core.errors import ConfigError
-from shards.objects import ObjectShort, ObjectUrl, StoreUnreachable, classify, store_error
+from shards.objects import ObjectShort, ObjectUrl, StoreFault, StoreUnreachable, classify, store_error
 
-__all__ = ["ObjectInfo", "ObjectStore", "StoreCounters", "StoreOptions", "aws_profile"]
+__all__ = ["ObjectInfo", "ObjectStore", "StoreCounters", "StoreOptions", "aws_profile", "redacted"]
 
 T = TypeVar("T")
 # Uploads larger than this go in parts of _PART_BYTES. Not lower: ranged reads of a
@@ -82,7 +82,7 @@ class StoreOptions:
         if not self.retry_window_s >= 0:
             raise ConfigError(f"retry_window_s: must be >= 0, got {self.retry_window_s}")
         if self.endpoint_url is not None and not self.endpoint_url.startswith(("http://", "https://")):
-            raise ConfigError(f"s3_endpoint: {self.endpoint_url!r} is not an http:// or https:// URL")
+            raise ConfigError(f"s3_endpoint: {redacted(self.endpoint_url)!r} is not an http:// or https:// URL")
 
 
 class StoreCounters:
@@ -105,6 +105,16 @@ class StoreCounters:
 class ObjectInfo(NamedTuple):
     size: int
     etag: str | None
+
+
+def redacted(url: str) -> str:
+    """``url`` with any credentials in it (``http://key:secret@host``) shown as ``***``:
+    an endpoint is named in error lines and logs, its secret never."""
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{slash}{path}"
 
 
 def aws_profile(environ: dict[str, str] | os._Environ[str] = os.environ) -> dict[str, str]:
@@ -206,7 +216,7 @@ class ObjectStore:
                 return request()
             except Exception as e:  # obstore's errors have no common base; classify reads them all
                 failure = classify(e)
-                if failure.kind != "transient":
+                if failure.kind is not StoreFault.TRANSIENT:
                     self.counters.add(failures=1)
                     raise store_error(self.url(name), failure) from e
                 wait_s = random.uniform(0, min(self.options.max_backoff_s, self.options.first_backoff_s * 2 ** attempt))
@@ -221,7 +231,8 @@ class ObjectStore:
 
     @property
     def endpoint(self) -> str:
-        return self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or f"the {self.root.store_kind} default"
+        given = self.options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL")
+        return redacted(given) if given else f"the {self.root.store_kind} default"
 
     def head(self, name: str, window_s: float | None = None) -> ObjectInfo:
         """Size and ETag of object ``name``."""

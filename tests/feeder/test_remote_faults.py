@@ -76,8 +76,9 @@ def _delete_a_shard_mid_epoch(server: SeaweedFS, url: str, stub, **fields) -> tu
 
 def test_a_shard_deleted_mid_epoch_is_skipped_under_skip_naming_its_url(
         s3_server: SeaweedFS, shards: Path, deletable: str, index_rows: dict) -> None:
+    # A shard gone for good: past a short heal window (its samples read again for it).
     daemon, port = _serve(s3_server, {"remote": deletable, "local": shards}, queue_batches=1, prefetch=1,
-                          max_failed_batch_fraction=1.0, max_failed_epoch_fraction=0.9)
+                          max_failed_batch_fraction=1.0, max_failed_epoch_fraction=0.9, store_heal_s=0.5)
     try:
         with connect(port) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
@@ -100,7 +101,7 @@ def test_a_shard_deleted_mid_epoch_is_skipped_under_skip_naming_its_url(
 def test_a_shard_deleted_mid_epoch_ends_the_stream_naming_its_url_past_the_limits(
         s3_server: SeaweedFS, shards: Path, deletable: str, index_rows: dict, on_error: str) -> None:
     daemon, port = _serve(s3_server, {"remote": deletable, "local": shards}, queue_batches=1, prefetch=1,
-                          on_error=on_error)
+                          on_error=on_error, store_heal_s=0.5)
     try:
         with connect(port) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)

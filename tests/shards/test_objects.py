@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError, DataError, NotFound, ServiceUnavailable, Unauthenticated
-from shards.objects import ObjectUrl, classify, is_remote, local_path, store_error
+from core.errors import ConfigError, DataError, NotFound, PermissionDenied, ServiceUnavailable, Unauthenticated
+from shards.objects import ObjectUrl, StoreFault, classify, is_remote, local_path, store_error
+from shards.store import ObjectStore, StoreOptions, redacted
 
 
 def test_urls_parse_print_and_join() -> None:
@@ -54,26 +55,38 @@ _SLOW_DOWN = ("Generic S3 error: Error performing GET http://h/b/k in 2ms - Serv
 _THROTTLED = "Generic S3 error: Server returned non-2xx status code: 429 Too Many Requests: "
 _BAD_REQUEST = ("Generic S3 error: Server returned non-2xx status code: 400 Bad Request: "
                 "<Error><Code>InvalidArgument</Code>")
+# A session token past its expiry (AWS answers 400, not 401).
+_EXPIRED = ("Generic S3 error: Error performing GET https://b.s3.amazonaws.com/p/a.bin in 40ms - Server returned "
+            "non-2xx status code: 400 Bad Request: <Error><Code>ExpiredToken</Code><Message>The provided token has "
+            "expired.</Message>")
+_ACCESS_DENIED = ("The operation lacked the necessary privileges to complete for path p/a.bin: Error performing GET "
+                  "http://h/b/p/a.bin in 1ms - Server returned non-2xx status code: 403 Forbidden: "
+                  "<Error><Code>AccessDenied</Code>")
 
 
 @pytest.mark.parametrize("error, kind, status, detail", [
-    (FileNotFoundError(_NOT_FOUND), "missing", 404, "404 Not Found (NoSuchKey)"),
-    (FileNotFoundError(_NO_BUCKET), "missing", 404, "404 Not Found (NoSuchBucket)"),
-    (PermissionDeniedError(_DENIED), "refused", 403, "403 Forbidden (SignatureDoesNotMatch)"),
-    (RuntimeError(_RANGE), "short", 416, "416 Range Not Satisfiable (InvalidRange)"),
-    (RuntimeError(_REFUSED), "transient", None, "no answer (connection refused, reset or timed out)"),
-    (RuntimeError(_CUT), "transient", None, _CUT),
-    (RuntimeError(_SLOW_DOWN), "transient", 503, "503 Service Unavailable (SlowDown)"),
-    (RuntimeError(_THROTTLED), "transient", 429, "429 Too Many Requests"),
-    (RuntimeError(_BAD_REQUEST), "other", 400, "400 Bad Request (InvalidArgument)"),
+    (FileNotFoundError(_NOT_FOUND), StoreFault.MISSING, 404, "404 Not Found (NoSuchKey)"),
+    (FileNotFoundError(_NO_BUCKET), StoreFault.MISSING, 404, "404 Not Found (NoSuchBucket)"),
+    (PermissionDeniedError(_DENIED), StoreFault.UNAUTHORIZED, 403, "403 Forbidden (SignatureDoesNotMatch)"),
+    (PermissionDeniedError(_ACCESS_DENIED), StoreFault.FORBIDDEN, 403, "403 Forbidden (AccessDenied)"),
+    (RuntimeError(_EXPIRED), StoreFault.UNAUTHORIZED, 400, "400 Bad Request (ExpiredToken)"),
+    (RuntimeError(_RANGE), StoreFault.CORRUPT, 416, "416 Range Not Satisfiable (InvalidRange)"),
+    (RuntimeError(_REFUSED), StoreFault.TRANSIENT, None, "no answer (connection refused, reset or timed out)"),
+    (RuntimeError(_CUT), StoreFault.TRANSIENT, None, _CUT),
+    (RuntimeError(_SLOW_DOWN), StoreFault.TRANSIENT, 503, "503 Service Unavailable (SlowDown)"),
+    (RuntimeError(_THROTTLED), StoreFault.TRANSIENT, 429, "429 Too Many Requests"),
+    (RuntimeError(_BAD_REQUEST), StoreFault.CORRUPT, 400, "400 Bad Request (InvalidArgument)"),
 ])
-def test_each_shape_of_store_error_is_classified(error: Exception, kind: str, status: int | None, detail: str) -> None:
+def test_each_shape_of_store_error_is_classified(error: Exception, kind: StoreFault, status: int | None,
+                                                 detail: str) -> None:
     assert tuple(classify(error)) == (kind, status, detail)
 
 
 @pytest.mark.parametrize("error, expected", [
     (FileNotFoundError(_NOT_FOUND), NotFound),
     (PermissionDeniedError(_DENIED), Unauthenticated),
+    (RuntimeError(_EXPIRED), Unauthenticated),
+    (PermissionDeniedError(_ACCESS_DENIED), PermissionDenied),
     (RuntimeError(_RANGE), DataError),
     (RuntimeError(_REFUSED), ServiceUnavailable),
     (RuntimeError(_BAD_REQUEST), DataError),
@@ -82,3 +95,19 @@ def test_store_errors_become_the_projects_own_naming_the_url(error: Exception, e
     found = store_error("s3://bkt/p/a.bin", classify(error))
     assert isinstance(found, expected)
     assert str(found).startswith("s3://bkt/p/a.bin: ")
+
+
+def test_credentials_in_an_endpoint_never_reach_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: an --s3-endpoint of http://key:secret@host was echoed whole in error lines.
+    assert redacted("http://key:s3cret@127.0.0.1:9000/x") == "http://***@127.0.0.1:9000/x"
+    assert redacted("https://h:9000") == "https://h:9000"
+    with pytest.raises(ConfigError) as caught:
+        StoreOptions(endpoint_url="ftp://key:s3cret@h")
+    assert "s3cret" not in str(caught.value) and "***@h" in str(caught.value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    store = ObjectStore(ObjectUrl.parse("s3://b/p"), StoreOptions(endpoint_url="http://key:s3cret@127.0.0.1:1",
+                                                                   retry_window_s=0))
+    with pytest.raises(ServiceUnavailable) as unreachable:
+        store.head("x")
+    assert "s3cret" not in str(unreachable.value) and "http://***@127.0.0.1:1" in str(unreachable.value)

@@ -88,6 +88,24 @@ def test_read_ahead_fetches_the_next_batch_before_it_is_read(s3_server: SeaweedF
     assert _requests(split) == requested  # every byte was already on its way
 
 
+def test_a_read_ahead_that_failed_is_never_handed_to_a_later_read(s3_server: SeaweedFS, own_copy: str) -> None:
+    # Before: read-aheads that failed while the store was down were kept and handed to
+    # the reads of the next batches, which failed at once after the store was back.
+    split = _open(s3_server, own_copy, retry_window_s=0.3).splits["train"]
+    rows = np.random.default_rng(1).permutation(len(split))[:8]
+    s3_server.stop(kill=True)
+    try:
+        split.will_need(rows)
+        ahead = [a.future for _, a in split._bytes._ahead_order]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not all(f.done() for f in ahead):
+            time.sleep(0.05)
+        assert ahead and all(f.exception() is not None for f in ahead), "the read-ahead failed"
+    finally:
+        s3_server.start()
+    assert len(split.read_many(rows)) == len(rows)
+
+
 def test_a_missing_bucket_manifest_or_directory_is_not_found_naming_the_url(s3_server: SeaweedFS, remote: str) -> None:
     bucket = remote.split("/")[2]
     with pytest.raises(NotFound, match=r"^s3://no-such-bucket-x/shards: does not exist \(404 Not Found \(NoSuchBucket"):

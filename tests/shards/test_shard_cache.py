@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,5 +167,26 @@ def test_a_download_that_differs_from_the_manifest_is_never_cached(
         assert cache.usage().download_failures == 1 and not cache.holds(wrong)
         assert list((tmp_path / "cache" / "shards").iterdir()) == [] == list((tmp_path / "cache" / "partial").iterdir())
         assert "s3://x/val/t.tar: not cached" in caplog.text
+    finally:
+        cache.close()
+
+
+def test_a_download_that_fails_unexpectedly_gives_its_reservation_back(tmp_path: Path) -> None:
+    # Before: an exception other than a store's or the disk's kept the shard "on its
+    # way" for good: never downloaded again, its bytes counted against the budget.
+    cache = ShardCache(tmp_path / "cache", 1 << 20)
+    shard = CachedShard(hashlib.sha256(b"x").hexdigest(), 1000, "s3://b/val/t.tar")
+
+    def broken() -> list[memoryview]:
+        raise ValueError("a bug in the chunk reader")
+
+    try:
+        cache.want(shard, broken)
+        cache._fetchers.submit(lambda: None).result(timeout=10)  # queued after the download
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and cache.usage().download_failures == 0:
+            time.sleep(0.01)
+        assert cache.usage().download_failures == 1
+        assert shard.sha256 not in cache._pending
     finally:
         cache.close()
