@@ -7,8 +7,11 @@ Layout under the checkpoint directory::
     step-000120/rank-0.pt     RNG and visit counts of rank 0 (each rank its own)
     LATEST                    name of the last complete step directory
 
-``LATEST`` moves only after every rank has written its file, so a crash while writing
-leaves the previous checkpoint in force.
+``LATEST`` moves only after every rank has written its file, and every file (and the
+directory entries naming them) reaches the disk before it does, so a crash or a power
+loss while writing leaves the previous checkpoint in force. Old step directories are
+pruned by step number (``step-1000000`` is newer than ``step-999999``), never the one
+``LATEST`` names.
 """
 
 from __future__ import annotations
@@ -50,10 +53,48 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
+    """``obj`` at ``path`` whole or not at all, on the disk when this returns."""
     tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _atomic_write_text(text: str, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _step_of(folder: Path) -> int:
+    """The step a ``step-N`` directory is of (-1 for a name that is not one)."""
+    digits = folder.name.removeprefix("step-")
+    return int(digits) if digits.isdigit() else -1
+
+
+def _prune(root: Path, keep: Path) -> None:
+    """Remove all but the ``KEEP`` newest step directories, by step number, never ``keep``."""
+    folders = sorted((f for f in root.glob("step-*") if f.is_dir() and _step_of(f) >= 0), key=_step_of)
+    for old in folders[:-KEEP]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def save_checkpoint(root: Path, step: int, shared: dict[str, Any], per_rank: dict[str, Any],
@@ -77,11 +118,9 @@ def save_checkpoint(root: Path, step: int, shared: dict[str, Any], per_rank: dic
     _atomic_save(per_rank, folder / f"rank-{dist.rank}.pt")
     barrier()
     if dist.is_main:
-        tmp = root / f"{LATEST}.tmp"
-        tmp.write_text(folder.name)
-        os.replace(tmp, root / LATEST)
-        for old in sorted(root.glob("step-*"))[:-KEEP]:
-            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(root)  # the step directory's own entry
+        _atomic_write_text(folder.name, root / LATEST)
+        _prune(root, folder)
     barrier()
     return folder
 

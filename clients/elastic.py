@@ -24,7 +24,7 @@ from typing import Any
 from core.errors import ConfigError
 from protocol.plan import Segment
 
-__all__ = ["IDENTITY_KEYS", "Resume", "merge_states", "resume", "segments_from", "segments_to"]
+__all__ = ["IDENTITY_KEYS", "Resume", "check_state", "merge_states", "resume", "segments_from", "segments_to"]
 
 # What a state must share with the loader that loads it.
 IDENTITY_KEYS = ("dataset", "split", "seed", "manifest_sha256")
@@ -49,6 +49,10 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """
     if not states:
         raise ConfigError("merge_states: no states")
+    for state in states:
+        check_state(state)
+    if any("cursor" not in state or "rank" not in state or "world_size" not in state for state in states):
+        raise ConfigError("merge_states: expected each rank's own state_dict() (with rank, world_size and cursor)")
     first = states[0]
     world = int(first["world_size"])
     same = (*IDENTITY_KEYS, "world_size", "epoch", "consumed")
@@ -78,22 +82,103 @@ class Resume:
 
 def resume(state: Mapping[str, Any], rank: int, world_size: int) -> Resume:
     """Where rank ``rank`` of ``world_size`` continues from ``state`` (a job's state
-    from :func:`merge_states`, or one rank's ``state_dict()`` at the same world size).
+    from :func:`merge_states`, or rank ``rank``'s own ``state_dict()`` at the same
+    world size).
 
     Raises:
-        ConfigError: one rank's state loaded at another world size.
+        ConfigError: a state of the wrong shape (one line naming the field), one rank's
+            state loaded into another rank or at another world size.
     """
-    epoch, consumed = int(state["epoch"]), segments_from(state.get("consumed", ()))
-    saved_world = int(state.get("world_size", world_size))
-    if "cursors" in state:
-        cursors = tuple(int(c) for c in state["cursors"])
+    checked = check_state(state)
+    epoch, consumed = checked["epoch"], checked["consumed"]
+    saved_world = checked.get("world_size", world_size)
+    if "cursors" in checked:
+        cursors = checked["cursors"]
+        if len(cursors) != saved_world:
+            raise ConfigError(f"loader state: cursors: {len(cursors)} of them for world_size {saved_world}")
         if saved_world == world_size:
             return Resume(epoch, cursors[rank], consumed)
         return Resume(epoch, 0, (*consumed, Segment(saved_world, cursors)))
     if saved_world != world_size:
         raise ConfigError(
-            f"loader state is rank {state.get('rank', '?')}'s of {saved_world}: one rank's cursor cannot say what "
+            f"loader state is rank {checked.get('rank', '?')}'s of {saved_world}: one rank's cursor cannot say what "
             f"the other ranks consumed, so it loads only at world_size {saved_world} (this loader has "
             f"{world_size}); save clients.merge_states() of every rank's state_dict() to resume at another size"
         )
-    return Resume(epoch, int(state["cursor"]), consumed)
+    if checked.get("rank", rank) != rank:
+        raise ConfigError(
+            f"loader state is rank {checked['rank']}'s; this loader is rank {rank} of {world_size}: its cursor is "
+            "where that rank's part stands, not this one's; load each rank's own state, or clients.merge_states() "
+            "of every rank's")
+    return Resume(epoch, checked["cursor"], consumed)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TypeError("a count (an integer of 0 or more)")
+    return value
+
+
+def _counts(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError("a list of counts")
+    return tuple(_count(v) for v in value)
+
+
+def _segments(value: Any) -> tuple[Segment, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError("a list of [world_size, [cursors]]")
+    found = []
+    for entry in value:
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise TypeError("a list of [world_size, [cursors]]")
+        world, cursors = _count(entry[0]), _counts(entry[1])
+        if world < 1 or len(cursors) != world:
+            raise TypeError(f"a list of [world_size, [cursors]] ({len(cursors)} cursors for world_size {world})")
+        found.append(Segment(world, cursors))
+    return tuple(found)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("a string")
+    return value
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("an integer")
+    return value
+
+
+# The fields a state may have, each with its reader (which raises TypeError saying what
+# the field must be). A state has "cursor" (one rank's) or "cursors" (a merged one).
+_FIELDS = {"epoch": _count, "cursor": _count, "cursors": _counts, "rank": _count, "world_size": _count,
+           "batch_size": _count, "consumed": _segments, "dataset": _text, "split": _text, "seed": _integer,
+           "manifest_sha256": _text}
+
+
+def check_state(state: Any) -> dict[str, Any]:
+    """``state``'s fields, each checked and read (``consumed`` as segments).
+
+    Raises:
+        ConfigError: not a mapping, a field of the wrong type or out of range, or no
+            cursor (one line naming the field).
+    """
+    if not isinstance(state, Mapping):
+        raise ConfigError(f"loader state: expected a dict (a state_dict()), got {type(state).__name__}")
+    checked: dict[str, Any] = {"consumed": ()}
+    for name, read in _FIELDS.items():
+        if name in state:
+            try:
+                checked[name] = read(state[name])
+            except TypeError as e:
+                raise ConfigError(f"loader state: {name}: expected {e}, got {state[name]!r:.80}") from None
+    if "epoch" not in checked:
+        raise ConfigError("loader state: epoch: missing")
+    if ("cursor" in checked) == ("cursors" in checked):
+        raise ConfigError("loader state: expected 'cursor' (one rank's state) or 'cursors' (merge_states()), "
+                          f"got {'both' if 'cursor' in checked else 'neither'}")
+    if checked.get("world_size", 1) < 1:
+        raise ConfigError("loader state: world_size: expected 1 or more, got 0")
+    return checked

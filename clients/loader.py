@@ -17,7 +17,7 @@ import torch
 from prometheus_client import Gauge
 
 from clients.channel import check_address
-from clients.elastic import IDENTITY_KEYS, resume, segments_to
+from clients.elastic import IDENTITY_KEYS, check_state, resume, segments_to
 from clients.host_batch import HostBatch
 from clients.loader_config import LoaderConfig, MovedToConfig, OnePass
 from clients.pool import DaemonPool
@@ -297,17 +297,27 @@ class FeederLoader(Positioned):
 
         Raises:
             ConfigError: the state was saved for another dataset, split, seed or
-                manifest, is one rank's at another world size, or holds a position the
-                daemon would refuse.
+                manifest, is another rank's or one rank's at another world size, holds
+                a cursor past the rank's part or a position the daemon would refuse,
+                or is of the wrong shape (one line naming the field).
         """
+        checked = check_state(state)
         for key in IDENTITY_KEYS:
             mine = getattr(self, key) if key != "manifest_sha256" else self._specs.split.manifest_sha256
-            if state.get(key, mine) != mine and (key != "manifest_sha256" or mine):
-                raise ConfigError(f"loader state is for {key}={state[key]!r}, this loader has {mine!r}")
+            if checked.get(key, mine) != mine and (key != "manifest_sha256" or mine):
+                raise ConfigError(f"loader state is for {key}={checked[key]!r}, this loader has {mine!r}")
         at = resume(state, self.rank, self.world_size)
         self._specs.spec(at.epoch, at.cursor, self._sizes, consumed=at.consumed)
+        consumed_before = self._specs.consumed
         self._specs.consumed = {at.epoch: at.consumed} if at.consumed else {}
-        self._specs.part_length(at.epoch)  # refuses segments that cannot describe the epoch
+        try:
+            part = self._specs.part_length(at.epoch)  # refuses segments that cannot describe the epoch
+            if at.cursor > part:
+                raise ConfigError(f"loader state: cursor {at.cursor} is past the end of rank {self.rank}'s part of "
+                                  f"epoch {at.epoch} ({part} samples at world_size {self.world_size})")
+        except ConfigError:
+            self._specs.consumed = consumed_before
+            raise
         self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})
         self._streams.drop()
 

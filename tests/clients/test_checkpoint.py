@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,30 @@ def test_at_another_world_size_each_rank_takes_over_the_saved_ranks_of_its_resid
     assert taken == [[0, 2], [1]]
     grown = [load_checkpoint(tmp_path, Dist(r, 5, r, torch.device("cpu")))[1] for r in range(5)]
     assert [len(states) for states in grown] == [1, 1, 1, 0, 0]
+
+
+def test_steps_past_a_million_prune_the_oldest_by_number_not_by_name(tmp_path: Path) -> None:
+    # Before: sorted(glob("step-*")) put step-1000000 before step-999999 and deleted it,
+    # the newest, the one LATEST names.
+    for step in (999_998, 999_999, 1_000_000):
+        save_checkpoint(tmp_path, step, {"step": step}, {"rank": 0}, ALONE)
+    assert latest_checkpoint(tmp_path) == tmp_path / "step-1000000"
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-1000000", "step-999999"]
+    shared, _ = load_checkpoint(tmp_path, ALONE)
+    assert shared["step"] == 1_000_000
+
+
+def test_every_checkpoint_file_is_synced_before_latest_moves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    save_checkpoint(tmp_path, 3, {"step": 3}, {"rank": 0}, ALONE)
+    names = [Path(p).name for p in synced]
+    assert "shared.tmp" in names and "rank-0.tmp" in names and "LATEST.tmp" in names
+    assert max(names.index("shared.tmp"), names.index("rank-0.tmp")) < names.index("LATEST.tmp")
+    assert str(tmp_path) in synced, "the directory entries too"

@@ -97,3 +97,46 @@ def test_states_of_another_job_or_dataset_are_refused_with_one_line(daemon):
             other.load_state_dict(job | {key: value})
     for loader in (*loaders, other):
         loader.close()
+
+
+def test_another_rank_s_state_is_refused_naming_both(daemon):
+    # Before: rank 1's state loaded on rank 0 was taken, and rank 0 skipped 16 samples.
+    one = _loader(daemon, 1, 2, _OLD_BATCH, "drop")
+    _take(one, 2)
+    state = one.state_dict()
+    zero = _loader(daemon, 0, 2, _OLD_BATCH, "drop")
+    with pytest.raises(ConfigError, match=r"rank 1's; this loader is rank 0 of 2"):
+        zero.load_state_dict(state)
+    assert zero.cursor == 0
+    for loader in (one, zero):
+        loader.close()
+
+
+@pytest.mark.parametrize("cursor", [N_TRAIN, 10**12])
+def test_a_cursor_past_the_part_is_refused(daemon, cursor):
+    # Before: a cursor past the part at the same world size skipped the rest of the epoch.
+    loader = _loader(daemon, 0, 2, _OLD_BATCH, "drop")
+    state = loader.state_dict() | {"cursor": cursor}
+    with pytest.raises(ConfigError, match=rf"cursor {cursor} is past the end of rank 0's part of epoch 0"):
+        loader.load_state_dict(state)
+    assert loader.cursor == 0 and len(list(loader)) > 0
+    loader.close()
+
+
+@pytest.mark.parametrize("state, field", [
+    (None, "expected a dict"),
+    ({"cursor": 3}, "epoch: missing"),
+    ({"epoch": "1", "cursor": 3}, "epoch: expected a count"),
+    ({"epoch": 0, "cursor": -1}, "cursor: expected a count"),
+    ({"epoch": 0}, "got neither"),
+    ({"epoch": 0, "cursor": 1, "consumed": [[2, [1]]]}, "consumed: expected a list of"),
+    ({"epoch": 0, "cursors": [1, 2], "world_size": 3}, "cursors: 2 of them for world_size 3"),
+    ({"epoch": 0, "cursor": 1, "seed": 1.5}, "seed: expected an integer"),
+])
+def test_a_malformed_state_is_one_line_naming_the_field(daemon, state, field):
+    # Before: raw TypeError / KeyError from deep inside.
+    loader = _loader(daemon, 0, 2, _OLD_BATCH, "drop")
+    with pytest.raises(ConfigError, match=field) as caught:
+        loader.load_state_dict(state)
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("loader state")
+    loader.close()
