@@ -211,8 +211,21 @@ class DaemonPool:
                 self._probe_one(member)
             if now - self._looked_up_s > _LOOKUP_EVERY_S:
                 self._looked_up_s = now
-                for address in expand_addresses(self._named):
-                    self.add(address)
+                self.follow_names()
+
+    def follow_names(self) -> None:
+        """Look the pool's host names up again: addresses a name gained join the pool;
+        those it lost (a rotating DNS name, a Service scaled down) are left, so no
+        batch is asked of a daemon that is gone or now serves someone else."""
+        found = expand_addresses(self._named)
+        for address in found:
+            self.add(address)
+        given = set(self._named)
+        for member in list(self.members):
+            if member.address not in found and member.address not in given and not member.left:
+                self.leave(member, "no longer among the addresses of its host name")
+                with self._lock:
+                    self.generation += 1  # the shares on it are drawn afresh
 
     def _probe_one(self, member: Member) -> None:
         try:

@@ -206,6 +206,10 @@ class ServerConfig:
             for one, 16 per thread at most (past that the oldest waiting is closed).
         metrics_timeout_s: seconds a metrics connection may take in all, counted from
             its accept: a client that has not sent its request by then is cut off.
+        allow_shard_links: directories outside a dataset's root that links under it
+            may lead to, comma-separated, e.g. /mnt/disk1,/mnt/disk2 (shards spread
+            over disks by links). Every tar is opened beneath its dataset's root or one
+            of these; a link leading anywhere else is refused. Default: none.
         verify_on_start: before serving, check every dataset as ``feeder verify``
             does (each tar's, LMDB's and index's size and sha256 against the manifest,
             the indexes against the tar members, a seeded sample of images decoded):
@@ -265,6 +269,7 @@ class ServerConfig:
     max_waiting_calls: int = 64
     metrics_threads: int = 4
     metrics_timeout_s: float = 5.0
+    allow_shard_links: tuple[str, ...] = ()
     verify_on_start: bool = False
 
     def __post_init__(self) -> None:

@@ -38,6 +38,10 @@ def remote_access(config: ServerConfig) -> RemoteAccess | None:
 
 
 def close_remote(remote: RemoteAccess | None) -> None:
-    """Stop the cache's downloads and release its directory."""
-    if remote is not None and remote.cache is not None:
+    """End the waits of retries and heal windows, stop the cache's downloads and
+    release its directory."""
+    if remote is None:
+        return
+    remote.stopping.set()
+    if remote.cache is not None:
         remote.cache.close()

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -80,7 +81,7 @@ class FeederServer:
         self._token_check = [] if self._token is None else [TokenInterceptor(self._token, self.metrics)]
         remote = remote_access(config)
         try:
-            datasets = open_datasets(config.datasets, remote)
+            datasets = open_datasets(config.datasets, remote, tuple(Path(d) for d in config.allow_shard_links))
             if config.verify_on_start:
                 verify_datasets(config)
         except BaseException:

@@ -92,11 +92,14 @@ def _say_footprint(config: ServerConfig, datasets: Mapping[str, ShardDataset]) -
             physical / gib)
 
 
-def open_datasets(paths: Mapping[str, Path | str], remote: RemoteAccess | None = None) -> dict[str, ShardDataset]:
+def open_datasets(paths: Mapping[str, Path | str], remote: RemoteAccess | None = None,
+                  allowed_links: tuple[Path, ...] = ()) -> dict[str, ShardDataset]:
     """Open and check every configured dataset (raises on the first bad one): local
     paths, and object store URLs read through ``remote`` (see
-    :func:`feeder.remote.remote_access`; its defaults where None)."""
-    return {name: ShardDataset.open(name, root if isinstance(root, str) else Path(root), remote=remote)
+    :func:`feeder.remote.remote_access`; its defaults where None). ``allowed_links``:
+    directories outside a local root its tars' links may lead to."""
+    return {name: ShardDataset.open(name, root if isinstance(root, str) else Path(root), remote=remote,
+                                    allowed_links=allowed_links)
             for name, root in paths.items()}
 
 

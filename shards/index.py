@@ -12,8 +12,10 @@ sample bytes: :mod:`shards.reader` does, through the columns read here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from core.errors import ConfigError, DataError
+from shards.beneath import open_beneath
 from shards.layout import (
     CHECKSUM_COLUMNS,
     HALF_COLUMNS,
@@ -169,12 +172,14 @@ def _absent(field: pa.Field, rows: int) -> pa.Array:
     return pa.array(np.full(rows, fill), field.type)
 
 
-def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int | None = None) -> IndexColumns:
+def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int | None = None,
+                 allowed_links: tuple[Path, ...] = ()) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
     and the tars: the row count and format version, every label one of
     ``num_classes`` (the manifest's classes; None: unchecked), every sample inside its
-    tar, an image size on every row, and the columns of the half-scale copies either
-    locating one or saying there is none.
+    tar (a local tar opened beneath ``root``, or one of ``allowed_links``), an image
+    size on every row, and the columns of the half-scale copies either locating one or
+    saying there is none.
 
     Raises:
         DataError: the index is missing, unreadable or disagrees (names the file, and
@@ -207,7 +212,7 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     )
     if num_classes is not None:
         _check_labels(path, columns, num_classes)
-    _check_extents(root, path, columns)
+    _check_extents(root, path, columns, allowed_links)
     _check_image_sizes(path, columns)
     _check_half_copies(path, columns)
     return columns
@@ -251,18 +256,32 @@ def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.nda
     return values.to_numpy().astype(np.uint64)
 
 
-def _check_extents(root: Root, path: Root, cols: IndexColumns) -> None:
+def _check_extents(root: Root, path: Root, cols: IndexColumns, allowed_links: tuple[Path, ...]) -> None:
     for shard_id, shard in enumerate(cols.shards):
         if not is_inside(shard):  # the daemon opens it under the root: no other file
             raise DataError(f"{path}: shard {shard[:200]!r} is not a relative path inside the shard directory")
         file = root / shard
         if not file.is_file():
             raise DataError(f"{path}: shard {shard} is missing")
+        if isinstance(root, Path):
+            _check_beneath(root, shard, allowed_links)
         mine = cols.shard_ids == shard_id
         ends = np.maximum(cols.offsets[mine] + cols.sizes[mine], cols.half_offsets[mine] + cols.half_sizes[mine])
         end = int(ends.max(initial=0))
         if end > file.stat().st_size:
             raise DataError(f"{file}: {file.stat().st_size} bytes, index points to byte {end}")
+
+
+def _check_beneath(root: Path, shard: str, allowed_links: tuple[Path, ...]) -> None:
+    """A local tar opens beneath the root (a link may lead only to an allowed directory).
+
+    Raises:
+        DataError: it leads elsewhere, or cannot be opened (names it).
+    """
+    try:
+        os.close(open_beneath(root, shard, allowed_links))
+    except OSError as e:
+        raise DataError(f"{root / shard}: {e.strerror or e}") from e
 
 
 def _check_image_sizes(path: Root, cols: IndexColumns) -> None:

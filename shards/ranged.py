@@ -18,7 +18,6 @@ retry window, end the stream, naming the URL.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass, field
@@ -58,6 +57,7 @@ class RemoteAccess:
     cache: ShardCache | None = None
     max_requests: int = 16
     heal_s: float = 0.0  # a tool's one look reports what it finds; the daemon waits (--store-heal-s)
+    stopping: threading.Event = field(default_factory=threading.Event)  # set at shutdown: no more waits
 
 
 def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str]) -> list[CachedShard | None]:
@@ -163,7 +163,8 @@ class RemoteShards:
             due = {shard: ps for shard, ps in refused.items() if waits[shard] > 0}
             if not due:
                 return
-            time.sleep(max(waits[shard] for shard in due))
+            if self._store.stopping.wait(max(waits[shard] for shard in due)):
+                return
             for shard, positions in due.items():
                 for members, start, future, _ in self._requests(extents, shard, positions):
                     self._fill(extents, members, start, future, found)
@@ -253,9 +254,8 @@ class RemoteShards:
             self._cache.discard(entry)
         elif got.token == _FROM_STORE:
             wait_s = self._troubles.wait_s(extent.shard, missing=False)
-            if wait_s <= 0:
+            if wait_s <= 0 or self._store.stopping.wait(wait_s):
                 return None
-            time.sleep(wait_s)
         else:
             return None
         found: list[Got | None] = [None]

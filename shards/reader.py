@@ -70,10 +70,13 @@ class SplitIndex:
         split: the split's name.
         columns: its index (:func:`shards.index.read_columns`).
         recheck_s: the most time between two looks at a served tar's path.
+        source: where the bytes come from (None: the local tars under ``root``).
+        allowed_links: directories outside ``root`` its tars' links may lead to.
     """
 
     def __init__(self, root: Path | ObjectUrl, split: str, columns: IndexColumns,
-                 recheck_s: float = DEFAULT_RECHECK_S, source: ShardBytes | None = None) -> None:
+                 recheck_s: float = DEFAULT_RECHECK_S, source: ShardBytes | None = None,
+                 allowed_links: tuple[Path, ...] = ()) -> None:
         self.root = root
         self.split = split
         self.keys = columns.keys
@@ -90,7 +93,7 @@ class SplitIndex:
         if source is None:
             if not isinstance(root, Path):
                 raise TypeError(f"{root}: a remote split needs its source")
-            source = LocalTars(root, self._shards, recheck_s)
+            source = LocalTars(root, self._shards, recheck_s, allowed_links)
         self._bytes = source
         # Reads not served from the page cache alone (disk, a store, or unknown), all
         # threads together: what read-ahead can help (see ``will_need``).
@@ -295,7 +298,7 @@ class ShardDataset:
 
     @classmethod
     def open(cls, name: str, root: Path | str | ObjectUrl, recheck_s: float = DEFAULT_RECHECK_S,
-             remote: RemoteAccess | None = None) -> ShardDataset:
+             remote: RemoteAccess | None = None, allowed_links: tuple[Path, ...] = ()) -> ShardDataset:
         """Open and check ``root`` (the manifest and the indexes; no sample is read).
 
         Args:
@@ -306,12 +309,16 @@ class ShardDataset:
                 :meth:`SplitIndex.shard_generation`).
             remote: how a remote root is read (store options, node-local cache,
                 requests in flight); the defaults where None.
+            allowed_links: directories outside a local root that its links may
+                lead to (``--allow-shard-links``); a tar leading anywhere else is
+                refused (:mod:`shards.beneath`).
 
         Raises:
             NotFound: the directory, bucket or manifest does not exist.
             DataError: the manifest or an index is unreadable, of the wrong shape
                 (valid JSON but not an object, a field of another type) or
-                inconsistent (a label past the manifest's classes); names the file.
+                inconsistent (a label past the manifest's classes), or a tar leads
+                outside the root; names the file.
             Unauthenticated: the store refused the credentials.
             ServiceUnavailable: the store cannot be reached.
         """
@@ -324,14 +331,15 @@ class ShardDataset:
         splits = {}
         for split, info in manifest["splits"].items():
             check_split_shards(root, split, info)
-            splits[split] = SplitIndex(root, split, read_columns(root, split, info, len(classes)), recheck_s)
+            columns = read_columns(root, split, info, len(classes), allowed_links)
+            splits[split] = SplitIndex(root, split, columns, recheck_s, allowed_links=allowed_links)
         return cls._checked(name, root, manifest, splits)
 
     @classmethod
     def _open_remote(cls, name: str, url: ObjectUrl, remote: RemoteAccess, recheck_s: float) -> ShardDataset:
         """The same checks as a local root's, through the store's listings (see
         :mod:`shards.remote_root`); one request pool for the dataset's splits."""
-        store = ObjectStore(url, remote.options, remote.counters)
+        store = ObjectStore(url, remote.options, remote.counters, remote.stopping)
         top = RemoteRoot(store).path()
         manifest = read_served_manifest(top)
         classes = list(manifest["classes"])

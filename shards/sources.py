@@ -86,10 +86,12 @@ class LocalTars:
         root: the shard directory.
         shards: the tars' paths relative to it.
         recheck_s: the most time between two looks at a served tar's path.
+        allowed_links: directories outside ``root`` its links may lead to.
     """
 
-    def __init__(self, root: Path, shards: list[str], recheck_s: float = DEFAULT_RECHECK_S) -> None:
-        self._tars = TarFiles(root, shards, recheck_s)
+    def __init__(self, root: Path, shards: list[str], recheck_s: float = DEFAULT_RECHECK_S,
+                 allowed_links: tuple[Path, ...] = ()) -> None:
+        self._tars = TarFiles(root, shards, recheck_s, allowed_links)
 
     def where(self, shard: int) -> Path:
         return self._tars.path(shard)

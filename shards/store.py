@@ -189,12 +189,15 @@ class ObjectStore:
         root: the URL of the prefix (a shard directory).
         options: timeouts, endpoint and retries.
         counters: where requests, retries and bytes are counted (shared by a daemon's stores).
+        stopping: set when the daemon stops: waits between retries end at once and
+            the request fails as unreachable (shared by a daemon's stores).
     """
 
     def __init__(self, root: ObjectUrl, options: StoreOptions = StoreOptions(),
-                 counters: StoreCounters | None = None) -> None:
+                 counters: StoreCounters | None = None, stopping: threading.Event | None = None) -> None:
         self.root, self.options = root, options
         self.counters = counters or StoreCounters()
+        self.stopping = stopping or threading.Event()
         self._store = _open_store(root, options)
 
     def url(self, name: str) -> ObjectUrl:
@@ -227,7 +230,8 @@ class ObjectStore:
                                            f"endpoint {self.endpoint})") from e
             self.counters.add(retries=1)
             attempt += 1
-            time.sleep(wait_s)
+            if self.stopping.wait(wait_s):
+                raise StoreUnreachable(self.url(name), "the daemon is stopping")
 
     @property
     def endpoint(self) -> str:

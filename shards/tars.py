@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from core.errors import DataError
+from shards.beneath import open_beneath
 
 __all__ = ["DEFAULT_RECHECK_S", "FileState", "OpenTar", "TarFiles"]
 
@@ -50,12 +51,17 @@ class FileState(NamedTuple):
 class OpenTar:
     """An open tar: its descriptor and the state of the file it was opened as.
 
+    Args:
+        path: the file.
+        fd: its descriptor, opened already (:func:`shards.beneath.open_beneath`);
+            None: ``path`` is opened here.
+
     Raises:
         OSError: the file cannot be opened.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_RDONLY)
+    def __init__(self, path: Path, fd: int | None = None) -> None:
+        self.fd = os.open(path, os.O_RDONLY) if fd is None else fd
         self.state = FileState.of(os.fstat(self.fd))
         self.next_check = 0.0  # time.monotonic() from which its path is looked at again
         # Reads first try RWF_NOWAIT (Linux): it reads only what is in the page cache,
@@ -95,12 +101,17 @@ class TarFiles:
         shards: the tars' paths relative to ``root``.
         recheck_s: the most time between two looks at a served tar's path (0: at
             every read).
+        allowed_links: directories outside ``root`` that links in it may lead to;
+            every tar is opened beneath ``root`` or one of them
+            (:func:`shards.beneath.open_beneath`).
     """
 
-    def __init__(self, root: Path, shards: list[str], recheck_s: float = DEFAULT_RECHECK_S) -> None:
+    def __init__(self, root: Path, shards: list[str], recheck_s: float = DEFAULT_RECHECK_S,
+                 allowed_links: tuple[Path, ...] = ()) -> None:
         if recheck_s < 0:
             raise ValueError(f"recheck_s must be >= 0, got {recheck_s}")
         self._root, self._shards, self._recheck_s = root, shards, recheck_s
+        self._allowed = allowed_links
         self._open: dict[int, OpenTar] = {}
         # Replaced files: other threads may still be reading them; closed with the split.
         self._retired: list[OpenTar] = []
@@ -139,7 +150,7 @@ class TarFiles:
             current.next_check = time.monotonic() + self._recheck_s
             try:
                 changed = FileState.of(os.stat(self.path(shard))) != current.state
-                fresh = OpenTar(self.path(shard)) if changed else current
+                fresh = self._opened(shard) if changed else current
             except OSError:
                 return current
             if fresh is current:
@@ -153,9 +164,17 @@ class TarFiles:
             listener(self._shards[shard])
         return fresh
 
+    def _opened(self, shard: int) -> OpenTar:
+        """Tar ``shard`` opened beneath the root (or an allowed directory).
+
+        Raises:
+            OSError: it cannot be, or it leads elsewhere (:class:`LinkOutside`).
+        """
+        return OpenTar(self.path(shard), open_beneath(self._root, self._shards[shard], self._allowed))
+
     def _first_open(self, shard: int) -> OpenTar:
         try:
-            opened = OpenTar(self.path(shard))
+            opened = self._opened(shard)
         except OSError as e:
             raise DataError(f"{self.path(shard)}: cannot open shard: {e.strerror or e}") from e
         opened.next_check = time.monotonic() + self._recheck_s

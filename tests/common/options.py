@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from core.cli import parse_bytes
+from core.cli import parse_bytes, parse_list
 from core.fields import cli_of
 from core.options import cli_fields, docstring_args, option_help
 from feeder.cli import app
@@ -37,7 +37,7 @@ def _cli_default(param: Any, f: dataclasses.Field, hint: Any) -> Any:
     if sized and param.default is not None:
         return parse_bytes(param.default, param.opts[0])
     if typing.get_origin(hint) is tuple:
-        return tuple(param.default.split(","))
+        return parse_list(param.default, param.opts[0])
     return param.default
 
 

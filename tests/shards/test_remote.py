@@ -231,3 +231,31 @@ def test_a_datasets_request_threads_serve_its_splits_and_end_with_them(s3_server
     while threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert threads() == 0
+
+
+def test_a_stopping_daemon_ends_the_waits_between_retries_at_once(s3_server: SeaweedFS, remote: str) -> None:
+    # Before: a retry's sleep could not be cut short: a stopping daemon's reads retried
+    # against a dead store for the whole retry window.
+    proxy = TcpProxy(s3_server.endpoint)
+    access = RemoteAccess(StoreOptions(endpoint_url=proxy.url, retry_window_s=60.0, first_backoff_s=2.0,
+                                       max_backoff_s=2.0), StoreCounters())
+    with pointed_at(s3_server):
+        split = ShardDataset.open("remote", remote, remote=access).splits["val"]
+    proxy.reset_next(10_000)  # every connection refused from now on
+    failed: list[BaseException] = []
+    reader = threading.Thread(target=lambda: _read_into(split, failed), daemon=True)
+    reader.start()
+    time.sleep(1.0)
+    started = time.monotonic()
+    access.stopping.set()
+    reader.join(10)
+    proxy.close()
+    assert not reader.is_alive() and time.monotonic() - started < 3
+    assert failed and "the daemon is stopping" in str(failed[0])
+
+
+def _read_into(split, failed: list[BaseException]) -> None:
+    try:
+        split.read(0)
+    except BaseException as e:  # noqa: BLE001 - what the reader ends with
+        failed.append(e)
