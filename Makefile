@@ -7,7 +7,7 @@ PROTO_OUT := protos/feeder_pb2.py
 JPEG_LIB  := $(VENV)/.jpeg-library
 DEMO    := .demo
 
-.PHONY: demo test install proto typecheck lint clean
+.PHONY: demo test test-under-load chaos install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,12 @@ proto: $(PROTO_OUT)
 test: install typecheck lint
 	$(BIN)/python -m pytest -q -n 3 -m "not serial" --durations=15
 	$(BIN)/python -m pytest -q -m serial --durations=5
+
+# Seeded fault schedules with the durations a cluster makes (a store stopped for up to
+# 90 s): make chaos SEEDS=20. Results in .chaos/results.json (docs/reliability.md).
+SEEDS ?= 3
+chaos: install
+	$(BIN)/python -m tests.chaos --seeds $(SEEDS) --json .chaos/results.json
 
 typecheck: install
 	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench

@@ -138,12 +138,7 @@ class SeaweedFS:
     def _command(self) -> list[str]:
         store = self.data_dir / "store"
         store.mkdir(parents=True, exist_ok=True)
-        identity = self.data_dir / "s3.json"
-        identity.write_text(json.dumps({"identities": [{
-            "name": "feeder",
-            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}))
+        identity = self._write_identity()
         return [
             str(weed_binary()), "server", f"-dir={store}", f"-ip={_HOST}", f"-ip.bind={_HOST}",
             *self.ports.arguments(), "-filer", "-s3", f"-s3.config={identity}",
@@ -159,6 +154,25 @@ class SeaweedFS:
             # of. Volumes are not preallocated, so a high count costs no disk.
             "-volume.max=1000",
         ]
+
+    def _write_identity(self) -> Path:
+        identity = self.data_dir / "s3.json"
+        identity.write_text(json.dumps({"identities": [{
+            "name": "feeder",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}))
+        return identity
+
+    def rotate_credentials(self, access_key: str, secret_key: str) -> None:
+        """Accept ``access_key`` / ``secret_key`` from now on, and no other, without a
+        restart: the identity file rewritten and the server told to read it again
+        (SIGHUP), as an operator rotates keys. (A restart with another file keeps the
+        old identity too: the filer remembers the identities it was started with.)"""
+        self.access_key, self.secret_key = access_key, secret_key
+        self._write_identity()
+        if self._process is not None:
+            os.killpg(self._process.pid, signal.SIGHUP)
 
     def start(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Start the server (again, on the same ports and data) and wait until it

@@ -23,9 +23,10 @@ classified once (:mod:`clients.verdicts`) and acted on here:
   ``reconnect_timeout_s``, with the daemon's refusal if it refused for a budget.
 
 A share's daemon has stalled when it sent nothing for ``pool_stall_timeout_s`` while
-another daemon is usable (``stall_timeout_s`` when it is the only one), counted from
-what was asked of that daemon and when: the time its call has been waiting for a
-message, never the consumer's own wait. When the pool changes (a member back or
+another daemon is usable (``stall_timeout_s`` when it is the only one; a call's first
+batch, which may wait for a pipeline to be built, at least ``_FIRST_BATCH_S``),
+counted from what was asked of that daemon and when: the time its call has been
+waiting for a message, never the consumer's own wait. When the pool changes (a member back or
 added, ``as-needed`` taking one more or one fewer) the shares are drawn afresh from
 the next batch.
 """
@@ -55,6 +56,9 @@ __all__ = ["Failover"]
 _log = logging.getLogger(__name__)
 _POLL_S = 0.02  # how long get() waits on a share before looking at the others
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # backoff of a retry on the same daemon, doubling
+# A call's first batch may wait for the daemon to build a pipeline: it is not stalled
+# before this, whatever pool_stall_timeout_s is.
+_FIRST_BATCH_S = 5.0
 # The transports a call falls through when this process cannot use one, best first.
 _DOWN = (TransportKind.CUDA_IPC, TransportKind.SHM, TransportKind.GRPC)
 _NAMES = {TransportKind.CUDA_IPC: "CUDA IPC", TransportKind.SHM: "shared memory", TransportKind.GRPC: "gRPC"}
@@ -216,7 +220,10 @@ class Failover:
 
     def _stall_limit(self, share: _Share) -> float:
         others = any(m is not share.member for m in self._pool.usable())
-        return self._config.pool_stall_timeout_s if others else self._config.stall_timeout_s
+        if not others:
+            return self._config.stall_timeout_s
+        first = share.call is not None and share.call.received == 0
+        return max(self._config.pool_stall_timeout_s, _FIRST_BATCH_S) if first else self._config.pool_stall_timeout_s
 
     def _open(self, share: _Share) -> StreamCall:
         """A call for the batches ``share`` owes: from the next one, every k-th."""

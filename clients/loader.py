@@ -111,7 +111,7 @@ class FeederLoader(Positioned):
         tls_cert: str | Path | None = None,
         tls_key: str | Path | None = None,
         pool: str = "all",
-        pool_stall_timeout_s: float = 3.0,
+        pool_stall_timeout_s: float = 1.0,
     ) -> None:
         # First statement: the arguments are LoaderConfig's fields (a test keeps them so).
         config = LoaderConfig(**{name: value for name, value in locals().items() if name != "self"})

@@ -102,9 +102,12 @@ class LoaderConfig:
         pool: With several daemons: ``"all"`` draws batches from every daemon that
             answers; ``"as-needed"`` starts on the first and adds the next while the
             loop waits for data more than 2 % of its time (and drops one below 0.5 %).
-        pool_stall_timeout_s: With several daemons: a daemon that sends nothing for
-            this long while its batch is due is left for the others (and tried again
-            later); one whose stream breaks or is refused, at once.
+        pool_stall_timeout_s: With several daemons: a daemon whose stream sends
+            nothing for this long while its batch is due is left for the others (and
+            tried again later); one whose stream breaks or is refused, at once. A
+            stream's first batch, which may wait for the daemon to build a pipeline,
+            gets at least 5 s. 1 s keeps the loop's longest wait through a daemon
+            stopped in a pool of three under 2 s (docs/reliability.md).
 
     Raises:
         ConfigError: A value that cannot work, or that the daemon would refuse in a
@@ -142,7 +145,7 @@ class LoaderConfig:
     tls_cert: str | Path | None = None
     tls_key: str | Path | None = None
     pool: str = "all"
-    pool_stall_timeout_s: float = 3.0
+    pool_stall_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         for address in self.addresses or ("",):  # no address at all: refused as an empty one

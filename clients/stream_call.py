@@ -72,6 +72,7 @@ class StreamCall:
         self._call: object | None = None
         self._waiting_since: float | None = time.monotonic()
         self.finished = threading.Event()  # the daemon sent the last batch
+        self.received = 0  # messages received
         self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
         self._thread.start()
 
@@ -169,6 +170,7 @@ class StreamCall:
                 return
             finally:
                 self._mark_waiting(None)
+            self.received += 1
             yield message
 
     def _mark_waiting(self, since: float | None) -> None:

@@ -1,0 +1,23 @@
+"""Three fixed seeds of the fault schedule (its quick durations): two ranks read a
+pool of three daemons over a real S3 server through six faults, and every sample of
+every epoch arrives exactly once with its own label and pixels (``make chaos`` runs
+more seeds, with the durations a cluster makes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.run import RunConfig, run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_seeded_schedule_of_faults_loses_repeats_and_changes_nothing(seed: int, tmp_path: Path) -> None:
+    outcome = run(RunConfig(seed=seed, workdir=tmp_path, quick=True))
+    made = [f"{f['kind']}: {f['evidence']}" for f in outcome.faults]
+    assert len(outcome.faults) >= 6 and not any("NOT MADE" in line for line in made), made
+    assert outcome.epochs >= 3
+    assert outcome.ok, "\n".join(outcome.problems + made)
