@@ -35,6 +35,10 @@ test: install typecheck lint
 	$(BIN)/python -m pytest -q -n 3 -m "not serial" --durations=15
 	$(BIN)/python -m pytest -q -m serial --durations=5
 
+# make test three times in a row in a fresh clone, beside two CPU-bound processes (RUNS=N).
+test-under-load:
+	tests/under-load.sh
+
 # Seeded fault schedules with the durations a cluster makes (a store stopped for up to
 # 90 s): make chaos SEEDS=20. Results in .chaos/results.json (docs/reliability.md).
 SEEDS ?= 3

@@ -42,7 +42,7 @@ _DURATIONS: dict[Kind, tuple[tuple[float, float], tuple[float, float]]] = {
     Kind.OBJECT_DAMAGED: ((2.0, 4.0), (1.5, 2.5)),  # each of its two phases
     Kind.CREDENTIALS_ROTATED: ((3.0, 10.0), (2.0, 3.0)),
 }
-_GAP_S = (1.0, 3.0)  # between one fault put right and the next
+_GAP_S = ((1.0, 3.0), (0.5, 1.5))  # between one fault put right and the next: full, quick
 _DAEMONS = 3
 
 
@@ -70,7 +70,8 @@ def schedule(seed: int, faults: int = 6, quick: bool = False) -> list[Fault]:
     drawn = rng.sample(kinds, min(faults, len(kinds)))
     drawn += [rng.choice([k for k in kinds if k is not Kind.DAEMON_OTHER_MANIFEST])
               for _ in range(faults - len(drawn))]
-    at, found, gone = rng.uniform(*_GAP_S), [], None
+    gap = _GAP_S[1 if quick else 0]
+    at, found, gone = rng.uniform(*gap), [], None
     for kind in drawn:
         low, high = _DURATIONS[kind][1 if quick else 0]
         duration = round(rng.uniform(low, high), 1)
@@ -79,5 +80,5 @@ def schedule(seed: int, faults: int = 6, quick: bool = False) -> list[Fault]:
         if kind is Kind.DAEMON_OTHER_MANIFEST:
             gone = target
         found.append(Fault(kind, round(at, 1), duration, target))
-        at += duration * (2 if kind is Kind.OBJECT_DAMAGED else 1) + rng.uniform(*_GAP_S)
+        at += duration * (2 if kind is Kind.OBJECT_DAMAGED else 1) + rng.uniform(*gap)
     return found

@@ -10,6 +10,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 
@@ -53,11 +54,13 @@ def test_close_is_prompt_and_idempotent(shards: Path) -> None:
                               image_size=32, rank=0, world_size=1)
         next(iter(loader))
         stream = next(t for t in _stream_threads() if t not in before)
-        started = time.monotonic()
-        loader.close()
-        loader.close()
-        assert time.monotonic() - started < 2
-        assert not stream.is_alive()
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            loader.close()
+            loader.close()
+        # Prompt: the stream's thread ended when close() returned, without close() waiting
+        # out its timeout (it warns when it leaves a thread behind).
+        assert not stream.is_alive() and not [w for w in warned if "did not stop" in str(w.message)]
         assert wait_for(timeout_s=10, predicate=lambda: server.service.open_streams() == 0)
     finally:
         server.stop(0).wait(10)

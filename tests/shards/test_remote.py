@@ -250,7 +250,7 @@ def test_a_stopping_daemon_ends_the_waits_between_retries_at_once(s3_server: Sea
     access.stopping.set()
     reader.join(10)
     proxy.close()
-    assert not reader.is_alive() and time.monotonic() - started < 3
+    assert not reader.is_alive() and time.monotonic() - started < 10  # not the 60 s retry window
     assert failed and "the daemon is stopping" in str(failed[0])
 
 

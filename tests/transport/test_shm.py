@@ -137,7 +137,7 @@ def test_full_ring_waits_then_a_release_lets_the_producer_on(shm_dir):
     threading.Timer(0.2, sender.release, (held.index, held.generation)).start()
     started = time.monotonic()
     nxt = sender.slot_for(pixels.shape)
-    assert nxt.index == held.index and 0.1 < time.monotonic() - started < 5
+    assert nxt.index == held.index and time.monotonic() - started > 0.1  # it waited for the release
     sender.close()
 
 
