@@ -4,6 +4,10 @@ quota (a cgroup, as a container limit is), for each N of ``--pool``; the scaling
 efficiency against one daemon, and the consumer's own CPU per image. ``--kill``
 also runs a pool of 3, SIGKILLs one daemon mid-run and reports the training loop's
 longest wait for a batch after it, and whether every sample of the epochs came once.
+``--as-needed`` runs ``pool="as-needed"`` over 2 daemons: how soon it takes the second
+while the consumer is never the limit, its images/s then against one daemon's, the
+daemons in use at every epoch's end (each epoch checked whole), and how soon it goes
+back to one daemon once the consumer slows to a quarter of that rate.
 
 Needs root and a writable cgroup (v1 ``cpu`` controller or v2 ``cpu.max``); without
 one the daemons run unconfined, and the report says so.
@@ -91,10 +95,10 @@ def _daemons(shards: Path, count: int, cpus: float, threads: int, batch: int) ->
 
 
 def _loader(addresses: list[str], args: argparse.Namespace, return_keys: bool = False,
-            pool_stall_timeout_s: float = 3.0) -> FeederLoader:
+            pool_stall_timeout_s: float = 1.0, pool: str = "all") -> FeederLoader:
     return FeederLoader(addresses, "bench", split="train", batch_size=args.batch_size, image_size=args.image_size,
                         seed=args.seed, rank=0, world_size=1, normalize=False, augment="train",
-                        return_keys=return_keys, pool_stall_timeout_s=pool_stall_timeout_s)
+                        return_keys=return_keys, pool_stall_timeout_s=pool_stall_timeout_s, pool=pool)
 
 
 def _endless(loader: FeederLoader) -> Iterator[tuple]:
@@ -147,7 +151,7 @@ def _kill_one(shards: Path, args: argparse.Namespace) -> dict:
     """A pool of 3, one daemon SIGKILLed after a few seconds: the longest wait after
     it, and every sample of the epochs read once."""
     with _daemons(shards, 3, args.daemon_cpus, args.daemon_threads, args.batch_size) as (addresses, procs):
-        with _loader(addresses, args, return_keys=True, pool_stall_timeout_s=1.5) as loader:
+        with _loader(addresses, args, return_keys=True) as loader:
             per_epoch: dict[int, Counter[str]] = {}
             waits, killed_at, started = [], None, time.monotonic()
             for epoch in range(args.kill_epochs):
@@ -174,6 +178,50 @@ def _kill_one(shards: Path, args: argparse.Namespace) -> dict:
     return result
 
 
+def _as_needed(shards: Path, args: argparse.Namespace, one_daemon: float | None) -> dict:
+    """``pool="as-needed"`` over 2 daemons: a consumer that is never the limit for
+    ``--as-needed-s``, then one slowed to a quarter of the rate it had, each epoch
+    checked whole and the daemons in use at its end recorded."""
+    with _daemons(shards, 2, args.daemon_cpus, args.daemon_threads, args.batch_size) as (addresses, _):
+        with _loader(addresses, args, return_keys=True, pool="as-needed") as loader:
+            part = loader.samples_per_rank // args.batch_size * args.batch_size
+            started, grown_s, shrunk_s, slow_from = time.monotonic(), None, None, None
+            epochs: list[dict] = []
+            images_at_two, two_since, step_s = 0, None, 0.0
+            while time.monotonic() - started < 2 * args.as_needed_s:
+                seen: Counter[str] = Counter()
+                for images, _, keys in loader:
+                    seen.update(keys)
+                    now = time.monotonic()
+                    if grown_s is None and loader.daemons_in_use == 2:
+                        grown_s, two_since = now - started, now
+                    if two_since is not None and slow_from is None:
+                        images_at_two += len(images)
+                    if slow_from is None and now - started >= args.as_needed_s and two_since is not None:
+                        rate = images_at_two / (now - two_since)
+                        slow_from, step_s = now, 4 * args.batch_size / rate  # a quarter of the rate it had
+                    if slow_from is not None:
+                        time.sleep(step_s)
+                        if shrunk_s is None and loader.daemons_in_use == 1:
+                            shrunk_s = time.monotonic() - slow_from
+                epochs.append({"whole": len(seen) == part and max(seen.values()) == 1,
+                               "daemons_in_use_at_end": loader.daemons_in_use,
+                               "slowed": slow_from is not None})
+    fast = [e for e in epochs if not e["slowed"]]
+    rate = images_at_two / (slow_from - two_since) if slow_from and two_since else 0.0
+    result = {"both_in_use_after_s": grown_s, "images_per_s_on_two": rate,
+              "speedup_over_one_daemon": rate / one_daemon if one_daemon else None,
+              "back_to_one_after_slowing_s": shrunk_s, "epochs": len(epochs),
+              "every_epoch_whole": all(e["whole"] for e in epochs),
+              "two_in_use_at_every_fast_epoch_end_after_growth": all(
+                  e["daemons_in_use_at_end"] == 2 for e in fast[1:]) if len(fast) > 1 else None,
+              "epoch_ends": epochs}
+    print(f"as-needed over 2 daemons: both in use after {grown_s} s, {rate:.0f} images/s "
+          f"({result['speedup_over_one_daemon'] or 0:.2f}x one daemon); back to one {shrunk_s} s after the "
+          f"consumer slowed to a quarter; every epoch whole: {result['every_epoch_whole']}", flush=True)
+    return result
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=Path, help="shard directory (default: the sample data)")
@@ -188,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kill", action="store_true", help="also the fault run: one of 3 daemons SIGKILLed")
     parser.add_argument("--kill-epochs", type=int, default=2, help="epochs read in the fault run")
+    parser.add_argument("--as-needed", action="store_true", help="also pool='as-needed' over 2 daemons")
+    parser.add_argument("--as-needed-s", type=float, default=40.0,
+                        help="seconds of the as-needed run at full speed (then as long slowed)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="write results here")
     args = parser.parse_args(argv)
@@ -205,6 +256,9 @@ def main(argv: list[str] | None = None) -> dict:
     report["rows"] = _scale(shards, args)
     if args.kill:
         report["kill"] = _kill_one(shards, args)
+    if args.as_needed:
+        one = next((r["median_images_per_s"] for r in report["rows"] if r["daemons"] == 1), None)
+        report["as_needed"] = _as_needed(shards, args, one)
     if args.json:
         report = write_document(args.json, report)
     return report
