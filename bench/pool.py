@@ -207,14 +207,18 @@ def _as_needed(shards: Path, args: argparse.Namespace, one_daemon: float | None)
                 epochs.append({"whole": len(seen) == part and max(seen.values()) == 1,
                                "daemons_in_use_at_end": loader.daemons_in_use,
                                "slowed": slow_from is not None})
-    fast = [e for e in epochs if not e["slowed"]]
+    fast, slowed = [e for e in epochs if not e["slowed"]], [e for e in epochs if e["slowed"]]
+    first_two = next((e for e in fast if e["daemons_in_use_at_end"] == 2), None)
+    first_one = next((e for e in slowed if e["daemons_in_use_at_end"] == 1), None)
     rate = images_at_two / (slow_from - two_since) if slow_from and two_since else 0.0
     result = {"both_in_use_after_s": grown_s, "images_per_s_on_two": rate,
               "speedup_over_one_daemon": rate / one_daemon if one_daemon else None,
               "back_to_one_after_slowing_s": shrunk_s, "epochs": len(epochs),
               "every_epoch_whole": all(e["whole"] for e in epochs),
-              "two_in_use_at_every_fast_epoch_end_after_growth": all(
-                  e["daemons_in_use_at_end"] == 2 for e in fast[1:]) if len(fast) > 1 else None,
+              "two_in_use_at_every_epoch_end_after_growth_until_slowed": all(
+                  e["daemons_in_use_at_end"] == 2 for e in fast[fast.index(first_two):]) if first_two else None,
+              "one_in_use_at_every_epoch_end_once_back": all(
+                  e["daemons_in_use_at_end"] == 1 for e in slowed[slowed.index(first_one):]) if first_one else None,
               "epoch_ends": epochs}
     print(f"as-needed over 2 daemons: both in use after {grown_s} s, {rate:.0f} images/s "
           f"({result['speedup_over_one_daemon'] or 0:.2f}x one daemon); back to one {shrunk_s} s after the "

@@ -1,7 +1,10 @@
 """How many daemons of a pool one stream draws from: ``all`` takes every usable one;
 ``as-needed`` starts on one (or where the loader's last stream ended) and takes one
 more while the consumer waits for batches more than 2 % of its time over a window of
-``WINDOW_S``, one fewer while it waits less than 0.5 %."""
+``WINDOW_S``, one fewer while it waits less than 0.5 %. The window after each change
+only settles (its wait is the new streams' first batches, not the pool's capacity) and
+decides nothing: without it, a pool that had just dropped a daemon saw the new
+streams' start as a shortage and took it back, over and over."""
 
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class PoolSizer:
     def __init__(self, mode: str) -> None:
         self.mode = mode
         self._window = WaitWindow()
+        self._settling = True  # the window under way follows a change
 
     def first(self, usable: int) -> int:
         """Daemons a stream starts on when the loader has no count of its own yet."""
@@ -56,13 +60,17 @@ class PoolSizer:
         return max(1, usable)
 
     def changed(self) -> None:
-        """The shares were drawn afresh: the next window starts now."""
+        """The shares were drawn afresh: the next window starts now, and only settles."""
         self._window.restart()
+        self._settling = True
 
     def after_wait(self, waited_s: float, in_use: int, usable: int) -> int:
         """Daemons to draw from after the consumer waited ``waited_s`` for a batch."""
         share = self._window.add(waited_s)
         if self.mode != "as-needed" or share is None:
+            return in_use
+        if self._settling:
+            self._settling = False
             return in_use
         if share > _GROW_ABOVE and in_use < usable:
             _log.info("waiting %.1f %% of the time on %d daemon(s): one more", 100 * share, in_use)

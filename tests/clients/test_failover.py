@@ -108,16 +108,16 @@ def test_a_member_that_refuses_the_request_is_left_and_the_others_serve_it(shard
 
 
 def test_as_needed_takes_the_second_daemon_and_keeps_every_epoch_whole(shards, reference):
-    # A consumer that never waits on itself: the pool takes its second daemon after
-    # one window of waiting. Before: the epoch in which it did delivered 1 batch, every
-    # later one none, silently.
+    # A consumer that never waits on itself: the pool takes its second daemon after a
+    # settling window and one of waiting (5 s each). Before: the epoch in which it did
+    # delivered 1 batch, every later one none, silently.
     with ExitStack() as stack:
         addresses = [_daemon(stack, shards)[1] for _ in range(2)]
         kw = _KW | dict(seed=1, prefetch_next_epoch=True)
         with FeederLoader(addresses, "sample", image_size=64, pool="as-needed", **kw) as loader:
             in_use, started = [], time.monotonic()
             epoch = 0
-            while time.monotonic() - started < 9 or epoch < 4:
+            while epoch < 4 or (in_use[-2:] != [2, 2] and time.monotonic() - started < 60):
                 keys = _epoch(loader)
                 if epoch in reference:
                     assert keys == reference[epoch], epoch
