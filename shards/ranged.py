@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 READ_AHEAD_BYTES = 64 << 20  # per remote split: bytes fetched ahead and not read yet
-_FROM_CACHE, _FROM_STORE = "cache", "store"
+# Where a Got's bytes came from: a cached copy, the store just now, or a read-ahead
+# (fetched a while ago: the object may have changed since).
+_FROM_CACHE, _FROM_STORE, _FROM_AHEAD = "cache", "store", "ahead"
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ class RemoteShards:
         self._heal(extents, found)
         if self._cache is not None:
             self._cache.counted(hits=sum(g is not None and g.token == _FROM_CACHE for g in found),
-                                misses=sum(g is not None and g.token == _FROM_STORE for g in found))
+                                misses=sum(g is not None and g.token in (_FROM_STORE, _FROM_AHEAD) for g in found))
         missing = [p for p, got in enumerate(found) if got is None]
         if missing:
             raise DataError(f"{self.where(extents[missing[0]].shard)}: {len(missing)} samples were not read")
@@ -195,13 +197,14 @@ class RemoteShards:
             future = self._submit(extents[members[0]].shard, start, span_end, _NEEDED)
             self._fill(extents, members, start, future, found)
             return
+        token = _FROM_AHEAD if ahead else _FROM_STORE
         for p in members:
             offset, size = extents[p].offset - start, extents[p].size
             if offset + size > len(data):
                 found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, fault=StoreFault.CORRUPT, refused=(
                     f"the object ends at byte {start + len(data)}, the index says {extents[p].offset + size}"))
             else:
-                found[p] = Got(np.frombuffer(data, np.uint8, size, offset).copy(), size, token=_FROM_STORE)
+                found[p] = Got(np.frombuffer(data, np.uint8, size, offset).copy(), size, token=token)
 
     @staticmethod
     def _refuse(extents: Sequence[Extent], members: list[int], found: list[Got | None], error: FeederError) -> None:
@@ -247,11 +250,15 @@ class RemoteShards:
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """After bytes failed their checksum: a cached copy is dropped and the extent
-        fetched from the store; bytes from the store are fetched again while the
-        shard's heal window lasts (then None: the sample is bad, for now)."""
+        fetched from the store; bytes read ahead are fetched again at once (the object
+        may have been put right since); bytes just fetched from the store are fetched
+        again while the shard's heal window lasts (then None: the sample is bad, for
+        now)."""
         entry = self._entries[extent.shard]
         if got.token == _FROM_CACHE and self._cache is not None and entry is not None:
             self._cache.discard(entry)
+        elif got.token == _FROM_AHEAD:
+            pass  # fetched a while ago: the object may be right again now, fetch it once more at once
         elif got.token == _FROM_STORE:
             wait_s = self._troubles.wait_s(extent.shard, missing=False)
             if wait_s <= 0 or self._store.stopping.wait(wait_s):
