@@ -24,7 +24,8 @@ classified once (:mod:`clients.verdicts`) and acted on here:
 
 A share's daemon has stalled when it sent nothing for ``pool_stall_timeout_s`` while
 another daemon is usable (``stall_timeout_s`` when it is the only one; a call's first
-batch, which may wait for a pipeline to be built, at least ``_FIRST_BATCH_S``),
+batch, which may wait for a pipeline to be built, three times that daemon's usual
+first-batch time, at most ``_FIRST_BATCH_S``, and that while it is not known),
 counted from what was asked of that daemon and when: the time its call has been
 waiting for a message, never the consumer's own wait. When the pool changes (a member back or
 added, ``as-needed`` taking one more or one fewer) the shares are drawn afresh from
@@ -57,7 +58,8 @@ _log = logging.getLogger(__name__)
 _POLL_S = 0.02  # how long get() waits on a share before looking at the others
 _FIRST_DELAY_S, _MAX_DELAY_S = 0.05, 2.0  # backoff of a retry on the same daemon, doubling
 # A call's first batch may wait for the daemon to build a pipeline: it is not stalled
-# before this, whatever pool_stall_timeout_s is.
+# before three times the daemon's usual first-batch time, at most this (and this while
+# that is not known yet), whatever pool_stall_timeout_s is.
 _FIRST_BATCH_S = 5.0
 # The transports a call falls through when this process cannot use one, best first.
 _DOWN = (TransportKind.CUDA_IPC, TransportKind.SHM, TransportKind.GRPC)
@@ -70,6 +72,7 @@ class _Share:
     def __init__(self, member: Member, owes: int) -> None:
         self.member, self.owes = member, owes
         self.call: StreamCall | None = None
+        self.timed = False  # the call's first batch time is told to its daemon
         self.open_at = 0.0  # when to open the next call (a backoff)
         self.delay_s = _FIRST_DELAY_S
 
@@ -186,7 +189,7 @@ class Failover:
             if wait_s > 0:
                 time.sleep(min(wait_s, _POLL_S))
                 return None
-            share.call = self._open(share)
+            share.call, share.timed = self._open(share), False
         item = share.call.poll(_POLL_S)
         if item is PENDING:
             limit = self._stall_limit(share)
@@ -201,6 +204,10 @@ class Failover:
             self._broke(share, item)
             return None
         batch: HostBatch = item  # type: ignore[assignment]
+        first = share.call.first_message_s
+        if not share.timed and first is not None:
+            share.member.saw_first_batch(first - share.call.opened_s)
+            share.timed = True
         wrong = self._unplanned(share, batch)
         if wrong:
             self._failed(share, Failure(Verdict.LEAVE, DataError(f"daemon {share.member.address}: {wrong}"), wrong))
@@ -222,8 +229,11 @@ class Failover:
         others = any(m is not share.member for m in self._pool.usable())
         if not others:
             return self._config.stall_timeout_s
-        first = share.call is not None and share.call.received == 0
-        return max(self._config.pool_stall_timeout_s, _FIRST_BATCH_S) if first else self._config.pool_stall_timeout_s
+        limit = self._config.pool_stall_timeout_s
+        if share.call is not None and share.call.received == 0:
+            usual = share.member.first_batch_s
+            return max(limit, min(_FIRST_BATCH_S, 3 * usual) if usual else _FIRST_BATCH_S)
+        return limit
 
     def _open(self, share: _Share) -> StreamCall:
         """A call for the batches ``share`` owes: from the next one, every k-th."""

@@ -74,6 +74,9 @@ class Member:
         failed_s: when it last failed (None: usable).
         retry_s: when to probe it again.
         why: what its last failure was.
+        first_batch_s: how long its streams take to send their first batch, on
+            average (0 until one has): a new stream is not stalled before about
+            three times that.
     """
 
     address: str
@@ -83,6 +86,11 @@ class Member:
     delay_s: float = _FIRST_RETRY_S
     why: str = ""
     manifest_sha256: str = field(default="", repr=False)
+    first_batch_s: float = 0.0  # how long its streams take to send their first batch (0: not known yet)
+
+    def saw_first_batch(self, seconds: float) -> None:
+        """One of its streams sent its first batch ``seconds`` after it was opened."""
+        self.first_batch_s = seconds if not self.first_batch_s else 0.7 * self.first_batch_s + 0.3 * seconds
 
     @property
     def usable(self) -> bool:

@@ -73,6 +73,8 @@ class StreamCall:
         self._waiting_since: float | None = time.monotonic()
         self.finished = threading.Event()  # the daemon sent the last batch
         self.received = 0  # messages received
+        self.opened_s = time.monotonic()
+        self.first_message_s: float | None = None  # when the first message came
         self._thread = threading.Thread(target=self._run, name="feeder-stream", daemon=True)
         self._thread.start()
 
@@ -171,6 +173,8 @@ class StreamCall:
             finally:
                 self._mark_waiting(None)
             self.received += 1
+            if self.first_message_s is None:
+                self.first_message_s = time.monotonic()
             yield message
 
     def _mark_waiting(self, since: float | None) -> None:

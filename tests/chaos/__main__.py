@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +24,12 @@ def _line(outcome: Outcome) -> str:
             f"{back:.2f} s | {outcome.seconds:.0f} s")
 
 
+def _stopped(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the runs' context managers stop their daemons, ranks and store
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _stopped)
     parser = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3, help="run seeds 1..N")
     parser.add_argument("--seed-list", default="", help="comma-separated seeds instead of 1..N")

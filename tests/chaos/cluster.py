@@ -69,7 +69,14 @@ class Cluster:
     def start_daemon(self, number: int) -> None:
         options = ("--port", str(self.ports[number]), "--metrics-port", str(self.metrics_ports[number]),
                    "--s3-endpoint", self.store.endpoint_url, *self._options)
-        daemon = DaemonProcess({DATASET: self.serving[number]}, options, start_timeout_s=120, stop_timeout_s=20)
+        log = self.control.parent / f"daemon-{number}.log"
+
+        def echo(line: str) -> None:
+            with open(log, "a") as out:
+                out.write(line)
+
+        daemon = DaemonProcess({DATASET: self.serving[number]}, options, echo=echo, start_timeout_s=120,
+                               stop_timeout_s=20)
         daemon.start()
         self.daemons[number] = daemon
 
