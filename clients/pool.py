@@ -17,6 +17,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -74,9 +75,8 @@ class Member:
         failed_s: when it last failed (None: usable).
         retry_s: when to probe it again.
         why: what its last failure was.
-        first_batch_s: how long its streams take to send their first batch, on
-            average (0 until one has): a new stream is not stalled before about
-            three times that.
+        first_batches: how long its last streams took to send their first batch (a
+            new stream is not stalled before about three times the least of them).
     """
 
     address: str
@@ -86,11 +86,18 @@ class Member:
     delay_s: float = _FIRST_RETRY_S
     why: str = ""
     manifest_sha256: str = field(default="", repr=False)
-    first_batch_s: float = 0.0  # how long its streams take to send their first batch (0: not known yet)
+    first_batches: deque[float] = field(default_factory=lambda: deque(maxlen=8), repr=False)
+
+    @property
+    def first_batch_s(self) -> float:
+        """How long its streams take to send their first batch when all is well: the
+        least of the last 8 (a store outage's slow first batches do not count); 0 until
+        one has."""
+        return min(self.first_batches, default=0.0)
 
     def saw_first_batch(self, seconds: float) -> None:
         """One of its streams sent its first batch ``seconds`` after it was opened."""
-        self.first_batch_s = seconds if not self.first_batch_s else 0.7 * self.first_batch_s + 0.3 * seconds
+        self.first_batches.append(seconds)
 
     @property
     def usable(self) -> bool:

@@ -192,19 +192,23 @@ def _wait_first_batches(config: RunConfig, ranks: list[subprocess.Popen[bytes]],
 
 
 def _figures(records: list[dict[str, Any]], faults: list[dict[str, Any]]) -> dict[str, Any]:
-    """A rank's batches, its longest wait for one, the longest outside the store's own
-    faults (a wait belongs to the last fault begun before it; a store fault's last
-    ``_RECOVERY_S`` after it is over), and the longest time from the store being back
-    to the rank's next batch."""
+    """A rank's batches, its longest wait for one, the longest of the waits that
+    overlap none of the store's own faults (nor the ``_RECOVERY_S`` after each), and
+    the longest time from the store being back to the rank's next batch (where that
+    came before the next fault began)."""
     batches = [r for r in records if "error" not in r]
+    store = [(f["begun"], f["ended"] + _RECOVERY_S) for f in faults if f["store"]]
     outside, recovery = [], []
     for batch in batches:
-        fault = _fault_before(faults, batch["t"] - batch["wait_s"])
-        if fault is None or not (fault["store"] and batch["t"] - batch["wait_s"] <= fault["ended"] + _RECOVERY_S):
+        start, end = batch["t"] - batch["wait_s"], batch["t"]
+        if not any(start <= until and end >= begun for begun, until in store):  # the wait overlaps none of them
             outside.append(batch["wait_s"])
-    for fault in (f for f in faults if f["store"]):
+    for number, fault in enumerate(faults):
+        if not fault["store"]:
+            continue
         after = [b["t"] for b in batches if b["t"] >= fault["ended"]]
-        if after:
+        following = faults[number + 1]["begun"] if number + 1 < len(faults) else float("inf")
+        if after and after[0] <= following:  # a next fault begun first says nothing of this one's end
             recovery.append(round(after[0] - fault["ended"], 2))
     return {"batches": len(batches), "longest_wait_s": max((b["wait_s"] for b in batches), default=0.0),
             "longest_wait_outside_store_faults_s": max(outside, default=0.0),
