@@ -24,7 +24,7 @@ from shards.objects import ObjectUrl
 from shards.store import ObjectStore, StoreOptions
 from tests.chaos.schedule import Fault, Kind
 
-__all__ = ["Cluster", "free_port"]
+__all__ = ["Cluster", "free_port", "tell"]
 
 DATASET = "sample"
 
@@ -33,6 +33,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def tell(control: Path, name: str, text: str) -> None:
+    """Write a control file the ranks read, whole or not at all (a rank that read half
+    of "14" as "1" stopped an epoch early)."""
+    temporary = control / f".{name}.tmp"
+    temporary.write_text(text)
+    os.replace(temporary, control / name)
 
 
 def _state(pid: int) -> str:
@@ -146,7 +154,7 @@ class Cluster:
 
     def _consumer_paused(self, fault: Fault) -> str:
         before = self.idle_cancels()
-        (self.control / "pause").write_text(str(time.time() + fault.duration_s))
+        tell(self.control, "pause", str(time.time() + fault.duration_s))
         time.sleep(fault.duration_s + 1.0)
         return f"{self.idle_cancels() - before} streams cancelled for idleness"
 

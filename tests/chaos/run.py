@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ from bench.seaweedfs import seaweedfs
 from clients import FeederLoader
 from feeder.config import ServerConfig
 from feeder.server import create_server
-from tests.chaos.cluster import DATASET, Cluster, daemons_up
+from tests.chaos.cluster import DATASET, Cluster, daemons_up, tell
 from tests.chaos.schedule import Fault, Kind, schedule
 from tests.common.env import child_env
 from tests.common.s3 import pointed_at, upload_tree
@@ -250,7 +251,10 @@ def run(config: RunConfig) -> Outcome:
     other = build_sample_shards(config.workdir / "other", classes=config.classes,
                                 train_per_class=config.per_class - 3, val_per_class=1, seed=7)
     control = config.workdir / "control"
-    control.mkdir(exist_ok=True)
+    shutil.rmtree(control, ignore_errors=True)  # a run in this directory before left its own
+    control.mkdir()
+    for log in config.workdir.glob("daemon-*.log"):
+        log.unlink()
     with seaweedfs(config.workdir / "store") as store, pointed_at(store):
         bucket = f"chaos-{config.seed}"
         store.filesystem().create_dir(bucket)
@@ -265,7 +269,7 @@ def run(config: RunConfig) -> Outcome:
                 _wait_first_batches(config, ranks)
                 outcome.faults = _make_faults(cluster, faults)
                 reached = max((r["epoch"] for rs in _records(config).values() for r in rs if "epoch" in r), default=0)
-                (control / "last_epoch").write_text(str(max(config.epochs - 1, reached + 1)))
+                tell(control, "last_epoch", str(max(config.epochs - 1, reached + 1)))
                 for process in ranks:
                     process.wait(timeout=900)
             finally:
