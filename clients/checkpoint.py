@@ -27,6 +27,7 @@ import torch
 
 from clients.distributed import Dist, barrier
 from core.errors import NotFound
+from shards.layout import fsync_dir
 
 __all__ = ["capture_rng", "latest_checkpoint", "load_checkpoint", "restore_rng",
            "save_checkpoint"]
@@ -53,15 +54,6 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make the entries of directory ``path`` (a rename, a new file) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _atomic_save(obj: Any, path: Path) -> None:
     """``obj`` at ``path`` whole or not at all, on the disk when this returns."""
     tmp = path.with_suffix(".tmp")
@@ -70,7 +62,7 @@ def _atomic_save(obj: Any, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
@@ -80,7 +72,7 @@ def _atomic_write_text(text: str, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _step_of(folder: Path) -> int:
@@ -118,7 +110,7 @@ def save_checkpoint(root: Path, step: int, shared: dict[str, Any], per_rank: dic
     _atomic_save(per_rank, folder / f"rank-{dist.rank}.pt")
     barrier()
     if dist.is_main:
-        _fsync_dir(root)  # the step directory's own entry
+        fsync_dir(root)  # the step directory's own entry
         _atomic_write_text(folder.name, root / LATEST)
         _prune(root, folder)
     barrier()

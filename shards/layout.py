@@ -109,6 +109,7 @@ __all__ = [
     "LMDB_DIR",
     "MANIFEST_NAME",
     "file_sha256",
+    "fsync_dir",
     "index_path",
     "index_schema",
     "sample_checksum",
@@ -185,3 +186,12 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the entries of directory ``path`` (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from core.errors import ConfigError, FeederError
+from shards.layout import fsync_dir
 
 __all__ = ["CacheUsage", "CachedShard", "ShardCache"]
 
@@ -270,7 +271,7 @@ class ShardCache:
             raise FeederError(f"{written} bytes with sha256 {digest.hexdigest()[:12]}..., the manifest says "
                               f"{shard.size} bytes, {shard.sha256[:12]}...")
         os.rename(partial, self.path(shard))
-        _fsync_dir(self._shards)
+        fsync_dir(self._shards)
 
     def _throttle(self, written: int, started: float) -> None:
         if self._fetch_bytes_per_s:
@@ -346,11 +347,3 @@ def _take_lock(directory: Path) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
     return fd
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
-from shards.layout import INDEX_VERSION, file_sha256, index_schema, sample_checksum
+from shards.layout import INDEX_VERSION, file_sha256, fsync_dir, index_schema, sample_checksum
 
 __all__ = [
     "LmdbWriter",
@@ -77,15 +77,6 @@ class Stored(NamedTuple):
     half_size: int = 0
     checksum: int = 0
     half_checksum: int = 0
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @contextmanager
