@@ -136,6 +136,15 @@ class DaemonProcess:
                 pass
         return self._kill()
 
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once it has exited (negative: the signal), else None."""
+        return None if self._proc is None else self._proc.poll()
+
+    def kill(self) -> int:
+        """SIGKILL at once (nothing cleaned up, as the OOM killer does); returns the exit status."""
+        return self._kill()
+
     def _kill(self) -> int:
         if self._proc is None:
             return 0

@@ -13,9 +13,13 @@ Segments never outlive their owner for long:
   unlinked when the stream closes (end, cancellation, SIGTERM via the daemon's
   ``close_all``). A client only maps them, so a client killed with SIGKILL leaves
   nothing behind;
-- the daemon holds an ``flock`` on each of its segments; :func:`sweep_stale`, run
-  at daemon start, removes those whose owner is gone (pid dead, or pid alive but
-  the lock free: a reused pid, a daemon restarted as pid 1 in a container);
+- the daemon holds an ``flock`` on each of its segments from before the segment has
+  its name (made under ``<name>.new``, locked, then linked to its name), so a
+  segment whose lock is free has no owner: :func:`sweep_stale`, run at daemon start,
+  removes those. Ownership is the lock alone, never the pid in the name: after a
+  container restart on the same memory-backed ``/dev/shm``, pids start again from 1
+  and the dead daemon's pid may be a live process's (or the new daemon's own), and a
+  daemon in another pid namespace sharing the directory has a pid this one cannot see;
 - space is reserved with ``posix_fallocate`` when the ring is made, so a full or
   small ``/dev/shm`` is an exception then (:class:`TransportUnavailable`, the
   daemon falls back to the gRPC payload), never a SIGBUS at first touch.
@@ -31,7 +35,6 @@ import mmap
 import os
 import re
 import secrets
-import time
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +67,8 @@ _NAME = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)$")
 # A CUDA IPC ring's holder file (transport.ring_holder): nobody may hold its lock while
 # its daemon lives, so only a dead owner makes it stale.
 _HOLDER = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)\.cuda$")
+# A segment being made: locked at once, linked to its name, then unlinked.
+_MAKING = re.compile(r"^feeder-(\d+)-([0-9a-f]+)-(\d+)\.new$")
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FLAGS = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _WORD = 8  # bytes of a release word
@@ -128,14 +133,16 @@ class ShmRing(SlotRing):
 
 
 def _create_segment(path: Path, nbytes: int) -> tuple[int, mmap.mmap]:
+    making = path.with_name(path.name + ".new")
     try:
-        fd = os.open(path, _CREATE_FLAGS, 0o600)
+        fd = os.open(making, _CREATE_FLAGS, 0o600)
     except OSError as e:
-        raise TransportUnavailable(f"cannot create {path}: {e.strerror}") from e
+        raise TransportUnavailable(f"cannot create {making}: {e.strerror}") from e
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "owner alive" for sweep_stale
         os.fchmod(fd, 0o600)  # whatever the umask
         os.posix_fallocate(fd, 0, nbytes)
+        os.link(making, path)  # named only once locked (and, like O_EXCL, never over another)
         # Populated now: the stream's first batches do not pay the page faults.
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         return fd, mmap.mmap(fd, nbytes, flags, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -144,6 +151,8 @@ def _create_segment(path: Path, nbytes: int) -> tuple[int, mmap.mmap]:
         _unlink(path)
         hint = " (shared memory full or too small)" if e.errno in (errno.ENOSPC, errno.ENOMEM) else ""
         raise TransportUnavailable(f"cannot reserve {nbytes} bytes in {path}: {e.strerror}{hint}") from e
+    finally:
+        _unlink(making)
 
 
 def _unlink(path: Path) -> None:
@@ -289,22 +298,22 @@ def _map_segment(path: Path, nbytes: int) -> np.ndarray:
     return np.frombuffer(mapped, dtype=np.uint8)
 
 
-def sweep_stale(shm_dir: Path | str = "/dev/shm", grace_s: float = 10.0) -> list[str]:
+def sweep_stale(shm_dir: Path | str = "/dev/shm") -> list[str]:
     """Removes segments whose daemon is gone; call it at daemon start.
 
-    A segment is stale when its owner pid no longer exists, or when no process
-    holds its lock and it is older than ``grace_s`` (the pid was reused, or the
-    daemon restarted under the same pid, as pid 1 in a container does). Segments
-    of other users are left alone. CUDA IPC holder files (empty) go when their
-    owner pid no longer exists.
+    A segment (or one being made) is stale when no process holds its lock: its
+    daemon is gone, whatever pid now has the number in its name. Segments of other
+    users are left alone. CUDA IPC holder files (empty) go when their owner pid no
+    longer exists.
 
     Returns:
         The names removed.
     """
     removed = []
     for entry in os.scandir(shm_dir):
-        match, holder = _NAME.match(entry.name), _HOLDER.match(entry.name)
-        stale = bool(match and _is_stale(Path(entry.path), int(match.group(1)), grace_s))
+        segment = _NAME.match(entry.name) or _MAKING.match(entry.name)
+        holder = _HOLDER.match(entry.name)
+        stale = bool(segment and _unlocked(Path(entry.path)))
         if stale or (holder and not _pid_alive(int(holder.group(1)))):
             try:
                 os.unlink(entry.path)
@@ -326,16 +335,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _is_stale(path: Path, pid: int, grace_s: float) -> bool:
-    if not _pid_alive(pid):
-        return True
+def _unlocked(path: Path) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
-        if time.time() - os.fstat(fd).st_mtime < grace_s:
-            return False  # may be between creation and locking
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True  # nobody holds it
     except OSError:

@@ -179,3 +179,55 @@ def test_a_daemon_killed_and_restarted_is_swept_and_the_loader_resumes_over_shm(
         assert not _segments(second.pid)
     finally:
         first.stop()
+
+
+def _in_new_pid_namespace(daemon: DaemonProcess) -> DaemonProcess:
+    daemon.command[:0] = ["unshare", "--pid", "--fork", "--kill-child"]  # pid 1 in it, as in a container
+    return daemon
+
+
+def _stop_in_namespace(daemon: DaemonProcess) -> None:
+    # SIGTERM to the daemon itself, as a container runtime sends it to pid 1 (unshare
+    # would only pass its own death on as SIGKILL).
+    if daemon.returncode is None:
+        children = Path(f"/proc/{daemon.pid}/task/{daemon.pid}/children").read_text().split()
+        for child in children:
+            os.kill(int(child), signal.SIGTERM)
+    daemon.stop()
+
+
+@pytest.mark.skipif(subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode != 0,
+                    reason="unshare --pid: no new pid namespaces here (needs root or user namespaces)")
+def test_a_daemon_restarted_in_a_new_pid_namespace_reclaims_segments_whose_pid_is_alive(shards, tmp_path):
+    # A container restart on a memory-backed /dev/shm: the killed daemon was pid 1 in its
+    # namespace, the new one is pid 1 in another, so the number in the old segments'
+    # names is a live process's (the host's init, the new daemon itself).
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    options = ("--device", "cpu", "--threads", "1", "--shm-dir", str(shm_dir))
+    first = _in_new_pid_namespace(DaemonProcess({"sample": shards}, options, cwd=ROOT))
+    first.start()
+    port = first.address.rsplit(":", 1)[1]
+    seen: Counter[str] = Counter()
+    try:
+        with _loader(first.address, batch_size=4, shm_dir=shm_dir, reconnect_timeout_s=60) as loader:
+            batches = iter(loader)
+            for _ in range(3):
+                seen.update(next(batches)[2])
+            left = sorted(p.name for p in shm_dir.iterdir())
+            assert loader.transport == "shm" and left and all(name.startswith("feeder-1-") for name in left)
+            first.kill()
+            assert sorted(p.name for p in shm_dir.iterdir()) == left  # SIGKILL: nothing cleaned up
+            second = _in_new_pid_namespace(DaemonProcess({"sample": shards}, (*options, "--port", port), cwd=ROOT))
+            second.start()
+            try:
+                assert not set(left) & {p.name for p in shm_dir.iterdir()}  # every one reclaimed at start
+                for batch in batches:
+                    seen.update(batch[2])
+                assert loader.transport == "shm" and loader.reconnects >= 1
+            finally:
+                _stop_in_namespace(second)
+        assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
+        assert not list(shm_dir.iterdir())
+    finally:
+        first.stop()

@@ -243,12 +243,32 @@ def test_sweep_removes_segments_of_a_daemon_killed_with_sigkill(shm_dir):
     live.close()
 
 
-def test_sweep_removes_an_unlocked_segment_of_a_reused_pid(shm_dir):
-    path = shm_dir / f"feeder-{os.getpid()}-abcd-3"  # our pid, but nobody's lock
+def test_sweep_removes_an_unlocked_segment_whatever_its_pid_and_age(shm_dir):
+    # Our pid, written a moment ago, but nobody's lock: a daemon restarted under the
+    # same pid (pid 1 in a container) left it.
+    path = shm_dir / f"feeder-{os.getpid()}-abcd-3"
     path.write_bytes(b"x")
-    assert sweep_stale(shm_dir) == []  # may be a segment being created
-    old = time.time() - 60
-    os.utime(path, (old, old))
-    assert sweep_stale(shm_dir) == [path.name]
+    making = shm_dir / f"feeder-{os.getpid()}-abcd-4.new"  # a daemon killed while making one
+    making.write_bytes(b"x")
+    assert sorted(sweep_stale(shm_dir)) == [path.name, making.name]
     (shm_dir / "not-ours").write_bytes(b"x")
     assert sweep_stale(shm_dir) == [] and _segments(shm_dir) == ["not-ours"]
+
+
+def test_a_segment_is_locked_before_it_has_its_name(shm_dir, monkeypatch):
+    import transport.shm as shm
+
+    seen = []
+    real_link = os.link
+
+    def link(source, target):  # what a sweep running at that moment would find
+        seen.append((sorted(p.name for p in shm_dir.iterdir()), sweep_stale(shm_dir)))
+        real_link(source, target)
+
+    monkeypatch.setattr(shm.os, "link", link)
+    sender = _sender(TransportConfig(shm_dir=shm_dir))
+    assert seen == [([sender.stream_id + ".new"], [])]  # only the locked one being made: kept
+    assert _segments(shm_dir) == [sender.stream_id]
+    sender.close()
+
+
