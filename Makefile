@@ -7,7 +7,7 @@ PROTO_OUT := protos/feeder_pb2.py
 JPEG_LIB  := $(VENV)/.jpeg-library
 DEMO    := .demo
 
-.PHONY: demo test test-under-load chaos install proto typecheck lint clean
+.PHONY: demo test test-cluster slurm test-under-load chaos install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -32,8 +32,18 @@ proto: $(PROTO_OUT)
 # Three workers (on two cores) for the tests that wait more than they compute; the ones comparing rates
 # or shares of the machine (marked serial) after them, alone.
 test: install typecheck lint
-	$(BIN)/python -m pytest -q -n 3 -m "not serial" --durations=15
-	$(BIN)/python -m pytest -q -m serial --durations=5
+	$(BIN)/python -m pytest -q -n 3 -m "not serial and not cluster" --durations=15
+	$(BIN)/python -m pytest -q -m "serial and not cluster" --durations=5
+
+# The tests that run a whole cluster on this host: a real Slurm (installed by `make slurm`
+# where the machine allows it, else skipped with the reason), two nodes of one job, fault
+# schedules. CI runs it after `make test`.
+test-cluster: install slurm
+	$(BIN)/python -m pytest -q -n 2 -m cluster --durations=10
+
+# slurm-wlm and munge from the distribution's packages (root and apt needed; else a line says why).
+slurm:
+	deploy/slurm/install.sh
 
 # make test three times in a row in a fresh clone, beside two CPU-bound processes (RUNS=N).
 test-under-load:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.chaos.run import RunConfig, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
