@@ -17,9 +17,13 @@ import grpc
 
 from core.errors import ConfigError
 
-__all__ = ["ADDRESS_FORMS", "TOKEN_ENV", "check_address", "check_token", "open_channel", "resolve_token"]
+__all__ = [
+    "ADDRESS_ENV", "ADDRESS_FORMS", "TOKEN_ENV", "check_address", "check_token", "open_channel", "resolve_address",
+    "resolve_token",
+]
 
 TOKEN_ENV = "FEEDER_TOKEN"
+ADDRESS_ENV = "FEEDER_ADDRESS"  # set by ``feeder run`` for the command it runs
 ADDRESS_FORMS = "host:port, [v6]:port, dns:///host:port or unix:/path"
 # A host name or an IPv4 address (the name resolver says whether it exists).
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -78,6 +82,22 @@ def check_token(token: str, source: str = "token") -> None:
         raise ConfigError(f"{source}: empty")
     if not all(" " < c <= "~" for c in token):
         raise ConfigError(f"{source}: must be printable ASCII without spaces")
+
+
+def resolve_address(address: str | Sequence[str] | None) -> str | Sequence[str]:
+    """``address`` as given, else (None or empty) the ``FEEDER_ADDRESS`` environment
+    variable, read now: ``feeder run`` sets it to its node's daemon (and the pool it
+    was given).
+
+    Raises:
+        ConfigError: neither is given.
+    """
+    if address:
+        return address
+    found = os.environ.get(ADDRESS_ENV, "").strip()
+    if not found:
+        raise ConfigError(f"address: none given and {ADDRESS_ENV} is not set (feeder run sets it)")
+    return found
 
 
 def resolve_token(token: str | None) -> str | None:

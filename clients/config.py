@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from clients.channel import ADDRESS_ENV
 from core.errors import ConfigError
 
 __all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig"]
@@ -22,8 +24,9 @@ class TrainConfig:
     Args:
         server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket,
             or several ``host:port`` separated by commas: a pool of daemons
-            (optional with synthetic data). A daemon with a token reads it from the
-            ``FEEDER_TOKEN`` environment variable.
+            (optional with synthetic data); empty: the ``FEEDER_ADDRESS`` environment
+            variable, which ``feeder run`` sets. A daemon with a token reads it from
+            the ``FEEDER_TOKEN`` environment variable.
         tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:
             plaintext).
         dataset: Dataset name the daemon serves.
@@ -84,7 +87,10 @@ class TrainConfig:
         if self.data not in DATA_SOURCES:
             raise ConfigError(f"--data {self.data!r}: choose one of {', '.join(DATA_SOURCES)}")
         if self.data == "feeder" and not self.server:
-            raise ConfigError("--server HOST:PORT is needed to train on feeder data")
+            object.__setattr__(self, "server", os.environ.get(ADDRESS_ENV, "").strip())
+        if self.data == "feeder" and not self.server:
+            raise ConfigError(f"--server HOST:PORT (or {ADDRESS_ENV}, which feeder run sets) is needed to train on "
+                              "feeder data")
         if self.data == "synthetic" and self.visit_log is not None:
             raise ConfigError("--visit-log needs feeder data (synthetic batches have no keys)")
         if self.precision not in PRECISIONS:

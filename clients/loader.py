@@ -80,7 +80,7 @@ class FeederLoader(Positioned):
 
     def __init__(
         self,
-        address: str | Sequence[str],
+        address: str | Sequence[str] | None,
         dataset: str,
         *,
         split: str = "train",

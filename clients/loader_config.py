@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from clients.channel import check_address, check_token
+from clients.channel import check_address, check_token, resolve_address
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
@@ -47,7 +47,9 @@ class LoaderConfig:
         address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
             ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
             serving the same dataset, as a list or comma-separated, the one on this
-            host first (a host name with several addresses counts as a pool).
+            host first (a host name with several addresses counts as a pool); None
+            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
+            sets it).
         dataset: Name of a dataset the daemon serves.
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
@@ -115,7 +117,7 @@ class LoaderConfig:
             field's name.
     """
 
-    address: str | Sequence[str]
+    address: str | Sequence[str] | None
     dataset: str
     split: str = "train"
     batch_size: int = 256
@@ -148,6 +150,7 @@ class LoaderConfig:
     pool_stall_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "address", resolve_address(self.address))
         for address in self.addresses or ("",):  # no address at all: refused as an empty one
             check_address(address)
         _choice("pool", self.pool, POOL_MODES)
@@ -173,7 +176,7 @@ class LoaderConfig:
     @property
     def addresses(self) -> tuple[str, ...]:
         """The daemons, in the order given (``address`` split at commas)."""
-        given = [self.address] if isinstance(self.address, str) else list(self.address)
+        given = [self.address] if isinstance(self.address, str) else list(self.address or ())
         return tuple(part.strip() for entry in given for part in str(entry).split(",") if part.strip())
 
     @property

@@ -46,9 +46,18 @@ _QUOTED = re.compile(r"``([^`]+)``")
 
 
 def _docstring_entries(cls: type) -> dict[str, str]:
-    """Field name -> its raw text in the ``Args:`` section of ``cls``'s docstring."""
+    """Field name -> its raw text in the ``Args:`` section of ``cls``'s docstring, or
+    of the nearest base class documenting it (a configuration that extends another
+    documents only its own fields)."""
     found: dict[str, str] = {}
-    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    for base in reversed(cls.__mro__):
+        found.update(_own_entries(base))
+    return found
+
+
+def _own_entries(cls: type) -> dict[str, str]:
+    found: dict[str, str] = {}
+    lines = inspect.cleandoc(cls.__dict__.get("__doc__") or "").splitlines()
     if "Args:" not in lines:
         return found
     name = None
@@ -222,9 +231,10 @@ def _config_values(ctx: typer.Context, options: list[_Option], given: dict[str, 
 
 def command_from_config(
     cls: type[Config],
-    run: Callable[[Config], object],
+    run: Callable[..., object],
     doc: str,
     exclude: Sequence[str] = (),
+    with_context: bool = False,
 ) -> Callable[..., None]:
     """A typer command whose options are the fields of ``cls`` (plus ``--traceback``);
     it builds ``cls(**options)`` and calls ``run`` with it through
@@ -236,6 +246,8 @@ def command_from_config(
         doc: the command's help text.
         exclude: fields not offered on the command line (left at their defaults),
             besides those declared ``cli(excluded=True)``.
+        with_context: ``run`` is called with the command's context too,
+            ``run(config, ctx)`` (for what a command class put in ``ctx.meta``).
     """
     options = _options(cls, exclude)
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
@@ -246,7 +258,8 @@ def command_from_config(
 
     def command(ctx: typer.Context, **given: Any) -> None:
         remember_traceback(ctx, given.pop("traceback"))
-        run_command(ctx, lambda: run(cls(**_config_values(ctx, options, given))))
+        extra = (ctx,) if with_context else ()
+        run_command(ctx, lambda: run(cls(**_config_values(ctx, options, given)), *extra))
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = doc

@@ -41,6 +41,10 @@ class DaemonProcess:
         die_with_parent: the daemon gets SIGKILL when the thread that started it
             ends (Linux), so a caller killed without a chance to stop it (a benchmark
             worker at its limit) leaves no daemon behind.
+        health_address: where to ask the daemon's health (plaintext, e.g. its
+            ``unix:`` socket); None: the address it prints.
+        new_session: start it in a session of its own, so that a terminal's Ctrl-C
+            (or a signal to the caller's process group) does not reach it.
 
     Attributes:
         address: ``host:port`` it listens on, once started.
@@ -56,6 +60,8 @@ class DaemonProcess:
         cwd: Path | None = None,
         tls_root: Path | None = None,
         die_with_parent: bool = False,
+        health_address: str | None = None,
+        new_session: bool = False,
     ) -> None:
         self.command = [sys.executable, "-m", "feeder", "serve", "--port", "0"]
         for name, path in datasets.items():
@@ -67,6 +73,8 @@ class DaemonProcess:
         self._cwd = cwd
         self._tls_root = tls_root
         self._die_with_parent = die_with_parent
+        self._health_address = health_address
+        self._new_session = new_session
         self._log: deque[str] = deque(maxlen=_LOG_LINES)
         self._proc: subprocess.Popen[str] | None = None
 
@@ -83,7 +91,8 @@ class DaemonProcess:
                 lines of output).
         """
         self._proc = subprocess.Popen(limited(self.command, die_with_parent=self._die_with_parent), cwd=self._cwd,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=self._new_session)
         found: list[str] = []
         ready = threading.Event()
         threading.Thread(target=self._read_output, args=(found, ready), name="feeder-daemon-output",
@@ -107,6 +116,8 @@ class DaemonProcess:
         ready.set()  # exited before it was ready
 
     def _channel(self) -> grpc.Channel:
+        if self._health_address is not None:
+            return grpc.insecure_channel(self._health_address)
         if self._tls_root is None:
             return grpc.insecure_channel(self.address)
         credentials = grpc.ssl_channel_credentials(Path(self._tls_root).read_bytes())

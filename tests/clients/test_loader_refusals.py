@@ -84,11 +84,28 @@ def test_later_size_changes_are_refused_as_at_construction(daemon) -> None:
 
 @pytest.mark.parametrize("address", [
     "localhost", "127.0.0.1:", "127.0.0.1:99999", "::1:50051", "http://127.0.0.1:50051", "unix:",
-    "dns:///localhost", "127.0.0.1 :50051", "",
+    "dns:///localhost", "127.0.0.1 :50051",
 ])
-def test_an_address_that_is_not_one_is_refused_without_waiting(address) -> None:
-    with pytest.raises(ConfigError, match=f"^address: {re.escape(repr(address))} is not host:port"):
+def test_an_address_that_is_not_one_is_refused_without_waiting(address, monkeypatch) -> None:
+    monkeypatch.setenv("FEEDER_ADDRESS", address)  # from the environment too
+    for given in (address, None):
+        with pytest.raises(ConfigError, match=f"^address: {re.escape(repr(address))} is not host:port"):
+            FeederLoader(given, "sample", connect_timeout_s=600)
+
+
+@pytest.mark.parametrize("address", [None, "", []])
+def test_no_address_and_no_feeder_address_is_refused_naming_both(address, monkeypatch) -> None:
+    monkeypatch.delenv("FEEDER_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match="^address: none given and FEEDER_ADDRESS is not set"):
         FeederLoader(address, "sample", connect_timeout_s=600)
+
+
+def test_no_address_is_the_one_feeder_run_exported(daemon, monkeypatch) -> None:
+    monkeypatch.setenv("FEEDER_ADDRESS", daemon)
+    with FeederLoader(None, "sample", batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True) as loader:
+        assert loader.address == daemon
+        keys = Counter(k for _, _, batch in loader for k in batch)
+    assert sum(keys.values()) == N_TRAIN - N_TRAIN % 8 and set(keys.values()) == {1}
 
 
 def test_a_second_thread_iterating_the_same_loader_is_refused(daemon) -> None:

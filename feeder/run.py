@@ -1,0 +1,260 @@
+"""``feeder run [serve options] -- COMMAND ...``: the per-node launcher a training job
+is wrapped in (under ``srun``, as a container's command, by hand).
+
+It gives ``COMMAND`` this node's daemon, for as long as the command runs:
+
+- the daemon already serving on the node's socket (or port) when there is one, so
+  that a node's jobs share it; else one of its own, started with the serve options
+  given and waited on until gRPC health says SERVING (a daemon that cannot start
+  ends the launcher with its reason; the command never starts);
+- ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``) and
+  ``FEEDER_TOKEN`` in the command's environment, which the loader and the trainer
+  read when no address or token is given;
+- a daemon that dies started again (a bounded number of times, with a backoff, one
+  line each; the loaders reconnect at their cursors). A shared daemon that stops
+  answering (its launcher's job ended) is replaced by one of this launcher's own;
+- SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
+  launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
+  and the launcher exits with the command's status (128 + N for signal N).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from core.errors import ConfigError
+from feeder.config import ServerConfig
+from feeder.launcher import DaemonProcess
+from feeder.run_config import RunConfig
+from feeder.security import read_token
+from protos import feeder_pb2, feeder_pb2_grpc
+
+__all__ = ["ADDRESS_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
+
+ADDRESS_ENV = "FEEDER_ADDRESS"
+TOKEN_ENV = "FEEDER_TOKEN"
+_WATCH_S = 0.5  # how often the daemon is looked at while the command runs
+_SHARED_CHECK_S = 2.0  # how often a shared daemon is asked for its health
+_SHARED_MISSES = 2  # health checks a shared daemon may miss before it is replaced
+_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+_STOP_MARGIN_S = 5.0
+
+
+def local_address(config: ServerConfig, port: int | None = None) -> str:
+    """Where this node's ranks reach the daemon: its socket when it has one, else its
+    port on the address it binds (loopback for a wildcard bind)."""
+    if config.socket_path is not None:
+        return f"unix:{Path(config.socket_path).resolve()}"
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(config.bind, config.bind)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{config.port if port is None else port}"
+
+
+def exit_status(returncode: int) -> int:
+    """A child's ``returncode`` as a shell reports it (signal N: 128 + N)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _serving(address: str, timeout_s: float = 1.0) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def _served_names(address: str, token: str | None) -> set[str]:
+    metadata = [("authorization", f"Bearer {token}")] if token else []
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
+                feeder_pb2.ListDatasetsRequest(), timeout=10, metadata=metadata)
+        except grpc.RpcError as e:
+            raise ConfigError(f"the daemon serving on {address} refused ListDatasets ({e.code().name}): "
+                              "give its --token-file") from e
+    return {info.name for info in reply.datasets}
+
+
+def _say(text: str) -> None:
+    print(f"feeder run: {text}", file=sys.stderr, flush=True)
+
+
+class NodeLauncher:
+    """This node's daemon for one command's life (see the module's docstring).
+
+    Args:
+        config: the serve options and the launcher's own.
+        serve_args: the ``feeder serve`` options as given (the launcher's own left out).
+        command: what to run, with its arguments.
+        say: where the launcher's lines go (stderr).
+    """
+
+    def __init__(self, config: RunConfig, serve_args: Sequence[str], command: Sequence[str],
+                 say: Callable[[str], None] = _say) -> None:
+        if not command:
+            raise ConfigError("command: give it after --, e.g. feeder run --dataset d=shards -- torchrun ...")
+        self.config = config
+        self._serve_args = list(serve_args)
+        self._command = list(command)
+        self._say = say
+        self._token = read_token(config.token_file).decode() if config.token_file is not None else None
+        self._port = config.port
+        self.address = local_address(config)
+        self.daemon: DaemonProcess | None = None  # the one this launcher started, if any
+        self.restarts = 0
+        self._next_start = 0.0
+        self._gave_up = False
+        self._child: subprocess.Popen[bytes] | None = None
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """What the command finds in its environment besides the launcher's own."""
+        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with])}
+        if self._token is not None:
+            found[TOKEN_ENV] = self._token
+        return found
+
+    def run(self) -> int:
+        """Start or find the daemon, run the command, stop the daemon; returns the
+        command's exit status.
+
+        Raises:
+            ConfigError: no daemon could be had (its reason), or the command cannot run.
+        """
+        self._have_daemon()
+        try:
+            return self._run_command()
+        finally:
+            self._stop_daemon()
+
+    @property
+    def _known_address(self) -> bool:
+        """Whether another launcher's daemon could be found where this one's would be."""
+        return self.config.socket_path is not None or self.config.port != 0
+
+    def _have_daemon(self) -> None:
+        if self._known_address and _serving(self.address):
+            self._use_shared()
+            return
+        try:
+            self._start_daemon()
+        except RuntimeError as e:
+            if self._known_address and _serving(self.address):  # another launcher started one first
+                self._use_shared()
+                return
+            raise ConfigError(str(e)) from e
+
+    def _use_shared(self) -> None:
+        missing = sorted(set(self.config.datasets) - _served_names(self.address, self._token))
+        if missing:
+            raise ConfigError(f"datasets: the daemon already serving on {self.address} does not serve "
+                              f"{', '.join(missing)}; give another --port or --socket-path for a daemon of its own")
+        self._say(f"using the daemon already serving on {self.address}")
+
+    def _start_daemon(self) -> None:
+        started = time.monotonic()
+        health = self.address if self.config.socket_path is not None else None
+        daemon = DaemonProcess({}, (*self._serve_args, "--port", str(self._port)),
+                               echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
+                               start_timeout_s=self.config.start_timeout_s,
+                               stop_timeout_s=self.config.grace_s + _STOP_MARGIN_S, die_with_parent=True,
+                               health_address=health, new_session=True)
+        daemon.start()
+        self.daemon = daemon
+        if self.config.socket_path is None:
+            self._port = int(daemon.address.rsplit(":", 1)[1])  # port 0: the one it chose, kept for restarts
+            self.address = local_address(self.config, self._port)
+        self._say(f"daemon serving on {self.address} (pid {daemon.pid}), ready in "
+                  f"{time.monotonic() - started:.1f} s")
+
+    def _run_command(self) -> int:
+        try:
+            self._child = subprocess.Popen(self._command, env=os.environ | self.environment, process_group=0)
+        except OSError as e:
+            raise ConfigError(f"command: cannot run {self._command[0]} ({e.strerror})") from e
+        previous = {sig: signal.signal(sig, self._pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            misses, next_check = 0, time.monotonic() + _SHARED_CHECK_S
+            while True:
+                try:
+                    returncode = self._child.wait(_WATCH_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if self.daemon is None and time.monotonic() >= next_check:
+                    misses = 0 if _serving(self.address) else misses + 1
+                    next_check = time.monotonic() + _SHARED_CHECK_S
+                if self.daemon is not None or misses >= _SHARED_MISSES:
+                    self._keep_daemon()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return exit_status(returncode)
+
+    def _pass_on(self, signum: int, _frame: FrameType | None) -> None:
+        if self._child is not None and self._child.poll() is None:
+            self._child.send_signal(signum)
+
+    def _keep_daemon(self) -> None:
+        """Start a daemon again if this node's is gone and the budget allows (after
+        its backoff); a shared one that answers again is left to its launcher."""
+        if self._gave_up or (self.daemon is not None and self.daemon.returncode is None):
+            return
+        if self.daemon is None and _serving(self.address):
+            self._next_start = 0.0
+            return
+        if self.restarts >= self.config.restarts:
+            gone = self._why(self.daemon) if self.daemon is not None else "the shared one stopped answering"
+            self._say(f"the daemon is gone ({gone}) and was started again {self.restarts} times; not again")
+            self._gave_up = True
+            return
+        now = time.monotonic()
+        if self._next_start == 0.0:
+            wait_s = _BACKOFF_S[min(self.restarts, len(_BACKOFF_S) - 1)]
+            gone = self._why(self.daemon) if self.daemon is not None else "the shared one stopped answering"
+            self._say(f"the daemon is gone ({gone}); starting one again in {wait_s:.0f} s "
+                      f"(restart {self.restarts + 1} of {self.config.restarts})")
+            self._next_start = now + wait_s
+            return
+        if now < self._next_start:
+            return
+        self._next_start = 0.0
+        self.restarts += 1
+        try:
+            self._start_daemon()
+        except RuntimeError as e:
+            self._say(f"the daemon did not start again: {e}")
+
+    @staticmethod
+    def _why(daemon: DaemonProcess) -> str:
+        code = daemon.returncode
+        if code is None:
+            return "running"
+        if code < 0:
+            try:
+                return signal.Signals(-code).name
+            except ValueError:
+                return f"signal {-code}"
+        return f"status {code}"
+
+    def _stop_daemon(self) -> None:
+        if self.daemon is None:
+            return
+        died = self.daemon.returncode is not None
+        self.daemon.stop()
+        if died:  # killed before the launcher's SIGTERM: its segments are still there
+            from transport.shm import sweep_stale
+
+            sweep_stale(self.config.shm_dir)
