@@ -74,6 +74,14 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return tensor.tolist()
 
 
+def all_reduce_max(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise maximum of ``values`` over all ranks."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
 def all_gather_objects(value: object) -> list[object]:
     """``value`` of every rank, rank 0 first (``[value]`` alone)."""
     if not dist.is_initialized():

@@ -131,7 +131,7 @@ class FeederLoader(Positioned):
         self.num_samples, self.classes = self._specs.split.num_samples, self._specs.split.classes
         self.wait_seconds = 0.0
         self._skipped = 0
-        self._epoch_wait_s = self._epoch_wall_s = 0.0
+        self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
         self._pass = OnePass()
 
     def __repr__(self) -> str:
@@ -225,6 +225,12 @@ class FeederLoader(Positioned):
     def stall_fraction(self) -> float:
         """Share of the current (or last) epoch's iteration time spent waiting for data."""
         return self._epoch_wait_s / self._epoch_wall_s if self._epoch_wall_s > 0 else 0.0
+
+    @property
+    def longest_wait_s(self) -> float:
+        """The longest wait for one batch in the current (or last) epoch, past its first
+        (which waits on the streams' start too): what a daemon lost costs the loop."""
+        return self._epoch_longest_s
 
     # -- position and sizes --------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -339,8 +345,8 @@ class FeederLoader(Positioned):
             yield from self._epoch()
 
     def _epoch(self) -> Iterator[tuple[Any, ...]]:
-        self._epoch_wait_s = self._epoch_wall_s = 0.0
-        started = time.perf_counter()
+        self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
+        started, first = time.perf_counter(), True
         while len(self) > 0:
             waited = time.perf_counter()
             host = self._streams.next_batch(self.position.epoch, self.position.cursor, self._sizes)
@@ -349,16 +355,19 @@ class FeederLoader(Positioned):
                                 f"{self.position.epoch} left (cursor {self.position.cursor})")
             out = self._deliver(host)
             now = time.perf_counter()
-            self._account(now - waited, now - started)
+            self._account(now - waited, now - started, first)
+            first = False
             yield out
         self.position.next_epoch()
         self._streams.epoch_ended(self.position.epoch, self._sizes)
         self._epoch_wall_s = time.perf_counter() - started
 
-    def _account(self, wait_s: float, wall_s: float) -> None:
+    def _account(self, wait_s: float, wall_s: float, first: bool) -> None:
         self.wait_seconds += wait_s
         self._epoch_wait_s += wait_s
         self._epoch_wall_s = wall_s
+        if not first:  # the first waits on the stream's start as well
+            self._epoch_longest_s = max(self._epoch_longest_s, wait_s)
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
         meta = host.meta

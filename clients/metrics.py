@@ -43,7 +43,8 @@ class EpochRecord:
     """One epoch's figures (a row of the CSV).
 
     ``stall_fraction`` is the share of training time spent waiting for data;
-    ``wall_s`` counts from the start of training (after start-up).
+    ``longest_wait_s`` the longest wait of any rank for one batch, past the epoch's
+    first; ``wall_s`` counts from the start of training (after start-up).
     """
 
     epoch: int
@@ -62,6 +63,7 @@ class EpochRecord:
     val_top5: float = math.nan
     val_images: int = 0
     wall_s: float = 0.0
+    longest_wait_s: float = 0.0
 
     def line(self) -> str:
         """The stdout line for this epoch."""

@@ -57,6 +57,7 @@ class SyntheticLoader(Positioned):
         self.samples_per_rank = num_samples // world_size
         self.wait_seconds = 0.0
         self.stall_fraction = 0.0
+        self.longest_wait_s = 0.0
         self.reconnects = 0
         self.position = Position()
         self._cache: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}

@@ -25,6 +25,7 @@ from clients.data import make_loaders
 from clients.distributed import (
     Dist,
     all_gather_objects,
+    all_reduce_max,
     all_reduce_sum,
     init_distributed,
     shutdown_distributed,
@@ -132,6 +133,7 @@ class Trainer:
         loader.set_image_size(phase.image_size)
         loader.set_min_scale(phase.min_scale)
         loss, images, train_s, stall = self._train_epoch(epoch, phase.momentum, started)
+        longest_wait_s = all_reduce_max([loader.longest_wait_s], self.dist.device)[0]
         evaluation = self._validate(epoch, phase)
         return EpochRecord(
             epoch=epoch, phase=index, image_size=phase.image_size, batch_size=phase.batch_size,
@@ -139,7 +141,7 @@ class Trainer:
             train_loss=loss, train_images=images, train_s=train_s,
             images_per_s=images / train_s if train_s > 0 else 0.0, stall_fraction=stall,
             val_loss=evaluation.loss, val_top1=evaluation.top1, val_top5=evaluation.top5,
-            val_images=evaluation.images, wall_s=time.perf_counter() - started,
+            val_images=evaluation.images, wall_s=time.perf_counter() - started, longest_wait_s=longest_wait_s,
         )
 
     def _train_epoch(self, epoch: int, momentum: float,

@@ -136,6 +136,7 @@ def test_wait_seconds_and_stall_fraction_are_recorded(daemon) -> None:
         _drain(loader)
         assert loader.wait_seconds > 0
         assert 0 < loader.stall_fraction <= 1
+        assert 0 < loader.longest_wait_s < loader.wait_seconds  # one batch's, not the first's
 
 
 def test_reconnects_after_daemon_restart_without_loss_or_repeat(shards) -> None:
