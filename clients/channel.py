@@ -18,12 +18,13 @@ import grpc
 from core.errors import ConfigError
 
 __all__ = [
-    "ADDRESS_ENV", "ADDRESS_FORMS", "TOKEN_ENV", "check_address", "check_token", "open_channel", "resolve_address",
-    "resolve_token",
+    "ADDRESS_ENV", "ADDRESS_FORMS", "SHM_DIR_ENV", "TOKEN_ENV", "check_address", "check_token", "open_channel",
+    "resolve_address", "resolve_shm_dir", "resolve_token",
 ]
 
 TOKEN_ENV = "FEEDER_TOKEN"
 ADDRESS_ENV = "FEEDER_ADDRESS"  # set by ``feeder run`` for the command it runs
+SHM_DIR_ENV = "FEEDER_SHM_DIR"  # likewise: its daemon's --shm-dir
 ADDRESS_FORMS = "host:port, [v6]:port, dns:///host:port or unix:/path"
 # A host name or an IPv4 address (the name resolver says whether it exists).
 _HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -98,6 +99,14 @@ def resolve_address(address: str | Sequence[str] | None) -> str | Sequence[str]:
     if not found:
         raise ConfigError(f"address: none given and {ADDRESS_ENV} is not set (feeder run sets it)")
     return found
+
+
+def resolve_shm_dir(shm_dir: str | Path | None) -> Path:
+    """``shm_dir`` as given, else the ``FEEDER_SHM_DIR`` environment variable (read
+    now), else ``/dev/shm``."""
+    if shm_dir is not None:
+        return Path(shm_dir)
+    return Path(os.environ.get(SHM_DIR_ENV, "").strip() or "/dev/shm")
 
 
 def resolve_token(token: str | None) -> str | None:

@@ -247,7 +247,7 @@ class Failover:
         request.batch_stride, request.batch_offset = len(self._shares), 0
         conn, config = share.member.connection, self._config
         return StreamCall(conn.stream_batches, request, config.prefetch_batches, self._pin, release=conn.releaser,
-                          shm_dir=config.shm_dir)
+                          shm_dir=config.shm_path)
 
     def _broke(self, share: _Share, broke: Broke) -> None:
         address, error = share.member.address, broke.error

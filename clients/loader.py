@@ -102,7 +102,7 @@ class FeederLoader(Positioned):
         prefetch_batches: int = 4,
         prefetch_next_epoch: bool = True,
         transport: str = "auto",
-        shm_dir: Path = Path("/dev/shm"),
+        shm_dir: Path | None = None,
         connect_timeout_s: float = 30.0,
         reconnect_timeout_s: float = 60.0,
         stall_timeout_s: float = 120.0,
@@ -120,7 +120,7 @@ class FeederLoader(Positioned):
         base = config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))
         self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
-        client_host = HostIdentity.of_this_process(config.shm_dir).to_message(gpu_uuid(self.device))
+        client_host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
         self._specs = _checked_specs(daemons, config, base)
         self._streams = Streams(daemons, self._specs, config, client_host, pin=self.device.type == "cuda")

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from clients.channel import check_address, check_token, resolve_address
+from clients.channel import check_address, check_token, resolve_address, resolve_shm_dir
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
@@ -81,7 +81,9 @@ class LoaderConfig:
             asked for does not work, the next one down is used, with one warning
             per step down.
             ``loader.transport`` says which one is in use.
-        shm_dir: The shared-memory directory (the daemon's ``--shm-dir``).
+        shm_dir: The shared-memory directory (the daemon's ``--shm-dir``); None: the
+            ``FEEDER_SHM_DIR`` environment variable (``feeder run`` sets it to its
+            daemon's), else ``/dev/shm``.
         connect_timeout_s: How long the first contact may take.
         reconnect_timeout_s: How long to keep reconnecting after the daemon goes away
             (or stalls, or refuses for a budget), counted from the first failure in a
@@ -138,7 +140,7 @@ class LoaderConfig:
     prefetch_batches: int = 4
     prefetch_next_epoch: bool = True
     transport: str = "auto"
-    shm_dir: Path = Path("/dev/shm")
+    shm_dir: Path | None = None
     connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
     stall_timeout_s: float = 120.0
@@ -151,6 +153,7 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", resolve_address(self.address))
+        object.__setattr__(self, "shm_dir", resolve_shm_dir(self.shm_dir))
         for address in self.addresses or ("",):  # no address at all: refused as an empty one
             check_address(address)
         _choice("pool", self.pool, POOL_MODES)
@@ -172,6 +175,11 @@ class LoaderConfig:
         # loader is built (then checked again), and these stand-ins refuse nothing.
         rank = 0 if self.rank is None else self.rank
         self.stream_spec(rank, rank + 1 if self.world_size is None else self.world_size)
+
+    @property
+    def shm_path(self) -> Path:
+        """The shared-memory directory, resolved (``shm_dir``, ``FEEDER_SHM_DIR``, ``/dev/shm``)."""
+        return resolve_shm_dir(self.shm_dir)
 
     @property
     def addresses(self) -> tuple[str, ...]:

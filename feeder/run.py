@@ -7,9 +7,9 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   that a node's jobs share it; else one of its own, started with the serve options
   given and waited on until gRPC health says SERVING (a daemon that cannot start
   ends the launcher with its reason; the command never starts);
-- ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``) and
-  ``FEEDER_TOKEN`` in the command's environment, which the loader and the trainer
-  read when no address or token is given;
+- ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
+  ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's ``--shm-dir``) in the
+  command's environment, which the loader and the trainer read when not given them;
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
@@ -39,10 +39,11 @@ from feeder.run_config import RunConfig
 from feeder.security import read_token
 from protos import feeder_pb2, feeder_pb2_grpc
 
-__all__ = ["ADDRESS_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
+__all__ = ["ADDRESS_ENV", "SHM_DIR_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
 
 ADDRESS_ENV = "FEEDER_ADDRESS"
 TOKEN_ENV = "FEEDER_TOKEN"
+SHM_DIR_ENV = "FEEDER_SHM_DIR"
 _WATCH_S = 0.5  # how often the daemon is looked at while the command runs
 _SHARED_CHECK_S = 2.0  # how often a shared daemon is asked for its health
 _SHARED_MISSES = 2  # health checks a shared daemon may miss before it is replaced
@@ -121,7 +122,8 @@ class NodeLauncher:
     @property
     def environment(self) -> dict[str, str]:
         """What the command finds in its environment besides the launcher's own."""
-        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with])}
+        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with]),
+                 SHM_DIR_ENV: str(Path(self.config.shm_dir).resolve())}
         if self._token is not None:
             found[TOKEN_ENV] = self._token
         return found

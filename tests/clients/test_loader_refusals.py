@@ -9,6 +9,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -158,3 +159,13 @@ def test_a_memory_refusal_is_reported_with_the_daemons_message(starved_daemon) -
     message = str(raised.value)
     assert f"(RESOURCE_EXHAUSTED: {expected})" in message, message
     assert address in message and "cursor 0" in message and "no batch" not in message
+
+
+def test_the_shared_memory_directory_is_the_one_feeder_run_exported(monkeypatch, tmp_path) -> None:
+    from clients.loader_config import LoaderConfig
+
+    monkeypatch.setenv("FEEDER_SHM_DIR", str(tmp_path))
+    assert LoaderConfig("127.0.0.1:5", "sample").shm_path == tmp_path
+    assert LoaderConfig("127.0.0.1:5", "sample", shm_dir=Path("/run/shm")).shm_path == Path("/run/shm")  # given wins
+    monkeypatch.delenv("FEEDER_SHM_DIR")
+    assert LoaderConfig("127.0.0.1:5", "sample").shm_path == Path("/dev/shm")

@@ -21,7 +21,7 @@ from tests.common.env import ROOT, child_env
 from tests.common.shards import build_sample_shards
 from tests.common.waiting import wait_for
 
-# Reads an epoch through FEEDER_ADDRESS (and FEEDER_TOKEN), one batch per PAUSE_S,
+# Reads an epoch through FEEDER_ADDRESS (FEEDER_TOKEN, FEEDER_SHM_DIR), one batch per PAUSE_S,
 # writing each batch's count to PROGRESS; prints what it saw; exits with STATUS.
 _CONSUMER = r"""
 import os, signal, sys, time
@@ -33,7 +33,7 @@ print("address", os.environ["FEEDER_ADDRESS"], "token", os.environ.get("FEEDER_T
 pause, progress = float(os.environ.get("PAUSE_S", "0")), Path(os.environ["PROGRESS"])
 seen = Counter()
 with FeederLoader(None, "sample", batch_size=4, image_size=32, rank=0, world_size=1, return_keys=True,
-                  shm_dir=os.environ["SHM_DIR"], reconnect_timeout_s=60) as loader:
+                  reconnect_timeout_s=60) as loader:
     for _, _, keys in loader:
         seen.update(keys)
         progress.write_text(str(sum(seen.values())))
@@ -93,9 +93,9 @@ def node(tmp_path: Path, shards: Path) -> Iterator[dict]:
     mark = uuid.uuid4().hex
     progress = tmp_path / "progress"
     found = {"shards": shards, "shm": shm, "socket": tmp_path / "feeder.sock", "progress": progress, "mark": mark,
-             "env": child_env(FEEDER_TEST_RUN=mark, SHM_DIR=str(shm), PROGRESS=str(progress))}
-    found["env"].pop("FEEDER_ADDRESS", None)
-    found["env"].pop("FEEDER_TOKEN", None)
+             "env": child_env(FEEDER_TEST_RUN=mark, PROGRESS=str(progress))}
+    for name in ("FEEDER_ADDRESS", "FEEDER_TOKEN", "FEEDER_SHM_DIR"):
+        found["env"].pop(name, None)
     yield found
     left = pids_with_env("FEEDER_TEST_RUN", mark)
     kill_env("FEEDER_TEST_RUN", mark)
