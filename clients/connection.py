@@ -26,14 +26,20 @@ class Connection:
     Args:
         config: The token and TLS files to connect with.
         address: The daemon's address.
+        host_name: The host name ``address`` was found under: the daemon's TLS
+            certificate is checked against it instead of the address; None: the
+            address itself.
 
     Raises:
         ConfigError: a TLS file cannot be read, or ``FEEDER_TOKEN`` is not a token.
     """
 
-    def __init__(self, config: LoaderConfig, address: str) -> None:
+    def __init__(self, config: LoaderConfig, address: str, host_name: str | None = None) -> None:
         self.address = address
-        self.channel = open_channel(address, _CHANNEL_OPTIONS, resolve_token(config.token),
+        options = list(_CHANNEL_OPTIONS)
+        if host_name is not None and config.tls_root is not None:
+            options.append(("grpc.ssl_target_name_override", host_name))
+        self.channel = open_channel(address, options, resolve_token(config.token),
                                     config.tls_root, config.tls_cert, config.tls_key)
         self.stub = feeder_pb2_grpc.FeederStub(self.channel)
         # Batches arrive as the bytes sent: the transport's receiver parses them.

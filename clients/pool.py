@@ -26,7 +26,7 @@ from clients.loader_config import LoaderConfig
 from clients.spec import SplitInfo
 from core.errors import FeederError, ServiceUnavailable
 
-__all__ = ["DaemonPool", "Member", "expand_addresses"]
+__all__ = ["DaemonPool", "Member", "expand_addresses", "expand_named"]
 
 _log = logging.getLogger(__name__)
 _FIRST_RETRY_S, _MAX_RETRY_S = 0.5, 8.0  # backoff of a failed member, doubling
@@ -37,32 +37,38 @@ _LOOKUP_EVERY_S = 30.0  # how often host names are looked up again
 def expand_addresses(addresses: Sequence[str]) -> list[str]:
     """``host:port`` entries with a name that resolves to several addresses, as one
     entry per address (``unix:`` and ``dns:`` targets, and IP addresses, as given)."""
-    expanded: list[str] = []
+    return list(expand_named(addresses))
+
+
+def expand_named(addresses: Sequence[str]) -> dict[str, str | None]:
+    """As :func:`expand_addresses`, each address with the host name it was found
+    under (None: given as it is): a TLS daemon's certificate names the host, not the
+    addresses a name resolves to (a Kubernetes Service's pods)."""
+    expanded: dict[str, str | None] = {}
     for address in addresses:
-        for found in _lookup(address):
-            if found not in expanded:
-                expanded.append(found)
+        for found, name in _lookup(address):
+            expanded.setdefault(found, name)
     return expanded
 
 
-def _lookup(address: str) -> list[str]:
+def _lookup(address: str) -> list[tuple[str, str | None]]:
     if address.startswith(("unix:", "dns:")):
-        return [address]
+        return [(address, None)]
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     try:
         ipaddress.ip_address(host)
-        return [address]
+        return [(address, None)]
     except ValueError:
         pass
     try:
         infos = socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP)
     except (OSError, ValueError):
-        return [address]  # gRPC will say what is wrong with it
+        return [(address, None)]  # gRPC will say what is wrong with it
     ips = sorted({str(info[4][0]) for info in infos})
     if len(ips) <= 1:
-        return [address]
-    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+        return [(address, None)]
+    return [(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}", host) for ip in ips]
 
 
 @dataclass
@@ -120,7 +126,7 @@ class DaemonPool:
     def __init__(self, config: LoaderConfig, addresses: Sequence[str]) -> None:
         self.config = config
         self._named = list(addresses)
-        self.members = [Member(a, Connection(config, a)) for a in expand_addresses(addresses)]
+        self.members = [Member(a, Connection(config, a, name)) for a, name in expand_named(addresses).items()]
         self.generation = 0  # moves on whenever a member becomes usable again or is added
         self.split: SplitInfo | None = None
         self._lock = threading.Lock()
@@ -200,12 +206,14 @@ class DaemonPool:
             member.delay_s = min(member.delay_s * 2, _MAX_RETRY_S)
         self._wake.set()
 
-    def add(self, address: str) -> None:
-        """Use ``address`` too, from the next batch on (once it answers)."""
+    def add(self, address: str, host_name: str | None = None) -> None:
+        """Use ``address`` too, from the next batch on (once it answers); ``host_name``:
+        the name it was found under, which its TLS certificate names."""
         with self._lock:
             if any(m.address == address for m in self.members):
                 return
-            member = Member(address, Connection(self.config, address), failed_s=time.monotonic(), why="new")
+            member = Member(address, Connection(self.config, address, host_name), failed_s=time.monotonic(),
+                            why="new")
             self.members.append(member)
         self._wake.set()
 
@@ -232,9 +240,9 @@ class DaemonPool:
         """Look the pool's host names up again: addresses a name gained join the pool;
         those it lost (a rotating DNS name, a Service scaled down) are left, so no
         batch is asked of a daemon that is gone or now serves someone else."""
-        found = expand_addresses(self._named)
-        for address in found:
-            self.add(address)
+        found = expand_named(self._named)
+        for address, name in found.items():
+            self.add(address, name)
         given = set(self._named)
         for member in list(self.members):
             if member.address not in found and member.address not in given and not member.left:

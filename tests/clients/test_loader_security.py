@@ -3,6 +3,7 @@ socket."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from clients.loader import LoaderConfig
 from core.errors import ConfigError, Unauthenticated
 from feeder.config import ServerConfig
 from feeder.server import create_server
+from tests.clients.conftest import N_TRAIN
 from tests.common.tls import Certificates, make_certificates
 
 TOKEN = "loader-test-token"
@@ -29,8 +31,9 @@ def daemon(shards, tmp_path):
     token_file.write_text(TOKEN)
 
     def make(token: bool = True, **options) -> int:
-        config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64,
-                              grace_s=0.5, token_file=token_file if token else None, **options)
+        config = ServerConfig(**{"datasets": {"sample": shards}, "port": 0, "device": "cpu", "threads": 1,
+                                 "max_batch_size": 64, "grace_s": 0.5, "token_file": token_file if token else None,
+                                 **options})
         server, port = create_server(config)
         servers.append(server)
         return port
@@ -135,3 +138,27 @@ def test_the_trainers_loaders_use_tls_root_and_feeder_token(daemon, certs, monke
 
 def test_the_token_stays_out_of_the_configs_repr():
     assert TOKEN not in repr(LoaderConfig(address="127.0.0.1:1", dataset="sample", token=TOKEN))
+
+
+def test_a_tls_pool_behind_a_host_name_checks_each_daemon_against_the_name(daemon, tmp_path, monkeypatch):
+    # Daemons behind one name (a Kubernetes Service's pods): their certificate names
+    # the Service, never the pods' addresses the name resolves to.
+    import socket
+
+    from clients import pool as pool_module
+
+    named = make_certificates(tmp_path / "named", server_names="DNS:feeders.test")
+    first = daemon(tls_cert=named.server_cert, tls_key=named.server_key, bind="127.0.0.1")
+    daemon(tls_cert=named.server_cert, tls_key=named.server_key, bind="127.0.0.2", port=first)
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        assert host == "feeders.test"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in ("127.0.0.1", "127.0.0.2")]
+
+    monkeypatch.setattr(pool_module.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.delenv("FEEDER_TOKEN", raising=False)
+    with _loader(f"feeders.test:{first}", token=TOKEN, tls_root=named.ca, return_keys=True) as loader:
+        assert [m.address for m in loader._streams.pool.members] == [f"127.0.0.1:{first}", f"127.0.0.2:{first}"]
+        keys = Counter(k for _, _, batch in loader for k in batch)
+        assert all(m.usable for m in loader._streams.pool.members)  # both passed the name's check
+    assert sum(keys.values()) == N_TRAIN - N_TRAIN % 8 and set(keys.values()) == {1}

@@ -42,14 +42,15 @@ def _signed(name: str, subject: str, extensions: str, cwd: Path) -> None:
              "-days", "1", "-out", f"{name}.pem", "-extfile", f"{name}.ext", cwd=cwd)
 
 
-def make_certificates(root: Path) -> Certificates:
-    """A CA and a server and a client certificate signed by it, under ``root``."""
+def make_certificates(root: Path, server_names: str = "IP:127.0.0.1,IP:127.0.0.2,DNS:localhost") -> Certificates:
+    """A CA and a server and a client certificate signed by it, under ``root``; the
+    server's for ``server_names`` (its subjectAltName)."""
     if shutil.which("openssl") is None:
         pytest.skip("needs the openssl command to make test certificates")
     root.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", *_KEY, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
              "-subj", "/CN=feeder test CA", cwd=root)
-    _signed("server", "/CN=localhost", "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,DNS:localhost\n"
+    _signed("server", "/CN=localhost", f"subjectAltName={server_names}\n"
             "extendedKeyUsage=serverAuth\n", root)
     _signed("client", "/CN=feeder test client", "extendedKeyUsage=clientAuth\n", root)
     return Certificates(ca=root / "ca.pem", server_cert=root / "server.pem", server_key=root / "server.key",
