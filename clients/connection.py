@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from clients.channel import open_channel, resolve_token
@@ -36,7 +38,7 @@ class Connection:
 
     def __init__(self, config: LoaderConfig, address: str, host_name: str | None = None) -> None:
         self.address = address
-        options = list(_CHANNEL_OPTIONS)
+        options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
         if host_name is not None and config.tls_root is not None:
             options.append(("grpc.ssl_target_name_override", host_name))
         self.channel = open_channel(address, options, resolve_token(config.token),
