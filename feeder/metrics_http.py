@@ -65,13 +65,15 @@ class _PooledServer(socketserver.TCPServer):
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily, handler: type[_Handler],
                  threads: int, timeout_s: float, metrics: ServerMetrics) -> None:
         self.address_family = family
-        super().__init__(address, handler)
+        # All set before binding: a port in use makes socketserver call server_close().
         self._deadlines = Deadlines("feeder-metrics-deadlines")
         self._timeout_s, self._metrics = timeout_s, metrics
         self._max_pending = threads * _PENDING_PER_THREAD
         self._pending: deque[tuple[Any, Any, Deadline, float]] = deque()
         self._ready = threading.Condition()
         self._closing = False
+        self._workers: list[threading.Thread] = []
+        super().__init__(address, handler)
         self._workers = [threading.Thread(target=self._work, name=f"feeder-metrics-{i}", daemon=True)
                          for i in range(threads)]
         for worker in self._workers:

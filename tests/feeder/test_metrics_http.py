@@ -110,3 +110,17 @@ def _thread_names() -> list[str]:
     import threading
 
     return [t.name for t in threading.enumerate()]
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_it(shards):
+    from core.errors import ConfigError
+    from feeder.config import ServerConfig
+    from feeder.server import create_server
+
+    with socket.socket() as taken:  # node-exporter's 9100, say
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, metrics_port=port)
+        with pytest.raises(ConfigError, match=rf"^metrics_port: cannot listen on {port} \("):
+            create_server(config)
