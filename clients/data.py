@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from clients.channel import open_channel, resolve_token
@@ -12,9 +13,17 @@ from clients.schedule import Phase
 from clients.synthetic import SyntheticLoader
 from protos import feeder_pb2, feeder_pb2_grpc
 
-__all__ = ["make_loaders"]
+__all__ = ["job_id", "make_loaders"]
 
 IMAGENET_CLASSES = 1000
+
+
+def job_id(config: TrainConfig) -> str:
+    """What the ranks of this run tell the daemon they share: the dataset, the seed
+    and torchrun's run id (its ``--rdzv-id``), so that two jobs of the same dataset and
+    seed on one node's daemon are two jobs to its per-job limits."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return f"train-{config.dataset}-{config.seed}" + (f"-{run}" if run and run != "none" else "")
 
 
 def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
@@ -48,7 +57,7 @@ def make_loaders(
                                 seed=config.seed)
         return train, None, classes
     common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
-                  seed=config.seed, job_id=f"train-{config.dataset}-{config.seed}",
+                  seed=config.seed, job_id=job_id(config),
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(

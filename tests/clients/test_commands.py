@@ -21,3 +21,15 @@ def test_the_daemon_is_the_one_feeder_run_exported_when_no_server_is_given(monke
     monkeypatch.delenv("FEEDER_ADDRESS")
     with pytest.raises(ConfigError, match=r"^--server HOST:PORT \(or FEEDER_ADDRESS, which feeder run sets\)"):
         TrainConfig(dataset="sample")
+
+
+def test_two_runs_of_one_dataset_and_seed_are_two_jobs_to_the_daemon(monkeypatch) -> None:
+    from clients.data import job_id
+
+    config = TrainConfig(server="127.0.0.1:5", dataset="imagenet", seed=3)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "4711")  # torchrun's --rdzv-id (the Slurm job id, say)
+    first = job_id(config)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "4712")
+    assert first == "train-imagenet-3-4711" and job_id(config) == "train-imagenet-3-4712"
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert job_id(config) == "train-imagenet-3"
