@@ -3,7 +3,6 @@ passed down."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from feeder.config_values import (
     is_loopback,
     parse_datasets,
     physical_memory_bytes,
+    usable_cpus,
 )
 from protocol.identity import pixel_options
 
@@ -40,11 +40,12 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _default_threads() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """The CPUs this process may use (its container's or job's), at most 8."""
+    return min(8, usable_cpus())
 
 
 def _default_memory_bytes() -> int:
-    """Half of this machine's physical memory: the rest is the training job's."""
+    """Half of this machine's (or its container's) memory: the rest is the training job's."""
     return physical_memory_bytes() // 2
 
 
@@ -70,8 +71,8 @@ class ServerConfig:
             least one pipeline per GPU; at least 1 (see
             ``feeder.devices.thread_share``). The default CPU decoder runs on one
             shared pool of this many worker threads, re-divided round robin among
-            the streams with work (``core.workers.FairPool``). Default: the CPUs, at
-            most 8.
+            the streams with work (``core.workers.FairPool``). Default: the CPUs this
+            process may use (its affinity, its container's CPU limit), at most 8.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
@@ -90,7 +91,8 @@ class ServerConfig:
             (ready queues, batches being made and sent, the pipelines' buffers), each
             estimated from its request (see ``feeder.admission.stream_need_bytes``); a
             stream that would pass it is refused as resource exhausted. Example: 8G.
-            Default: half of physical memory. Not the whole process: the daemon's
+            Default: half of physical memory (or of the container's limit, where
+            lower). Not the whole process: the daemon's
             footprint is at most this plus ``shm_budget_bytes``, ``decoded_cache_bytes``
             and the libraries (``footprint_bytes``).
         idle_timeout_s: a stream whose client has taken no batch for this many

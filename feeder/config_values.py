@@ -1,19 +1,23 @@
 """The values :class:`feeder.config.ServerConfig` takes, parsed and checked: the
 ``--dataset`` entries (paths and object store URLs), loopback hosts, the machine's
-memory and what the daemon's libraries take of it, the CPU JPEG decoders."""
+memory and CPUs (its container's, where a cgroup limits them) and what the daemon's
+libraries take of it, the CPU JPEG decoders."""
 
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 from pathlib import Path
 
 from core.errors import ConfigError
 
 __all__ = [
-    "CPU_DECODERS", "LIBRARY_BYTES", "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets",
-    "physical_memory_bytes",
+    "CPU_DECODERS", "LIBRARY_BYTES", "check_cpu_decoder", "cpu_decoder_in_use", "cgroup_memory_bytes", "is_loopback",
+    "parse_datasets", "physical_memory_bytes", "usable_cpus",
 ]
+
+CGROUP = Path("/sys/fs/cgroup")
 
 
 def is_loopback(host: str) -> bool:
@@ -55,9 +59,45 @@ def parse_datasets(values: list[str], option: str = "--dataset") -> dict[str, Pa
     return datasets
 
 
-def physical_memory_bytes() -> int:
-    """This machine's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def physical_memory_bytes(cgroup: Path = CGROUP) -> int:
+    """This machine's physical memory, or its container's limit where lower (a pod's
+    ``resources.limits.memory``, a Slurm job's ``--mem``): a daemon sized on the node's
+    memory inside a smaller limit is killed by the kernel, not refused."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = cgroup_memory_bytes(cgroup)
+    return min(physical, limit) if limit else physical
+
+
+def cgroup_memory_bytes(cgroup: Path = CGROUP) -> int | None:
+    """The memory limit of this process's cgroup (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``); None: none is set."""
+    for path in (cgroup / "memory.max", cgroup / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            return int(text)
+    return None
+
+
+def usable_cpus(cgroup: Path = CGROUP) -> int:
+    """The CPUs this process may use: those it is pinned to (``taskset``, Slurm's
+    ``--cpus-per-task``), at most its cgroup's CPU quota rounded up (a pod's
+    ``resources.limits.cpu``, v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    for quota_file, period_file in ((cgroup / "cpu.max", None),
+                                    (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us")):
+        try:
+            fields = quota_file.read_text().split()
+            if period_file is not None:
+                fields.append(period_file.read_text().strip())
+        except OSError:
+            continue
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
+            cpus = min(cpus, max(1, math.ceil(int(fields[0]) / int(fields[1]))))
+        break
+    return max(1, cpus)
 
 
 # Resident memory of a daemon with its libraries loaded (DALI, torch with CUDA,

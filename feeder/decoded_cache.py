@@ -26,16 +26,15 @@ and every job of the daemon.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
-from pathlib import Path
 
 import cv2
 import numpy as np
 
 from core.errors import ConfigError
+from feeder.config_values import physical_memory_bytes
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
@@ -59,22 +58,9 @@ _DCT_SCALE_FLAGS = (0, cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSC
 _DECODE_FLAGS = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 
 
-def _cgroup_limit_bytes() -> int | None:
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            return int(text)
-    return None
-
-
 def machine_memory_bytes() -> int:
     """Physical memory of this machine, or the container's memory limit if lower."""
-    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    limit = _cgroup_limit_bytes()
-    return min(physical, limit) if limit else physical
+    return physical_memory_bytes()
 
 
 def check_budget(budget_bytes: int, memory_bytes: int | None = None) -> None:

@@ -104,3 +104,28 @@ def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
     assert result.exit_code == 1
     expected = "feeder: error: --max-memory-bytes '8X': expected a size such as 8G, 512M or 1073741824"
     assert result.output.strip() == expected
+
+
+def test_a_containers_cgroup_limits_are_the_machine_the_defaults_are_sized_on(tmp_path, monkeypatch):
+    from feeder.config_values import physical_memory_bytes, usable_cpus
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("4294967296\n")  # a pod limited to 4 GiB and 1.5 CPUs
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert physical_memory_bytes(v2) == min(4 << 30, physical_memory_bytes(tmp_path / "none"))
+    assert usable_cpus(v2) == 2  # the quota rounded up
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert physical_memory_bytes(v2) == physical_memory_bytes(tmp_path / "none")  # no limit: the machine's
+    assert usable_cpus(v2) == 16
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert usable_cpus(v1) == 3
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")  # v1's "no limit"
+    assert usable_cpus(v1) == 16
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})  # taskset, or Slurm's --cpus-per-task
+    assert usable_cpus(tmp_path / "none") == 2
