@@ -118,6 +118,9 @@ class Trainer:
             self.log.append(record)
             self._say(record.line())
             self.epoch += 1
+            if not self.config.checkpoint_every_steps:  # at epoch ends only
+                self.elapsed_s = record.wall_s
+                self._checkpoint()
             if self._reached(record):
                 self.time_to_target_s = record.wall_s
                 self._say(f"target reached after {record.wall_s:.1f} s (epoch {record.epoch})")

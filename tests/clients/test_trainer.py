@@ -137,3 +137,16 @@ def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epo
     assert "resumed at step 6: epoch 0, cursor 0, 2 ranks then, 4 now" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
+
+
+def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(daemon: str, tmp_path: Path) -> None:
+    schedule = tmp_path / "short.toml"
+    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
+    _check(run_trainer(daemon, "--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
+                       "--val-every-epochs", "0"))
+    latest = (tmp_path / "checkpoints" / "LATEST").read_text()
+    assert latest == "step-000012"  # the second epoch's end: 8 steps of batch 8, then 4 of batch 16
+    resumed = run_trainer(daemon, "--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
+                          "--val-every-epochs", "0", "--resume")
+    _check(resumed)
+    assert "resumed at step 12: epoch 2" in resumed.stdout  # nothing left to train
