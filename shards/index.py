@@ -212,6 +212,7 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     )
     if num_classes is not None:
         _check_labels(path, columns, num_classes)
+    _check_sample_extents(path, columns)
     _check_extents(root, path, columns, allowed_links)
     _check_image_sizes(path, columns)
     _check_half_copies(path, columns)
@@ -254,6 +255,38 @@ def _checksums(path: Root, table: pa.Table, column: str, version: int) -> np.nda
     if values.null_count:
         raise DataError(f"{path}: {values.null_count} rows without a {column!r}")
     return values.to_numpy().astype(np.uint64)
+
+
+def _check_sample_extents(path: Root, cols: IndexColumns) -> None:
+    """Every sample's bytes (and its half-scale copy's) are a range of its tar of their
+    own: a negative offset or size would fail deep in a read, and two rows sharing
+    bytes would serve one image under two keys.
+
+    Raises:
+        DataError: naming the index (its split), the row and its key.
+    """
+    bad = np.flatnonzero((cols.offsets < 0) | (cols.sizes < 1))
+    if len(bad):
+        at = int(bad[0])
+        raise DataError(f"{path}: row {at} (key {cols.keys[at]!r}) has offset {int(cols.offsets[at])}, size "
+                        f"{int(cols.sizes[at])} ({len(bad)} such rows)")
+    rows = np.arange(len(cols.offsets))
+    half = cols.half_sizes > 0
+    shard = np.concatenate([cols.shard_ids, cols.shard_ids[half]])
+    start = np.concatenate([cols.offsets, cols.half_offsets[half]])
+    end = np.concatenate([cols.offsets + cols.sizes, cols.half_offsets[half] + cols.half_sizes[half]])
+    row = np.concatenate([rows, rows[half]])
+    key = (shard.astype(np.int64) << 40) | start  # one sort key: a tar is under 1 TiB
+    if len(key) > 1 and not bool(np.all(key[1:] >= key[:-1])):  # as the sharder writes them: in order already
+        order = np.argsort(key, kind="stable")
+        shard, start, end, row = shard[order], start[order], end[order], row[order]
+    overlap = np.flatnonzero((shard[1:] == shard[:-1]) & (start[1:] < end[:-1]))
+    if len(overlap):
+        i = int(overlap[0])
+        first, second = int(row[i]), int(row[i + 1])
+        raise DataError(f"{path}: rows {first} and {second} (keys {cols.keys[first]!r} and {cols.keys[second]!r}) "
+                        f"overlap in {cols.shards[int(shard[i])]} at bytes {int(start[i + 1])}..{int(end[i])} "
+                        f"({len(overlap)} overlaps)")
 
 
 def _check_extents(root: Root, path: Root, cols: IndexColumns, allowed_links: tuple[Path, ...]) -> None:

@@ -62,16 +62,18 @@ class RemoteAccess:
     stopping: threading.Event = field(default_factory=threading.Event)  # set at shutdown: no more waits
 
 
-def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str]) -> list[CachedShard | None]:
+def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str],
+                  checked: bool = True) -> list[CachedShard | None]:
     """Per tar of ``shards``, what the cache knows it by: its sha256 and size from
-    the split's manifest entry ``info`` (None for a tar listed without them)."""
+    the split's manifest entry ``info`` (None for a tar listed without them);
+    ``checked``: the split's index has per-sample checksums."""
     listed = {str(s["path"]): s for s in info.get("shards", []) if isinstance(s, dict)}
     found: list[CachedShard | None] = []
     for shard in shards:
         entry = listed.get(shard, {})
         sha256, size = entry.get("sha256"), entry.get("bytes")
         if isinstance(sha256, str) and len(sha256) == 64 and isinstance(size, int):
-            found.append(CachedShard(sha256, size, str(url / shard)))
+            found.append(CachedShard(sha256, size, str(url / shard), checked))
         else:
             found.append(None)
     return found
@@ -249,15 +251,21 @@ class RemoteShards:
             self._cache.want(entry, lambda: self._store.chunks(name, size, chunk))
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
-        """After bytes failed their checksum: a cached copy is dropped and the extent
-        fetched from the store; bytes read ahead are fetched again at once (the object
-        may have been put right since); bytes just fetched from the store are fetched
-        again while the shard's heal window lasts (then None: the sample is bad, for
-        now)."""
+        """After bytes failed their checksum: bytes from a cached copy are fetched from
+        the store, and the copy dropped only where the store's differ (where they are
+        the same, the sample is bad in the store too: the copy is kept, not fetched
+        whole again each time the sample is read); bytes read ahead are fetched again
+        at once (the object may have been put right since); bytes just fetched from
+        the store are fetched again while the shard's heal window lasts (then None: the
+        sample is bad, for now)."""
         entry = self._entries[extent.shard]
         if got.token == _FROM_CACHE and self._cache is not None and entry is not None:
-            self._cache.discard(entry)
-        elif got.token == _FROM_AHEAD:
+            fetched = self._fetch_now(extent)
+            same = fetched is not None and fetched.done == got.done and np.array_equal(fetched.data, got.data)
+            if fetched is not None and fetched.refused is None and not same:
+                self._cache.discard(entry)
+            return fetched
+        if got.token == _FROM_AHEAD:
             pass  # fetched a while ago: the object may be right again now, fetch it once more at once
         elif got.token == _FROM_STORE:
             wait_s = self._troubles.wait_s(extent.shard, missing=False)
@@ -265,6 +273,9 @@ class RemoteShards:
                 return None
         else:
             return None
+        return self._fetch_now(extent)
+
+    def _fetch_now(self, extent: Extent) -> Got | None:
         found: list[Got | None] = [None]
         future = self._submit(extent.shard, extent.offset, extent.offset + extent.size, _NEEDED)
         self._fill([extent], [0], extent.offset, future, found)

@@ -348,8 +348,8 @@ class ShardDataset:
         for split, info in manifest["splits"].items():
             check_split_shards(top, split, info)
             columns = read_columns(top, split, info, len(classes))
-            source = RemoteShards(store, columns.shards, cache_entries(url, info, columns.shards), remote.cache, pool,
-                                  remote.heal_s, recheck_s)
+            entries = cache_entries(url, info, columns.shards, checked=columns.checksums is not None)
+            source = RemoteShards(store, columns.shards, entries, remote.cache, pool, remote.heal_s, recheck_s)
             splits[split] = SplitIndex(url, split, columns, recheck_s, source)
         return cls._checked(name, url, manifest, splits)
 

@@ -13,8 +13,12 @@ only once its size and sha256 match the manifest, so a file under ``shards/`` is
 always whole: a daemon killed at any moment (SIGKILL, power) leaves at most a file
 under ``partial/``, which the next daemon removes before it uses the cache. On start
 the cache is checked cheaply: names and sizes (every byte was checked before the
-rename, and each read is checked against its sample's checksum anyway; a copy that
-fails one is dropped and the sample read from the store).
+rename, and each read is checked against its sample's checksum anyway: a copy whose
+bytes differ from the store's is dropped and the sample read from the store). A shard
+of an index without per-sample checksums (versions 1 and 2) has nothing to check its
+reads against, so a copy found at start is hashed whole once, in the background,
+before it is read (its samples are read from the store meanwhile). A budget smaller
+than what is found at start is evicted down to before anything is served.
 
 Past the byte budget, the least recently used shard not being read is evicted; a
 shard larger than the whole budget is never cached (its samples are always read with
@@ -57,12 +61,15 @@ _CHUNK_BYTES = 16 << 20
 
 @dataclass(frozen=True)
 class CachedShard:
-    """What the cache knows a remote shard by: the manifest's sha256 and size, and
-    its URL (for messages)."""
+    """What the cache knows a remote shard by: the manifest's sha256 and size, its
+    URL (for messages), and whether each read of it is checked against its samples'
+    checksums (an index of version 3): if not, a copy not made by this process is
+    hashed whole before it is read."""
 
     sha256: str
     size: int
     url: str
+    checked: bool = True
 
 
 class CacheUsage(NamedTuple):
@@ -110,6 +117,8 @@ class ShardCache:
         self._pending: dict[str, int] = {}  # downloads under way or queued: sha256 -> bytes reserved
         self._failed: dict[str, float] = {}  # sha256 -> when its download failed
         self._touched: dict[str, float] = {}
+        self._whole: set[str] = set()  # copies whose every byte this process checked
+        self._hashing: set[str] = set()  # copies found at start being checked, for shards without checksums
         self._counts = dict(hits=0, misses=0, downloads=0, download_failures=0, evictions=0)
         self._full_warned = False
         self._load()
@@ -134,6 +143,7 @@ class ShardCache:
             raise ConfigError(f"cache_dir {self.directory}: cannot use it ({e.strerror or e})") from e
         for _, sha256, size in sorted(found):
             self._held[sha256] = size
+        self._make_room(0)  # a restart with a smaller budget: down to it before anything is served
 
     def path(self, shard: CachedShard) -> Path:
         return self._shards / f"{shard.sha256}.tar"
@@ -168,6 +178,11 @@ class ShardCache:
                 return False
             if size != shard.size:  # another size than the manifest says: not this shard
                 self._forget(shard.sha256)
+                return False
+            if not shard.checked and shard.sha256 not in self._whole:
+                if shard.sha256 not in self._hashing and not self._closed:
+                    self._hashing.add(shard.sha256)
+                    self._fetchers.submit(self._hash_found, shard)
                 return False
             self._held.move_to_end(shard.sha256)
             self._pins[shard.sha256] = self._pins.get(shard.sha256, 0) + 1
@@ -225,7 +240,31 @@ class ShardCache:
         """Drop a copy (under ``_mutex``); a reader that has it open reads on."""
         self._held.pop(sha256, None)
         self._touched.pop(sha256, None)
+        self._whole.discard(sha256)
         (self._shards / f"{sha256}.tar").unlink(missing_ok=True)
+
+    def _hash_found(self, shard: CachedShard) -> None:
+        """Check a copy found at start whole, for a shard whose reads nothing checks."""
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(self.path(shard), "rb") as copy:
+                while piece := copy.read(_CHUNK_BYTES):
+                    digest.update(piece)
+                    size += len(piece)
+                    if self._stopping.is_set():
+                        return
+        except OSError:  # evicted meanwhile
+            with self._mutex:
+                self._hashing.discard(shard.sha256)
+            return
+        with self._mutex:
+            self._hashing.discard(shard.sha256)
+            if size == shard.size and digest.hexdigest() == shard.sha256:
+                self._whole.add(shard.sha256)
+                return
+            self._forget(shard.sha256)
+        log.warning("%s: the cached copy %s differs from the manifest's sha256; dropped, read from the store",
+                    shard.url, self.path(shard))
 
     def discard(self, shard: CachedShard) -> None:
         """A read from the copy of ``shard`` failed its checksum: drop the copy."""
@@ -251,6 +290,7 @@ class ShardCache:
             with self._mutex:
                 self._pending.pop(shard.sha256, None)
                 self._held[shard.sha256] = shard.size
+                self._whole.add(shard.sha256)  # hashed as it was written
                 self._counts["downloads"] += 1
 
     def _write(self, shard: CachedShard, partial: Path, chunks: Iterable[memoryview]) -> None:

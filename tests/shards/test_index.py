@@ -142,3 +142,40 @@ def test_feeder_serve_refuses_an_index_changed_after_sharding_with_one_line(shar
 def test_the_served_index_digest_is_the_files(shards: Path) -> None:
     split = ShardDataset.open("s", shards).splits["train"]
     assert split.index_sha256 == file_sha256(index_path(shards, "train"))
+
+
+def _with_column(root: Path, split: str, column: str, change) -> None:
+    path = index_path(root, split)
+    table = pq.read_table(path)
+    values = table.column(column).to_pylist()
+    change(values)
+    at = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(at, column, pa.array(values, type=table.schema.field(column).type)), path)
+    seal_index(root, split)
+
+
+@pytest.mark.parametrize(("column", "value", "fragment"), [
+    ("offset", -512, "has offset -512"), ("size", -3, "size -3"), ("size", 0, "size 0"),
+])
+def test_a_negative_or_empty_extent_is_refused_at_start_naming_split_and_row(shards, tmp_path, column, value,
+                                                                            fragment) -> None:
+    copy = _copy(shards, tmp_path)
+    _with_column(copy, "val", column, lambda values: values.__setitem__(2, value))
+    with pytest.raises(DataError, match=rf"val/index.parquet: row 2 \(key '[^']+'\) .*{fragment}"):
+        ShardDataset.open("s", copy)
+
+
+@pytest.mark.parametrize("column", ["offset", "half_offset"])
+def test_rows_sharing_bytes_are_refused_at_start_naming_both(shards, tmp_path, column) -> None:
+    # One image served under two keys (with two labels), or a half-scale copy read from
+    # another sample's bytes.
+    copy = _copy(shards, tmp_path)
+    table = pq.read_table(index_path(copy, "val"))
+    same_tar = [i for i, s in enumerate(table.column("shard").to_pylist()) if s == table.column("shard")[0].as_py()]
+    first, second = same_tar[0], same_tar[1]
+    offsets = table.column("offset").to_pylist()
+    _with_column(copy, "val", column, lambda values: values.__setitem__(second, offsets[first] + 1))
+    if column == "half_offset":  # a copy of its own, where the first sample's bytes are
+        _with_column(copy, "val", "half_size", lambda values: values.__setitem__(second, 10))
+    with pytest.raises(DataError, match=r"val/index.parquet: rows \d+ and \d+ \(keys .*\) overlap in "):
+        ShardDataset.open("s", copy)

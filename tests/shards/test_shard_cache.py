@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -14,13 +15,14 @@ import numpy as np
 import pytest
 
 from bench.seaweedfs import SeaweedFS
-from core.errors import ConfigError
+from core.errors import ConfigError, SampleCorrupt
 from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from shards.shard_cache import CachedShard, ShardCache
 from shards.store import StoreCounters, StoreOptions
 from tests.common.s3 import fresh_bucket, pointed_at, upload_tree
 from tests.common.shards import build_sample_shards
+from tests.common.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -190,3 +192,114 @@ def test_a_download_that_fails_unexpectedly_gives_its_reservation_back(tmp_path:
         assert shard.sha256 not in cache._pending
     finally:
         cache.close()
+
+
+def _without_checksums(local: Path, tmp_path: Path) -> Path:
+    """A copy of the shards whose indexes are of version 2 (no per-sample checksums),
+    as sharded before checksums were written."""
+    import pyarrow.parquet as pq
+
+    from shards.layout import INDEX_VERSION_KEY, index_path
+    from tests.common.shards import seal_index
+
+    copy = Path(shutil.copytree(local, tmp_path / "v2"))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for split in manifest["splits"]:
+        table = pq.read_table(index_path(copy, split)).drop_columns(["checksum", "half_checksum"])
+        pq.write_table(table.replace_schema_metadata({INDEX_VERSION_KEY: b"2"}), index_path(copy, split))
+        manifest["splits"][split]["index_version"] = 2
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    for split in manifest["splits"]:
+        seal_index(copy, split)
+    return copy
+
+
+def test_a_copy_found_at_start_for_an_index_without_checksums_is_hashed_before_it_is_read(
+        s3_server: SeaweedFS, local: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Nothing checks such a split's reads: a copy that went bad while the daemon was
+    # down would be served as it is.
+    source = _without_checksums(local, tmp_path)
+    url = upload_tree(s3_server, source, f"s3://{fresh_bucket(s3_server, 'v2')}/shards")
+    directory = tmp_path / "cache"
+    cache = ShardCache(directory, 1 << 30)
+    split, _ = _split(s3_server, url, cache, "train")
+    assert split.index_version == 2
+    split.read_many(np.arange(len(split)))
+    assert cache.settle(30)
+    cache.close()
+    copy = sorted((directory / "shards").iterdir())[0]
+    data = bytearray(copy.read_bytes())
+    data[600:700] = bytes(100)  # inside the first sample of that tar, the size unchanged
+    copy.write_bytes(bytes(data))
+
+    again = ShardCache(directory, 1 << 30)
+    try:
+        split, _ = _split(s3_server, url, again, "train")
+        expected = ShardDataset.open("local", source).splits["train"].read_many(np.arange(len(split)))
+        with caplog.at_level(logging.WARNING, logger="shards.shard_cache"):
+            first = split.read_many(np.arange(len(split)))  # from the store while the copies are hashed
+            assert again.settle(30)
+            assert wait_for(lambda: not copy.exists(), timeout_s=30)
+            later = split.read_many(np.arange(len(split)))
+            assert again.settle(30)
+        assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(first, later, expected))
+        assert caplog.text.count("differs from the manifest's sha256; dropped") == 1
+        usage = again.usage()
+        assert usage.hits > 0 and usage.downloads == 1  # the copies that hashed right used, the bad one fetched again
+    finally:
+        again.close()
+
+
+def test_a_sample_bad_in_the_store_too_keeps_its_shards_copy(
+        s3_server: SeaweedFS, local: Path, tmp_path: Path) -> None:
+    # The index's checksum of one sample differs from its bytes, in the store and so in
+    # the copy: the copy is not dropped and fetched whole again at every read of it.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from shards.layout import index_path
+    from tests.common.shards import seal_index
+
+    source = Path(shutil.copytree(local, tmp_path / "bad"))
+    table = pq.read_table(index_path(source, "val"))
+    checksums = table.column("checksum").to_pylist()
+    checksums[0] ^= 1
+    table = table.set_column(table.schema.get_field_index("checksum"), "checksum",
+                             pa.array(checksums, type=table.schema.field("checksum").type))
+    pq.write_table(table, index_path(source, "val"))
+    seal_index(source, "val")
+    url = upload_tree(s3_server, source, f"s3://{fresh_bucket(s3_server, 'badsample')}/shards")
+    cache = ShardCache(tmp_path / "cache", 1 << 30)
+    try:
+        split, _ = _split(s3_server, url, cache)
+        for i in range(1, len(split)):
+            split.read(i)
+        assert cache.settle(30)
+        downloads = cache.usage().downloads
+        for _ in range(3):  # three epochs
+            with pytest.raises(SampleCorrupt):
+                split.read(0)
+            assert cache.settle(30)
+        assert cache.usage().downloads == downloads and cache.usage().evictions == 0
+        assert len(list((tmp_path / "cache" / "shards").iterdir())) == downloads
+    finally:
+        cache.close()
+
+
+def test_a_restart_with_a_smaller_budget_evicts_down_to_it_before_serving(
+        s3_server: SeaweedFS, remote: str, local: Path, tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    cache = ShardCache(directory, 1 << 30)
+    split, _ = _split(s3_server, remote, cache, "train")
+    split.read_many(np.arange(len(split)))
+    assert cache.settle(30)
+    held = cache.usage().cached_bytes
+    cache.close()
+    smaller = held // 2
+    again = ShardCache(directory, smaller)
+    try:
+        usage = again.usage()
+        on_disk = sum(p.stat().st_size for p in (directory / "shards").iterdir())
+        assert usage.cached_bytes <= smaller and on_disk == usage.cached_bytes and usage.evictions >= 1
+    finally:
+        again.close()
