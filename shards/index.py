@@ -212,10 +212,10 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     )
     if num_classes is not None:
         _check_labels(path, columns, num_classes)
+    _check_half_copies(path, columns)  # each row locates a copy or says it has none
     _check_sample_extents(path, columns)
     _check_extents(root, path, columns, allowed_links)
     _check_image_sizes(path, columns)
-    _check_half_copies(path, columns)
     return columns
 
 
@@ -325,8 +325,8 @@ def _check_image_sizes(path: Root, cols: IndexColumns) -> None:
 
 
 def _check_half_copies(path: Root, cols: IndexColumns) -> None:
-    """A half-scale copy the index locates lies in its tar (``_check_extents`` has the
-    end); a row's columns of the copies either locate one or say there is none."""
+    """A row's columns of the copies either locate one or say there is none (where
+    it lies is checked after: ``_check_sample_extents``, ``_check_extents``)."""
     bad = np.flatnonzero((cols.half_sizes < 0) | ((cols.half_sizes > 0) & (cols.half_offsets < 0)))
     if len(bad):
         row = int(bad[0])
