@@ -17,6 +17,11 @@ cache, output to a fresh folder on the same disk. Modes:
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
 
+``--pair`` adds, for each mode, what this machine's cores give two CPU-bound
+sharders at once: two ``--workers 1`` runs of the whole tree started together
+(images/s counts both runs' images over the later one's end), the baseline
+``--workers 2`` is held to where the cores do not give two processes 2x.
+
 Example::
 
     python bench/shard.py --json bench/results/shard.json --plot bench/results/shard.png
@@ -67,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default="copy,passthrough,restarts,decode,half-copies,reencode",
                    help=f"comma list of copy, {', '.join(MODES)}")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--pair", action="store_true", help="also two --workers 1 runs at once, per mode")
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
     return p.parse_args(argv)
@@ -119,6 +125,8 @@ def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> 
         started, cpu_started = time.perf_counter(), _cpu_s()
         if mode == "copy":
             copy_files(src, out)
+        elif workers == 0:  # a pair of --workers 1 runs at once
+            _pair(src, out, mode)
         else:
             shard(ShardConfig(src, out, workers=workers, **MODES[mode]))
         elapsed, cpu = time.perf_counter() - started, _cpu_s() - cpu_started
@@ -127,6 +135,22 @@ def measure(src: Path, mode: str, workers: int, repeats: int, scratch: Path) -> 
             seconds.append(elapsed)
             cpu_seconds.append(cpu)
     return seconds, cpu_seconds
+
+
+def _pair(src: Path, out: Path, mode: str) -> None:
+    """Two ``--workers 1`` runs of ``src`` at once, in two processes."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    runs = [context.Process(target=shard, args=(ShardConfig(src, out / str(i), workers=1, **MODES[mode]),))
+            for i in range(2)]
+    out.mkdir()
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+        if run.exitcode:
+            raise SystemExit(f"bench: a paired run of {mode} exited with {run.exitcode}")
 
 
 def _write_json(path: Path, config: dict, rows: list[dict]) -> None:
@@ -165,16 +189,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
         for mode in args.modes.split(","):
-            for workers in [1] if mode == "copy" else [int(w) for w in args.workers.split(",")]:
+            settings = [int(w) for w in args.workers.split(",")] + ([0] if args.pair else [])
+            for workers in [1] if mode == "copy" else settings:
                 seconds, cpu_seconds = measure(src, mode, workers, args.repeats, Path(scratch))
                 median = statistics.median(seconds)
-                row = {"mode": mode, "workers": workers, "images": images, "input_bytes": input_bytes,
+                run_images, run_bytes = (2 * images, 2 * input_bytes) if workers == 0 else (images, input_bytes)
+                row = {"mode": mode, "workers": workers if workers else "pair of 1", "images": run_images,
+                       "input_bytes": run_bytes,
                        "seconds": seconds, "cpu_seconds": cpu_seconds, "median_s": median,
-                       "images_per_s": images / median, "mb_per_s": input_bytes / median / 1e6,
-                       "cpu_ms_per_image": 1000 * statistics.median(cpu_seconds) / images}  # fmt: skip
+                       "images_per_s": run_images / median, "mb_per_s": run_bytes / median / 1e6,
+                       "cpu_ms_per_image": 1000 * statistics.median(cpu_seconds) / run_images}  # fmt: skip
                 rows.append(row)
                 print(
-                    f"{mode:<12} --workers {workers}: {row['images_per_s']:7.0f} images/s {row['mb_per_s']:7.1f} MB/s "
+                    f"{mode:<12} --workers {row['workers']}: {row['images_per_s']:7.0f} images/s "
+                    f"{row['mb_per_s']:7.1f} MB/s "
                     f"{row['cpu_ms_per_image']:6.2f} CPU ms/image (median of {args.repeats})"
                 )
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}

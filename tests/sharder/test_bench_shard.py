@@ -10,12 +10,12 @@ from bench.shard import main
 
 def test_bench_writes_figures_config_and_revision(tmp_path: Path) -> None:
     args = ["--cache", str(tmp_path), "--classes", "2", "--train-per-class", "4", "--val-per-class", "1",
-            "--workers", "1,2", "--modes", "copy,passthrough", "--repeats", "2",
+            "--workers", "1,2", "--pair", "--modes", "copy,passthrough", "--repeats", "2",
             "--json", str(tmp_path / "shard.json"), "--plot", str(tmp_path / "shard.png")]  # fmt: skip
     rows = main(args)
     document = json.loads((tmp_path / "shard.json").read_text())
     runs = [(r["mode"], r["workers"], r["images"]) for r in document["results"]]
-    assert runs == [("copy", 1, 10), ("passthrough", 1, 10), ("passthrough", 2, 10)]
+    assert runs == [("copy", 1, 10), ("passthrough", 1, 10), ("passthrough", 2, 10), ("passthrough", "pair of 1", 20)]
     assert all(
         len(r["seconds"]) == len(r["cpu_seconds"]) == 2 and r["images_per_s"] > 0 and r["cpu_ms_per_image"] > 0
         for r in rows
