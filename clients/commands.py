@@ -13,9 +13,13 @@ __all__ = ["register", "train_command"]
 
 
 def _train(config: TrainConfig) -> None:
+    from clients.stop import Stopped
     from clients.trainer import train  # torch is imported only when a run starts
 
-    train(config)
+    try:
+        train(config)
+    except Stopped as e:  # checkpointed: --resume goes on from there
+        raise typer.Exit(128 + e.signum) from e
 
 
 train_command = command_from_config(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import time
 from collections import Counter
 from typing import Any
@@ -35,6 +36,7 @@ from clients.evaluate import Evaluation, evaluate
 from clients.metrics import EpochRecord, MetricsLog, plot_records
 from clients.model import build_model, build_optimizer
 from clients.schedule import load_schedule
+from clients.stop import Stopped, StopRequests
 
 __all__ = ["Trainer", "train"]
 
@@ -46,7 +48,9 @@ def train(config: TrainConfig) -> dict[str, Any]:
     try:
         trainer = Trainer(config, dist)
         try:
-            return trainer.run()
+            with StopRequests(dist.device) as stops:
+                trainer.stops = stops
+                return trainer.run()
         finally:
             trainer.close()
     finally:
@@ -88,6 +92,7 @@ class Trainer:
         self.elapsed_s = 0.0
         self.time_to_target_s: float | None = None
         self.visits: Counter[str] = Counter()
+        self.stops: StopRequests | None = None  # SIGTERM noted while training (see train())
         if config.resume and latest_checkpoint(config.checkpoints) is not None:
             self._restore()
 
@@ -194,9 +199,14 @@ class Trainer:
             self._say(f"  epoch {epoch} step {steps} ({self.train_loader.cursor}/"
                       f"{self.train_loader.samples_per_rank} samples) "
                       f"loss {float(loss_sum) / max(count, 1):.4f}")
-        if config.checkpoint_every_steps and self.step % config.checkpoint_every_steps == 0:
+        due = bool(config.checkpoint_every_steps) and self.step % config.checkpoint_every_steps == 0
+        signum = self.stops.agreed(self.step) if self.stops is not None else 0
+        if due or signum:
             self.elapsed_s = time.perf_counter() - started
             self._checkpoint()
+        if signum:
+            self._say(f"{signal.Signals(signum).name}: stopped after the checkpoint at step {self.step}")
+            raise Stopped(signum, self.step)
 
     def _validate(self, epoch: int, phase: Any) -> Evaluation:
         every = self.config.val_every_epochs

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import signal
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from shards.layout import index_path
-from tests.clients.conftest import N_TRAIN, kill_trainer_when, run_trainer
+from tests.clients.conftest import N_TRAIN, ROOT, _trainer_command, _trainer_env, kill_trainer_when, run_trainer
+from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -150,3 +152,36 @@ def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(daemon: s
                           "--val-every-epochs", "0", "--resume")
     _check(resumed)
     assert "resumed at step 12: epoch 2" in resumed.stdout  # nothing left to train
+
+
+def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_from_there(
+    daemon: str, shards: Path, tmp_path: Path
+) -> None:
+    # What a scheduler sends before it kills a job it preempts or cancels: the job
+    # checkpoints at the step the ranks agree on, not only at its last periodic one.
+    schedule = tmp_path / "short.toml"
+    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
+    common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
+              "--visit-log", str(tmp_path / "visits"), "--val-every-epochs", "0"]
+    log = tmp_path / "run.log"
+    with log.open("w") as out:
+        run = subprocess.Popen(_trainer_command(daemon, (*common, "--log-every-steps", "1"), 2), cwd=ROOT,
+                               env=_trainer_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_for(lambda: "epoch 0 step 2 " in log.read_text(), timeout_s=180), log.read_text()[-2000:]
+        run.send_signal(signal.SIGTERM)  # to torchrun, which passes it to its ranks
+        assert run.wait(120) != 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+    said = log.read_text()
+    stopped = [line for line in said.splitlines() if "SIGTERM: stopped after the checkpoint at step" in line]
+    assert len(stopped) == 1, said[-3000:]
+    step = int(stopped[0].rsplit(" ", 1)[1])
+    assert 2 < step < 12 and (tmp_path / "checkpoints" / "LATEST").read_text() == f"step-{step:06d}"
+    assert not (tmp_path / "visits").exists()  # the run did not end
+    resumed = run_trainer(daemon, *common, "--resume")
+    _check(resumed)
+    assert f"resumed at step {step}: epoch 0" in resumed.stdout
+    keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
+    assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
