@@ -21,7 +21,10 @@ INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 FIELDS = set(feeder_pb2.StreamRequest.DESCRIPTOR.fields_by_name)
 # Codes a well-formed daemon may answer a request with (besides batches).
-ANSWERS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED}
+# FAILED_PRECONDITION: a request expecting another manifest, index or pixel options
+# than the daemon's (a fuzzed sha256 field), refused as the identity check does.
+ANSWERS = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED,
+           grpc.StatusCode.FAILED_PRECONDITION}
 
 OUT_OF_RANGE = [
     (dict(epoch=-1), "epoch"),
