@@ -70,8 +70,9 @@ class ServerConfig:
             streams, itself included, and on a GPU node, for a GPU rank, among at
             least one pipeline per GPU; at least 1 (see
             ``feeder.devices.thread_share``). The default CPU decoder runs on one
-            shared pool of this many worker threads, re-divided round robin among
-            the streams with work (``core.workers.FairPool``). Default: the CPUs this
+            shared pool of this many worker threads, shared by worker time among
+            the streams with work (``core.workers.FairPool``: a 448 px stream gets
+            as much CPU as a 224 px one beside it, not four times as much). Default: the CPUs this
             process may use (its affinity, its container's CPU limit), at most 8.
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).

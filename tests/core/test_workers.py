@@ -1,4 +1,9 @@
-"""The shared worker pool: a fixed number of threads, fair shares between lanes."""
+"""The shared worker pool: a fixed number of threads, fair shares of their time
+between lanes.
+
+The shares are checked on a clock that counts work, not seconds (``_WorkClock``): an
+item's measured time is the cost it says it has, however loaded the machine, so the
+checks are exact and fast."""
 
 from __future__ import annotations
 
@@ -8,11 +13,64 @@ import time
 
 import pytest
 
-from core.workers import FairPool, PoolClosed
+from core.errors import ConfigError
+from core.workers import FairPool, Lane, PoolClosed
 
 
 def _threads(name: str) -> int:
     return sum(t.name.startswith(name) for t in threading.enumerate())
+
+
+class _WorkClock:
+    """A clock per worker thread that moves only when an item says it worked
+    (:meth:`spend`): the pool measures each item at exactly its cost."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        return getattr(self._local, "now", 0.0)
+
+    def spend(self, units: float) -> None:
+        self._local.now = self() + units
+
+
+class _Log:
+    """What ran, in order: (lane name, cost) per item; :meth:`wait` until ``units``
+    of work have run."""
+
+    def __init__(self, units: float) -> None:
+        self.items: list[tuple[str, float]] = []
+        self._lock = threading.Lock()
+        self._spent, self._units = 0.0, units
+        self._enough = threading.Event()
+
+    def work(self, clock: _WorkClock, name: str, cost: float):
+        def work(i: int) -> None:
+            clock.spend(cost)
+            with self._lock:
+                self.items.append((name, cost))
+                self._spent += cost
+                if self._spent >= self._units:
+                    self._enough.set()
+
+        return work
+
+    def wait(self, lanes: list[Lane]) -> None:
+        assert self._enough.wait(30)
+        for lane in lanes:
+            lane.close()
+
+    def shares(self, start: int = 0, units: float | None = None) -> dict[str, float]:
+        """Units each lane ran in the first ``units`` of work from item ``start``
+        (all of it until ``self.units``)."""
+        units = self._units if units is None else units
+        spent: dict[str, float] = {}
+        for name, cost in self.items[start:]:
+            if sum(spent.values()) >= units:
+                break
+            spent[name] = spent.get(name, 0.0) + cost
+        return spent
 
 
 def test_every_item_runs_once():
@@ -139,3 +197,109 @@ def test_the_threads_stop_when_the_pool_is_closed_or_collected():
     while (_threads("t-stop-closed") or _threads("t-stop-collected")) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _threads("t-stop-closed") == _threads("t-stop-collected") == 0
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_busy_lanes_get_equal_worker_time_whatever_their_items_cost(threads):
+    clock = _WorkClock()
+    pool = FairPool(threads, name="t-cost", clock=clock)
+    log = _Log(units=4000)
+    small, big = pool.lane("small"), pool.lane("big")
+    small.parallel(log.work(clock, "small", 1.0), 1_000_000)  # always work queued
+    big.parallel(log.work(clock, "big", 4.0), 1_000_000)
+    log.wait([small, big])
+    pool.close()
+    shares = log.shares()
+    assert shares["small"] / shares["big"] == pytest.approx(1.0, rel=0.15), shares
+    assert small.busy_s / big.busy_s == pytest.approx(1.0, rel=0.15)  # counted on the pool's clock
+
+
+def test_busy_lanes_get_worker_time_in_proportion_to_their_weights():
+    clock = _WorkClock()
+    pool = FairPool(2, name="t-weight", clock=clock)
+    log = _Log(units=6000)
+    heavy, light = pool.lane("heavy", weight=2.0), pool.lane("light")
+    heavy.parallel(log.work(clock, "heavy", 4.0), 1_000_000)  # the costly items, and twice the share
+    light.parallel(log.work(clock, "light", 1.0), 1_000_000)
+    log.wait([heavy, light])
+    pool.close()
+    shares = log.shares()
+    assert shares["heavy"] / shares["light"] == pytest.approx(2.0, rel=0.15), shares
+
+
+def test_a_new_weight_changes_the_shares_from_then_on():
+    clock = _WorkClock()
+    pool = FairPool(2, name="t-reweight", clock=clock)
+    log = _Log(units=3000)
+    first, second = pool.lane("first"), pool.lane("second")
+    logged, marks = log.work(clock, "second", 1.0), []
+
+    def reweigh(i: int) -> None:
+        logged(i)
+        if i == 500:  # from a worker, while both lanes are busy
+            marks.append(len(log.items))
+            second.weight = 3.0
+
+    first.parallel(log.work(clock, "first", 1.0), 1_000_000)
+    second.parallel(reweigh, 1_000_000)
+    log.wait([first, second])
+    pool.close()
+    before, after = log.shares(units=800), log.shares(start=marks[0] + 8, units=1500)
+    assert before["second"] / before["first"] == pytest.approx(1.0, rel=0.15), before
+    assert after["second"] / after["first"] == pytest.approx(3.0, rel=0.15), after
+
+
+@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_weight_must_be_a_positive_number(weight):
+    pool = FairPool(1, name="t-bad-weight")
+    with pytest.raises(ConfigError, match="weight"):
+        pool.lane("x", weight=weight)
+    lane = pool.lane("y")
+    with pytest.raises(ConfigError, match="weight"):
+        lane.weight = weight
+    assert lane.weight == 1.0
+    pool.close()
+
+
+def test_a_lane_back_after_a_long_idle_takes_its_share_not_the_pool():
+    clock = _WorkClock()
+    pool = FairPool(2, name="t-idle", clock=clock)
+    log = _Log(units=3000)
+    busy, away = pool.lane("busy"), pool.lane("away")
+    away.run(log.work(clock, "away-before", 1.0), 10)  # it had work, then none for 1000 units
+    back_at: list[int] = []
+
+    def busy_work(i: int) -> None:
+        log.work(clock, "busy", 1.0)(i)
+        if i == 1000:  # the idle lane gets work again while this one keeps the pool busy
+            back_at.append(len(log.items))
+            away.parallel(log.work(clock, "away", 1.0), 1_000_000)
+
+    busy.parallel(busy_work, 1_000_000)
+    log.wait([busy, away])
+    pool.close()
+    shares = log.shares(start=back_at[0], units=200)  # right after it came back
+    assert 0.35 <= shares["away"] / 200 <= 0.65, shares  # no burst for the 1000 units it was away
+
+
+def test_items_running_are_charged_when_claimed_and_corrected_when_done():
+    clock = _WorkClock()
+    pool = FairPool(2, name="t-charge", clock=clock)
+    lane = pool.lane("x", weight=2.0)
+    lane.run(lambda i: clock.spend(1.0), 1)  # its mean item time: 1 unit
+    assert lane.virtual_s == pytest.approx(0.5)
+    started, gate = threading.Semaphore(0), threading.Event()
+
+    def slow(i: int) -> None:
+        started.release()
+        gate.wait(10)
+        clock.spend(3.0)
+
+    loop = lane.parallel(slow, 2)
+    assert started.acquire(timeout=10) and started.acquire(timeout=10)  # both running
+    assert lane.virtual_s == pytest.approx(0.5 + 2 * 1.0 / 2.0)  # paid for both at their claim
+    gate.set()
+    loop.wait()
+    assert lane.virtual_s == pytest.approx(0.5 + 2 * 3.0 / 2.0)  # what they took
+    assert lane.busy_s == pytest.approx(7.0)
+    pool.close()

@@ -1,0 +1,72 @@
+"""Streams whose items cost more get no more of --threads: a 448 px stream (each
+resize about 4x a 224 px one's) and a 224 px stream read beside it, both as fast as
+they come, are given equal worker time by the daemon's decode pool.
+
+The streams are read in process from the daemon's service, as the servicer reads
+them: over gRPC on a small machine the 448 px stream's payload (about 1 GB/s of
+pixels) costs more CPU than its decoding, and the check would weigh the transport,
+not the pool. Worker time is each stream's ``busy_s`` (its lane's seconds on the
+decode threads, measured over the same window for both): a share of the pool, so the
+check holds however loaded the machine is."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
+from feeder.service import FeederService, open_datasets
+from feeder.stream import BatchStream
+from protocol.request import StreamSpec
+from shards import jpeg
+
+pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason())),
+              pytest.mark.serial, pytest.mark.slow]
+
+_THREADS = 2
+_WARM_S, _WINDOW_S = 2.0, 15.0
+
+
+@pytest.fixture()
+def service(shards: Path):
+    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=_THREADS, max_batch_size=64)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    yield service
+    service.close()
+
+
+def _read(stream: BatchStream, batches: list[int]) -> None:
+    for _ in stream:
+        batches[0] += 1
+
+
+def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(service):
+    sizes = (224, 448)
+    streams = [service.open_stream(StreamSpec(dataset="s", split="train", batch_size=64, image_size=size, seed=k,
+                                              epochs=10_000, job_id=f"job-{size}"))
+               for k, size in enumerate(sizes)]
+    batches = [[0] for _ in streams]
+    readers = [threading.Thread(target=_read, args=(s, b), daemon=True) for s, b in zip(streams, batches)]
+    try:
+        for reader in readers:
+            reader.start()
+        time.sleep(_WARM_S)  # past the first batches
+        before, start = [s.busy_s for s in streams], time.monotonic()
+        counted = [b[0] for b in batches]
+        time.sleep(_WINDOW_S)
+        wall = time.monotonic() - start
+        busy = [s.busy_s - b for s, b in zip(streams, before)]
+        made = [b[0] - c for b, c in zip(batches, counted)]
+    finally:
+        for stream in streams:
+            stream.close()
+    print(f"worker s over {wall:.1f} s: 224 px {busy[0]:.2f}, 448 px {busy[1]:.2f} "
+          f"(448/224 {busy[1] / busy[0]:.2f}); batches {made[0]} and {made[1]}; "
+          f"threads busy {sum(busy) / wall:.2f} of {_THREADS}")  # with -s
+    assert min(made) > 0, made
+    assert sum(busy) / wall > 0.5 * _THREADS, busy  # both streams kept the pool busy
+    assert abs(busy[0] - busy[1]) <= 0.15 * max(busy), busy
