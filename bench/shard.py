@@ -172,7 +172,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     labels = [r["mode"] if r["mode"] == "copy" else f"{r['mode']}\n--workers {r['workers']}" for r in rows]
     colours = {"copy": "tab:gray", "passthrough": "tab:blue", "restarts": "tab:purple", "decode": "tab:green",
-               "reencode": "tab:orange"}
+               "half-copies": "tab:olive", "reencode": "tab:orange"}
     ax.bar(labels, [r["images_per_s"] for r in rows], color=[colours[r["mode"]] for r in rows])
     ax.set_ylabel("images/s (median)")
     ax.set_title("feeder shard on the sample data")

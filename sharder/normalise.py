@@ -2,11 +2,12 @@
 
 Each input is read (a few threads read ahead) and checked without decoding
 (``check_without_decode``): bad headers and images over ``--max-pixels`` are
-rejected right there. With one worker that is the writing process's work; with
-more, each worker process reads and checks its own inputs, a run of them per task,
-so that the writing process does no more than write (it is the one process every
-image passes through: its inputs' bytes pickled to a worker and back, and their
-checks, held ``--workers 2`` to 1.1x ``--workers 1`` on two cores). With ``--check header`` valid JPEGs pass
+rejected right there. With one worker that is the writing process's work; with N,
+N - 1 worker processes read and check their own inputs, a run of 16 per task, and
+the writing process takes a run itself whenever every worker has its tasks at hand
+(so N processes work, not N + 1 on N cores). When the writing process read, checked
+and pickled every input for the workers, it was the one process every image waited
+on: ``--workers 2`` was 1.1x ``--workers 1`` on two cores. With ``--check header`` valid JPEGs pass
 through from there too; with ``--check decode`` (the default) they go to the worker
 pool to be checked, as do inputs that need re-encoding (odd formats, ``--max-side-px``,
 ``--quality``). Every accepted JPEG is rewritten losslessly with restart markers on
@@ -21,6 +22,7 @@ output does not depend on the number of workers.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from collections import deque
 from collections.abc import Iterator
@@ -55,7 +57,10 @@ HALF_COPY_QUALITY = 90
 # waits for the oldest one; bounds memory to a few images per worker.
 _IN_FLIGHT_PER_WORKER = 8
 # Inputs per task of a worker process: fewer tasks, fewer wake-ups and messages.
-_PER_TASK = 8
+_PER_TASK = 16
+# Tasks in flight per worker: one running, the others queued, so that a worker that
+# finishes while the writer waits for an older task has the next one at hand.
+_TASKS_PER_WORKER = 4
 # Files read ahead by threads (reads release the GIL): hides disk and network-file-
 # system latency, which dominates on a cold cache; bounds memory to this many files.
 _READ_THREADS = 8
@@ -64,7 +69,8 @@ _READ_AHEAD = 64
 
 @contextmanager
 def worker_pool(workers: int) -> Iterator[Pool | None]:
-    """Processes that decode and re-encode inputs (None: do it in this process).
+    """Processes that decode and re-encode inputs beside this one, which takes its
+    share as well (``workers - 1`` of them; None: this process does it all).
 
     Forked, not spawned: a spawned worker would re-import the program's main module
     (the whole CLI) before doing any work. Create the pool before starting threads.
@@ -72,7 +78,7 @@ def worker_pool(workers: int) -> Iterator[Pool | None]:
     if workers == 1:
         yield None
         return
-    with multiprocessing.get_context("fork").Pool(workers, initializer=_ignore_interrupts) as pool:
+    with multiprocessing.get_context("fork").Pool(workers - 1, initializer=_ignore_interrupts) as pool:
         yield pool
 
 
@@ -172,16 +178,17 @@ def _options(config: ShardConfig) -> tuple:
             config.stored_restart_interval, config.half_copies)
 
 
-_readers: ThreadPoolExecutor | None = None  # a worker process's own, made at its first task
+# Each process's reader threads, made at its first task: (pid, threads). A process
+# forked later has none of its parent's threads, so it makes its own.
+_readers: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _process_files(paths: list[Path], options: tuple) -> list[ProcessedImage]:
-    """A worker's task: read a run of inputs (together, as the writer's read-ahead
-    would) and process each."""
+    """A task: read a run of inputs (together, as a read-ahead would) and process each."""
     global _readers
-    if _readers is None:
-        _readers = ThreadPoolExecutor(_PER_TASK, thread_name_prefix="shard-read")
-    return [_process(data, options) for data in _readers.map(read_input, paths)]
+    if _readers is None or _readers[0] != os.getpid():
+        _readers = (os.getpid(), ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="shard-read"))
+    return [_process(data, options) for data in _readers[1].map(read_input, paths)]
 
 
 def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None) -> Iterator[ProcessedImage]:
@@ -200,11 +207,22 @@ def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None
         for data in _read_ahead(paths):
             yield _process(data, options)
         return
-    in_flight: deque[AsyncResult] = deque()
-    limit = max(1, _IN_FLIGHT_PER_WORKER * config.workers // _PER_TASK)
+    # Tasks in input order: a worker's (its result to come) or this process's own (done),
+    # which it takes whenever every worker has its tasks at hand, rather than wait.
+    tasks: deque[AsyncResult | list[ProcessedImage]] = deque()
+    at_workers, most = 0, _TASKS_PER_WORKER * config.workers
     for start in range(0, len(paths), _PER_TASK):
-        in_flight.append(pool.apply_async(_process_files, (paths[start:start + _PER_TASK], options)))
-        while in_flight and (len(in_flight) > limit or in_flight[0].ready()):
-            yield from in_flight.popleft().get()
-    while in_flight:
-        yield from in_flight.popleft().get()
+        run = paths[start:start + _PER_TASK]
+        if at_workers < _TASKS_PER_WORKER * (config.workers - 1):
+            tasks.append(pool.apply_async(_process_files, (run, options)))
+            at_workers += 1
+        else:
+            tasks.append(_process_files(run, options))
+        while tasks and (len(tasks) > most or isinstance(tasks[0], list) or tasks[0].ready()):
+            done = tasks.popleft()
+            if not isinstance(done, list):
+                at_workers -= 1
+                done = done.get()
+            yield from done
+    for task in tasks:
+        yield from task if isinstance(task, list) else task.get()

@@ -276,3 +276,18 @@ def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(
     assert "rejected 1," in summary and "skipped 1 link" in summary and "2 empty classes" in summary
     assert not verify(out).problems
     assert ShardDataset.open("fruit", out).classes == manifest["classes"]  # the one reader tolerates the new keys
+
+
+def test_the_bytes_are_the_same_whatever_the_workers_and_whoever_processed_each_run(tmp_path: Path) -> None:
+    # Enough inputs for every worker's tasks and the writing process's own runs to
+    # interleave (runs of 16, 4 tasks a worker at hand).
+    images = {f"c{c}": {f"img{i}.jpg": rgb_jpeg(16 + (c * 7 + i) % 40) for i in range(60)} for c in range(4)}
+    src = write_tree(tmp_path / "src", images)
+    outs = [tmp_path / f"w{workers}" for workers in (1, 2, 3)]
+    for workers, out in zip((1, 2, 3), outs):
+        shard(ShardConfig(src, out, workers=workers, shard_size_bytes=64 << 10))
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert len([f for f in files if f.suffix == ".tar"]) > 2
+    for out in outs[1:]:
+        assert files == sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+        assert all((outs[0] / f).read_bytes() == (out / f).read_bytes() for f in files), out
