@@ -203,7 +203,9 @@ def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None
         One ProcessedImage per path.
     """
     options = _options(config)
-    if pool is None:
+    copied = (config.check == "header" and not config.stored_restart_interval and not config.half_copies
+              and config.max_side_px is None and config.quality is None)
+    if pool is None or copied:  # valid JPEGs only checked and copied: less work than sending them
         for data in _read_ahead(paths):
             yield _process(data, options)
         return
