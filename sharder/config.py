@@ -112,9 +112,9 @@ class ShardConfig:
         seed: seed of the global shuffle (same SRC + seed -> byte-identical output).
         shard_size_bytes: a tar is closed before it would grow past this size.
             Example: 256M.
-        workers: processes that read and normalise images (1 = in this process):
-            they decode for ``check`` decode, odd formats, ``max_side_px`` and
-            ``quality``.
+        workers: processes that read and normalise images, this one included (1 =
+            in this process alone): they decode for ``check`` decode, odd formats,
+            ``max_side_px`` and ``quality``.
         max_side_px: downscale images whose longer side exceeds this many pixels;
             None, the default: never.
         quality: re-encode every image at this JPEG quality; None, the default: pass
