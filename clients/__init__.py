@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from clients.transfer import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = [
-    "FeederLoader",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "FeederLoader",
     "LoaderConfig",
     "Phase",
     "Schedule",

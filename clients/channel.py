@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from core.errors import ConfigError
+from core.files import read_option_file
 
 __all__ = [
     "ADDRESS_ENV", "ADDRESS_FORMS", "SHM_DIR_ENV", "TOKEN_ENV", "check_address", "check_token", "open_channel",
@@ -152,12 +153,6 @@ class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return continuation(self._with_token(client_call_details), request)
 
 
-def _read(option: str, path: str | Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{option}: cannot read {path} ({e.strerror})") from e
-
 
 def open_channel(
     address: str,
@@ -184,9 +179,9 @@ def open_channel(
     if tls_root is None:
         channel = grpc.insecure_channel(address, options=list(options))
     else:
-        key = None if tls_key is None else _read("tls_key", tls_key)
-        cert = None if tls_cert is None else _read("tls_cert", tls_cert)
-        credentials = grpc.ssl_channel_credentials(_read("tls_root", tls_root), key, cert)
+        key = None if tls_key is None else read_option_file("tls_key", tls_key)
+        cert = None if tls_cert is None else read_option_file("tls_cert", tls_cert)
+        credentials = grpc.ssl_channel_credentials(read_option_file("tls_root", tls_root), key, cert)
         channel = grpc.secure_channel(address, credentials, options=list(options))
     if token is not None:
         channel = grpc.intercept_channel(channel, _BearerToken(token))

@@ -13,8 +13,15 @@ from pathlib import Path
 from core.errors import ConfigError
 
 __all__ = [
-    "CPU_DECODERS", "LIBRARY_BYTES", "check_cpu_decoder", "cpu_decoder_in_use", "cgroup_memory_bytes", "is_loopback",
-    "parse_datasets", "physical_memory_bytes", "usable_cpus",
+    "CPU_DECODERS",
+    "LIBRARY_BYTES",
+    "cgroup_memory_bytes",
+    "check_cpu_decoder",
+    "cpu_decoder_in_use",
+    "is_loopback",
+    "parse_datasets",
+    "physical_memory_bytes",
+    "usable_cpus",
 ]
 
 CGROUP = Path("/sys/fs/cgroup")

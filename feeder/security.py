@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 
 from core.errors import ConfigError, Unauthenticated, grpc_code
+from core.files import read_option_file
 from feeder.call_guard import HEALTH_PREFIX
 from feeder.config import ServerConfig
 from feeder.log_lines import RateLimitedLog
@@ -27,12 +28,6 @@ _SOCKET_MODE = 0o600
 _PROBE_TIMEOUT_S = 2.0  # a live daemon accepts at once; this only bounds a wedged one
 
 
-def _read(option: str, path: Path) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{option}: cannot read {path} ({e.strerror})") from e
-
 
 def read_token(path: Path) -> bytes:
     """The token in ``path`` (surrounding whitespace removed).
@@ -40,7 +35,7 @@ def read_token(path: Path) -> bytes:
     Raises:
         ConfigError: the file cannot be read or holds no token.
     """
-    token = _read("token_file", path).strip()
+    token = read_option_file("token_file", path).strip()
     if not token:
         raise ConfigError(f"token_file: {path} is empty")
     return token
@@ -54,8 +49,8 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     """
     if config.tls_cert is None or config.tls_key is None:
         return None
-    pair = (_read("tls_key", config.tls_key), _read("tls_cert", config.tls_cert))
-    client_ca = None if config.tls_client_ca is None else _read("tls_client_ca", config.tls_client_ca)
+    pair = (read_option_file("tls_key", config.tls_key), read_option_file("tls_cert", config.tls_cert))
+    client_ca = None if config.tls_client_ca is None else read_option_file("tls_client_ca", config.tls_client_ca)
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
 

@@ -25,8 +25,8 @@ from protos import feeder_pb2
 __all__ = [
     "CROP_RATIOS",
     "MAX_BATCH_BYTES",
-    "MAX_EPOCH",
     "MAX_BATCH_STRIDE",
+    "MAX_EPOCH",
     "MAX_IMAGE_SIZE",
     "MAX_WORLD_SIZE",
     "MIN_CROP_SCALE",

@@ -92,7 +92,7 @@ class TransportConfig:
     """
 
     shm_dir: Path = Path("/dev/shm")
-    ring_slots: int = 4
+    ring_slots: int = 10  # the daemon's --ring-slots default (feeder.config.ServerConfig)
     shm_budget_bytes: int = 4 << 30
     slot_wait_s: float = 2.0
     head_reserve_bytes: int = 64 << 10

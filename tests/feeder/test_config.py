@@ -129,3 +129,10 @@ def test_a_containers_cgroup_limits_are_the_machine_the_defaults_are_sized_on(tm
     assert usable_cpus(v1) == 16
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})  # taskset, or Slurm's --cpus-per-task
     assert usable_cpus(tmp_path / "none") == 2
+
+
+def test_the_transport_and_the_daemon_have_one_ring_size_by_default(tmp_path):
+    from transport.base import TransportConfig
+
+    daemon = ServerConfig(datasets={"d": tmp_path})
+    assert daemon.transport.ring_slots == TransportConfig().ring_slots == daemon.ring_slots
