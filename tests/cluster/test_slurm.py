@@ -214,6 +214,10 @@ def test_cancelled_mid_epoch_then_resubmitted_trains_every_sample_once_per_epoch
     slurm.run("scancel", str(first))
     assert slurm.final_state(first) == "CANCELLED", run.output(first)[-5000:]
     assert latest.read_text().startswith("step-")
+    checkpointed = int(latest.read_text().removeprefix("step-"))
+    # scancel's SIGTERM: the ranks checkpoint where they are, unless it came at a periodic one.
+    stopped = f"SIGTERM: stopped after the checkpoint at step {checkpointed}" in run.output(first)
+    assert stopped or checkpointed % CHECKPOINT_EVERY_STEPS == 0, run.output(first)[-5000:]
     assert not run.visits.exists()  # the cancelled run never reached its end
     _assert_nothing_left(slurm, run.output(first))
 
@@ -223,8 +227,8 @@ def test_cancelled_mid_epoch_then_resubmitted_trains_every_sample_once_per_epoch
     resumed = RESUMED_LINE.search(output)
     assert resumed is not None, output[-5000:]
     step, epoch, cursor = map(int, resumed.groups())
-    # Mid epoch 0 (a checkpoint every 3 steps of 8 per rank): the cursor is within it.
-    assert (epoch, step % CHECKPOINT_EVERY_STEPS) == (0, 0) and 0 < cursor < STEPS_PER_EPOCH * BATCH, resumed[0]
+    # Mid epoch 0 (8 steps per rank): the cursor is within it, where the cancelled run stopped.
+    assert (step, epoch) == (checkpointed, 0) and 0 < cursor < STEPS_PER_EPOCH * BATCH, resumed[0]
     assert _visits(run.visits) == Counter({key: EPOCHS for key in _train_keys(shards)})
     _assert_nothing_left(slurm, output)
 
