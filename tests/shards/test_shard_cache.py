@@ -228,7 +228,8 @@ def test_a_copy_found_at_start_for_an_index_without_checksums_is_hashed_before_i
     assert cache.settle(30)
     cache.close()
     copy = sorted((directory / "shards").iterdir())[0]
-    data = bytearray(copy.read_bytes())
+    original = copy.read_bytes()
+    data = bytearray(original)
     data[600:700] = bytes(100)  # inside the first sample of that tar, the size unchanged
     copy.write_bytes(bytes(data))
 
@@ -238,12 +239,12 @@ def test_a_copy_found_at_start_for_an_index_without_checksums_is_hashed_before_i
         expected = ShardDataset.open("local", source).splits["train"].read_many(np.arange(len(split)))
         with caplog.at_level(logging.WARNING, logger="shards.shard_cache"):
             first = split.read_many(np.arange(len(split)))  # from the store while the copies are hashed
-            assert again.settle(30)
-            assert wait_for(lambda: not copy.exists(), timeout_s=30)
-            later = split.read_many(np.arange(len(split)))
-            assert again.settle(30)
+            assert wait_for(lambda: "differs from the manifest's sha256; dropped" in caplog.text, timeout_s=60)
+            later = split.read_many(np.arange(len(split)))  # the dropped one wanted again
+            assert again.settle(60)
         assert all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in zip(first, later, expected))
         assert caplog.text.count("differs from the manifest's sha256; dropped") == 1
+        assert copy.read_bytes() == original  # fetched again from the store, whole
         usage = again.usage()
         assert usage.hits > 0 and usage.downloads == 1  # the copies that hashed right used, the bad one fetched again
     finally:
