@@ -137,7 +137,9 @@ def test_credentials_the_store_refuses_mid_stream_end_it_naming_the_url_and_blam
     try:
         with connect(port) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
-            stream = stub.StreamBatches(request(dataset="remote", **_FIELDS))
+            # Epochs enough that the stream reads from the store again after the rotation,
+            # however far ahead of it the daemon has read by then (a busy machine).
+            stream = stub.StreamBatches(request(dataset="remote", epochs=200, **_FIELDS))
             next(stream)
             s3_server.rotate_credentials("rotated", "rotated-secret")
             try:
