@@ -159,8 +159,8 @@ def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_fr
 ) -> None:
     # What a scheduler sends before it kills a job it preempts or cancels: the job
     # checkpoints at the step the ranks agree on, not only at its last periodic one.
-    schedule = tmp_path / "short.toml"
-    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
+    schedule = tmp_path / "six-epochs.toml"
+    schedule.write_text(SCHEDULE)  # 36 steps: time for the signal to land mid-run on a busy machine
     common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
               "--visit-log", str(tmp_path / "visits"), "--val-every-epochs", "0"]
     log = tmp_path / "run.log"
@@ -178,10 +178,10 @@ def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_fr
     stopped = [line for line in said.splitlines() if "SIGTERM: stopped after the checkpoint at step" in line]
     assert len(stopped) == 1, said[-3000:]
     step = int(stopped[0].rsplit(" ", 1)[1])
-    assert 2 < step < 12 and (tmp_path / "checkpoints" / "LATEST").read_text() == f"step-{step:06d}"
+    assert 2 < step < 36 and (tmp_path / "checkpoints" / "LATEST").read_text() == f"step-{step:06d}"
     assert not (tmp_path / "visits").exists()  # the run did not end
     resumed = run_trainer(daemon, *common, "--resume")
     _check(resumed)
-    assert f"resumed at step {step}: epoch 0" in resumed.stdout
+    assert f"resumed at step {step}: epoch " in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
-    assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
+    assert _visits(tmp_path / "visits") == Counter({key: 6 for key in keys})
