@@ -55,18 +55,22 @@ def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(servi
         for reader in readers:
             reader.start()
         time.sleep(_WARM_S)  # past the first batches
-        before, start = [s.busy_s for s in streams], time.monotonic()
-        counted = [b[0] for b in batches]
-        time.sleep(_WINDOW_S)
-        wall = time.monotonic() - start
-        busy = [s.busy_s - b for s, b in zip(streams, before)]
-        made = [b[0] - c for b, c in zip(batches, counted)]
+        windows = []  # (wall, busy per stream, batches per stream), three in a row
+        for _ in range(3):
+            before, start = [s.busy_s for s in streams], time.monotonic()
+            counted = [b[0] for b in batches]
+            time.sleep(_WINDOW_S / 3)
+            windows.append((time.monotonic() - start, [s.busy_s - b for s, b in zip(streams, before)],
+                            [b[0] - c for b, c in zip(batches, counted)]))
     finally:
         for stream in streams:
             stream.close()
-    print(f"worker s over {wall:.1f} s: 224 px {busy[0]:.2f}, 448 px {busy[1]:.2f} "
-          f"(448/224 {busy[1] / busy[0]:.2f}); batches {made[0]} and {made[1]}; "
-          f"threads busy {sum(busy) / wall:.2f} of {_THREADS}")  # with -s
-    assert min(made) > 0, made
-    assert sum(busy) / wall > 0.5 * _THREADS, busy  # both streams kept the pool busy
-    assert abs(busy[0] - busy[1]) <= 0.15 * max(busy), busy
+    for wall, busy, made in windows:
+        print(f"worker s over {wall:.1f} s: 224 px {busy[0]:.2f}, 448 px {busy[1]:.2f} "
+              f"(448/224 {busy[1] / busy[0]:.2f}); batches {made[0]} and {made[1]}; "
+              f"threads busy {sum(busy) / wall:.2f} of {_THREADS}")  # with -s
+        assert min(made) > 0, made
+        assert sum(busy) / wall > 0.5 * _THREADS, busy  # both streams kept the pool busy
+    # The median window: one window of a busy machine's other work does not decide.
+    ratios = sorted(abs(busy[0] - busy[1]) / max(busy) for _, busy, _ in windows)
+    assert ratios[1] <= 0.15, windows
