@@ -43,7 +43,6 @@ __all__ = [
     "cached_windows",
     "check_budget",
     "decode_downscaled",
-    "machine_memory_bytes",
 ]
 
 # Bookkeeping per entry besides its pixels: the ndarray header (~112 bytes) and its
@@ -58,19 +57,14 @@ _DCT_SCALE_FLAGS = (0, cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSC
 _DECODE_FLAGS = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 
 
-def machine_memory_bytes() -> int:
-    """Physical memory of this machine, or the container's memory limit if lower."""
-    return physical_memory_bytes()
-
-
 def check_budget(budget_bytes: int, memory_bytes: int | None = None) -> None:
     """Refuse a cache budget the machine cannot hold.
 
     Raises:
         ConfigError: ``budget_bytes`` exceeds ``memory_bytes`` (default: this
-            machine's, :func:`machine_memory_bytes`), naming both.
+            machine's or its container's, :func:`feeder.config_values.physical_memory_bytes`), naming both.
     """
-    memory = machine_memory_bytes() if memory_bytes is None else memory_bytes
+    memory = physical_memory_bytes() if memory_bytes is None else memory_bytes
     if budget_bytes > memory:
         raise ConfigError(
             f"decoded_cache_bytes: {budget_bytes} bytes ({budget_bytes / 2**30:.1f} GiB) exceed this "

@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from feeder.config import ServerConfig
+from feeder.metrics import ServerMetrics
 from feeder.server import FeederServer, create_server
+from feeder.service import FeederService, open_datasets
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
 from tests.common.shards import build_sample_shards
@@ -73,3 +75,13 @@ def private_server(shards: Path):
     yield make
     for server, _ in servers:
         server.stop(0).wait(10)
+
+
+@pytest.fixture()
+def two_thread_service(shards: Path) -> Iterator[FeederService]:
+    """A daemon's service in this process, without gRPC, on a decode pool of 2 threads
+    (the tests that compare streams' shares of it)."""
+    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=2, max_batch_size=64)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    yield service
+    service.close()

@@ -13,13 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from feeder.config import ServerConfig
-from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, open_datasets
 from feeder.stream import BatchStream
 from protocol.request import StreamSpec
 from shards import jpeg
@@ -31,24 +27,17 @@ _THREADS = 2
 _WARM_S, _WINDOW_S = 2.0, 15.0
 
 
-@pytest.fixture()
-def service(shards: Path):
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=_THREADS, max_batch_size=64)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
-    yield service
-    service.close()
-
 
 def _read(stream: BatchStream, batches: list[int]) -> None:
     for _ in stream:
         batches[0] += 1
 
 
-def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(service):
+def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(two_thread_service):
     sizes = (224, 448)
-    streams = [service.open_stream(StreamSpec(dataset="s", split="train", batch_size=64, image_size=size, seed=k,
-                                              epochs=10_000, job_id=f"job-{size}"))
-               for k, size in enumerate(sizes)]
+    specs = [StreamSpec(dataset="s", split="train", batch_size=64, image_size=size, seed=k, epochs=10_000,
+                        job_id=f"job-{size}") for k, size in enumerate(sizes)]
+    streams = [two_thread_service.open_stream(spec) for spec in specs]
     batches = [[0] for _ in streams]
     readers = [threading.Thread(target=_read, args=(s, b), daemon=True) for s, b in zip(streams, batches)]
     try:

@@ -10,13 +10,13 @@ import pytest
 from core.cli import parse_bytes
 from core.errors import ConfigError
 from feeder.config import ServerConfig
+from feeder.config_values import physical_memory_bytes
 from feeder.decoded_cache import (
     ENTRY_OVERHEAD_BYTES,
     DecodedCache,
     cached_windows,
     check_budget,
     decode_downscaled,
-    machine_memory_bytes,
 )
 
 
@@ -41,7 +41,7 @@ def test_budget_larger_than_memory_is_refused_with_both_numbers():
 
 
 def test_server_config_refuses_a_budget_above_this_machine_at_start(tmp_path):
-    memory = machine_memory_bytes()
+    memory = physical_memory_bytes()
     with pytest.raises(ConfigError, match=f"decoded_cache_bytes: {memory + 1} bytes.*{memory} bytes"):
         ServerConfig(datasets={"d": tmp_path}, decoded_cache_bytes=memory + 1)
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from feeder.config import ServerConfig
-from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, open_datasets
+from feeder.service import FeederService
 from protocol.request import StreamSpec
 from shards import jpeg
 
@@ -20,13 +17,6 @@ pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailab
 
 _THREADS = 2
 
-
-@pytest.fixture()
-def service(shards: Path):
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=_THREADS, max_batch_size=64)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
-    yield service
-    service.close()
 
 
 class _Job:
@@ -47,13 +37,13 @@ class _Job:
         return sum(start <= t < end for t in self.times) / (end - start)
 
 
-def _open_at_once(service: FeederService, count: int) -> list[_Job]:
+def _open_at_once(two_thread_service: FeederService, count: int) -> list[_Job]:
     jobs: list[_Job | None] = [None] * count
     barrier = threading.Barrier(count)
 
     def open_one(k: int) -> None:
         barrier.wait()
-        jobs[k] = _Job(service, seed=k)
+        jobs[k] = _Job(two_thread_service, seed=k)
 
     openers = [threading.Thread(target=open_one, args=(k,)) for k in range(count)]
     for opener in openers:
@@ -63,8 +53,8 @@ def _open_at_once(service: FeederService, count: int) -> list[_Job]:
     return [job for job in jobs if job is not None]
 
 
-def test_jobs_opened_at_once_share_the_budget_evenly_on_no_more_threads(service):
-    jobs = _open_at_once(service, 8)
+def test_jobs_opened_at_once_share_the_budget_evenly_on_no_more_threads(two_thread_service):
+    jobs = _open_at_once(two_thread_service, 8)
     try:
         for job in jobs:
             job.thread.start()
@@ -91,16 +81,16 @@ def _threads(jobs: list[_Job], seconds: float) -> list[float]:
     return [(job.stream.busy_s - b) / wall for job, b in zip(jobs, before)]
 
 
-def test_a_job_alone_gives_half_the_threads_back_when_a_second_opens(service):
+def test_a_job_alone_gives_half_the_threads_back_when_a_second_opens(two_thread_service):
     # Batches of 64: a stream's serial work per batch (its plan, its slot, the send)
     # is small enough beside the decodes that one stream alone keeps both threads busy.
-    first = _Job(service, seed=1, batch_size=64)
+    first = _Job(two_thread_service, seed=1, batch_size=64)
     first.thread.start()
     second = None
     try:
         time.sleep(1.0)
         (alone,) = _threads([first], 1.5)
-        second = _Job(service, seed=2, batch_size=64)
+        second = _Job(two_thread_service, seed=2, batch_size=64)
         second.thread.start()
         time.sleep(1.0)  # within a few seconds
         shared = _threads([first, second], 2.0)
