@@ -12,27 +12,32 @@ store answers is taken by kind (:class:`~shards.objects.StoreFault`): an object
 missing or shorter than the index says is read again for the shard's heal window
 (:mod:`shards.troubles`), then comes back as :attr:`Got.refused`, per sample, for the
 reader's error policy; credentials refused, or a store unreachable for the whole
-retry window, end the stream, naming the URL.
+retry window, end the stream, naming the URL. While the cache makes a copy of a shard,
+the bytes fetched of it land in the copy (the download does not fetch them again) and
+samples whose bytes have landed are read from it, where their checksums check them.
 """
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from core.errors import DataError, FeederError
 from shards.objects import ObjectMissing, ObjectUrl, StoreFault
+from shards.partial_copy import THROUGH_BYTES, PartialCopy
+from shards.remote_access import RemoteAccess, cache_entries
 from shards.requests import AHEAD as _AHEAD
-from shards.requests import MAX_REQUEST_BYTES, MERGE_GAP_BYTES, RequestPool, merged_spans
+from shards.requests import MAX_REQUEST_BYTES, MERGE_GAP_BYTES, RequestPool, Span, merged_spans
 from shards.requests import NEEDED as _NEEDED
 from shards.shard_cache import CachedShard, ShardCache
 from shards.sources import Extent, Got
-from shards.store import ObjectStore, StoreCounters, StoreOptions
+from shards.store import ObjectStore
 from shards.tars import DEFAULT_RECHECK_S, OpenTar
 from shards.troubles import ShardTroubles
 
@@ -42,41 +47,16 @@ __all__ = [
 ]
 
 READ_AHEAD_BYTES = 64 << 20  # per remote split: bytes fetched ahead and not read yet
-# Where a Got's bytes came from: a cached copy, the store just now, or a read-ahead
-# (fetched a while ago: the object may have changed since).
+# Where a Got's bytes came from: a cached copy (whole, or being made), the store just
+# now, or a read-ahead (fetched a while ago: the object may have changed since).
 _FROM_CACHE, _FROM_STORE, _FROM_AHEAD = "cache", "store", "ahead"
-
-
-@dataclass(frozen=True)
-class RemoteAccess:
-    """How a daemon (or a tool) reads remote roots: the store's options, counters
-    shared by its datasets, the node-local cache (None: ranged reads only), the
-    requests in flight per dataset, and how long a shard the store fails is read
-    again before its samples count as bad (:mod:`shards.troubles`)."""
-
-    options: StoreOptions = StoreOptions()
-    counters: StoreCounters = field(default_factory=StoreCounters)
-    cache: ShardCache | None = None
-    max_requests: int = 16
-    heal_s: float = 0.0  # a tool's one look reports what it finds; the daemon waits (--store-heal-s)
-    stopping: threading.Event = field(default_factory=threading.Event)  # set at shutdown: no more waits
-
-
-def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str],
-                  checked: bool = True) -> list[CachedShard | None]:
-    """Per tar of ``shards``, what the cache knows it by: its sha256 and size from
-    the split's manifest entry ``info`` (None for a tar listed without them);
-    ``checked``: the split's index has per-sample checksums."""
-    listed = {str(s["path"]): s for s in info.get("shards", []) if isinstance(s, dict)}
-    found: list[CachedShard | None] = []
-    for shard in shards:
-        entry = listed.get(shard, {})
-        sha256, size = entry.get("sha256"), entry.get("bytes")
-        if isinstance(sha256, str) and len(sha256) == 64 and isinstance(size, int):
-            found.append(CachedShard(sha256, size, str(url / shard), checked))
-        else:
-            found.append(None)
-    return found
+# Bytes fetched on each side of a request for a shard whose copy is being made: the
+# tar headers and label members between samples (about 1.5 KiB), so the download
+# finds no small gaps left between the samples batches read.
+_MARGIN_BYTES = 2048
+# The longest a read waits for bytes the shard's download is fetching or will fetch
+# next (a 64 MiB shard takes about 0.1-0.3 s), rather than fetch them too.
+_COMING_WAIT_S = 1.0
 
 
 class _Ahead(NamedTuple):
@@ -126,6 +106,7 @@ class RemoteShards:
             if self._read_cached(shard, positions, extents, found):
                 continue
             self._want(shard)
+            positions = self._read_partial(shard, positions, extents, found)
             fetch = []
             for p in positions:
                 ahead = self._take_ahead(extents[p])
@@ -148,8 +129,47 @@ class RemoteShards:
     def _requests(self, extents: Sequence[Extent], shard: int,
                   positions: list[int]) -> list[tuple[list[int], int, Future[memoryview], bool]]:
         """The merged requests that fetch ``extents[p]`` (of ``shard``) for ``positions``, started."""
-        return [(span.members, span.start, self._submit(shard, span.start, span.end, _NEEDED), False)
-                for span in merged_spans(extents, positions)]
+        spans = [(span.members, *self._widened(shard, span.start, span.end))
+                 for span in self._spans(shard, extents, positions)]
+        return [(members, start, self._submit(shard, start, end, _NEEDED), False) for members, start, end in spans]
+
+    def _spans(self, shard: int, extents: Sequence[Extent], positions: list[int]) -> list[Span]:
+        """The merged requests for ``extents[p]`` of ``shard``: where its copy is being
+        made, merged only across small gaps (the bytes between may have landed)."""
+        gap = MERGE_GAP_BYTES if self._partial(shard) is None else THROUGH_BYTES
+        return merged_spans(extents, positions, gap)
+
+    def _widened(self, shard: int, start: int, end: int) -> tuple[int, int]:
+        """``start .. end``, with up to ``_MARGIN_BYTES`` more on each side that have
+        not landed, where the shard's copy is being made (they land in it too)."""
+        entry, copy = self._entries[shard], self._partial(shard)
+        if copy is None or entry is None:
+            return start, end
+        before = copy.gaps(max(0, start - _MARGIN_BYTES), start)
+        after = copy.gaps(end, min(entry.size, end + _MARGIN_BYTES))
+        return before[0][0] if before else start, after[-1][1] if after else end
+
+    def _partial(self, shard: int) -> PartialCopy | None:
+        """The shard's copy being made (None where there is none, or it failed)."""
+        entry = self._entries[shard]
+        copy = None if self._cache is None or entry is None else self._cache.partial(entry)
+        return copy if copy is not None and copy.failed is None else None
+
+    def _read_partial(self, shard: int, positions: list[int], extents: Sequence[Extent],
+                      found: list[Got | None]) -> list[int]:
+        """Reads the extents whose bytes have landed in the shard's copy being made
+        (only where checksums check each read); returns the positions left."""
+        entry, copy = self._entries[shard], self._partial(shard)
+        if copy is None or entry is None or not entry.checked:
+            return positions
+        left, deadline = [], time.monotonic() + _COMING_WAIT_S
+        for p in positions:
+            buffer = np.empty(extents[p].size, dtype=np.uint8)
+            if copy.read_into(buffer, extents[p].offset, max(0.0, deadline - time.monotonic())):
+                found[p] = Got(buffer, extents[p].size, True, _FROM_CACHE)
+            else:
+                left.append(p)
+        return left
 
     def _heal(self, extents: Sequence[Extent], found: list[Got | None]) -> None:
         """Extents the store said are missing or corrupt, read again while their
@@ -173,9 +193,28 @@ class RemoteShards:
                 for members, start, future, _ in self._requests(extents, shard, positions):
                     self._fill(extents, members, start, future, found)
 
-    def _submit(self, shard: int, start: int, end: int, priority: int) -> Future[memoryview]:
+    def _submit(self, shard: int, start: int, end: int, priority: int,
+                store_only: bool = False) -> Future[memoryview]:
+        """A request for bytes ``start .. end`` of ``shard``. Where the shard's copy is
+        being made, only what has neither landed nor is on its way is fetched, and
+        what comes lands in it at once (a read-ahead dropped unread is not fetched
+        again by the download); a copy finished meanwhile is read instead.
+        ``store_only``: from the store whatever the copies hold (a second look after
+        a checksum failure)."""
         name = self._shards[shard]
-        return self._pool.submit(lambda: self._store.get_range(name, start, end - start, exact=False), priority)
+        making = None if store_only else self._partial(shard)
+
+        def fetch(lo: int, length: int) -> memoryview:
+            return self._store.get_range(name, lo, length, exact=False)
+
+        def get() -> memoryview:
+            copy = None if store_only else self._partial(shard)
+            landed = None if copy is None else copy.fill(start, end, fetch, _COMING_WAIT_S)
+            if landed is None and making is not None:  # finished since the request was made
+                landed = self._cached_bytes(shard, start, end)
+            return memoryview(landed) if landed is not None else fetch(start, end - start)
+
+        return self._pool.submit(get, priority)
 
     def _fill(self, extents: Sequence[Extent], members: list[int], start: int, future: Future[memoryview],
               found: list[Got | None], ahead: bool = False) -> None:
@@ -244,11 +283,25 @@ class RemoteShards:
                 opened.close()
         return True
 
+    def _cached_bytes(self, shard: int, start: int, end: int) -> bytes | None:
+        """Bytes ``start .. end`` of the shard's cached copy; None when it has none."""
+        entry = self._entries[shard]
+        if self._cache is None or entry is None:
+            return None
+        with self._cache.reading(entry) as path:
+            if path is None:
+                return None
+            try:
+                with open(path, "rb") as copy:
+                    return os.pread(copy.fileno(), end - start, start)
+            except OSError:
+                return None
+
     def _want(self, shard: int) -> None:
         entry = self._entries[shard]
         if self._cache is not None and entry is not None:
-            name, size, chunk = self._shards[shard], entry.size, self._cache.chunk_bytes
-            self._cache.want(entry, lambda: self._store.chunks(name, size, chunk))
+            name = self._shards[shard]
+            self._cache.want(entry, lambda start, length: self._store.get_range(name, start, length))
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """After bytes failed their checksum: bytes from a cached copy are fetched from
@@ -277,7 +330,7 @@ class RemoteShards:
 
     def _fetch_now(self, extent: Extent) -> Got | None:
         found: list[Got | None] = [None]
-        future = self._submit(extent.shard, extent.offset, extent.offset + extent.size, _NEEDED)
+        future = self._submit(extent.shard, extent.offset, extent.offset + extent.size, _NEEDED, store_only=True)
         self._fill([extent], [0], extent.offset, future, found)
         return found[0]
 
@@ -310,11 +363,15 @@ class RemoteShards:
         ``READ_AHEAD_BYTES`` per split) until read."""
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
-            if not self._cached(extent.shard):
+            copy = self._partial(extent.shard)
+            if not self._cached(extent.shard) and (copy is None or not copy.has(extent.offset,
+                                                                               extent.offset + extent.size)):
                 by_shard.setdefault(extent.shard, []).append(p)
         for shard, positions in by_shard.items():
-            for span in merged_spans(extents, positions):
-                self._keep_ahead(shard, _Ahead(span.start, span.end, self._submit(shard, span.start, span.end, _AHEAD)))
+            self._want(shard)  # before the requests, so their bytes land in its copy
+            for span in self._spans(shard, extents, positions):
+                start, end = self._widened(shard, span.start, span.end)
+                self._keep_ahead(shard, _Ahead(start, end, self._submit(shard, start, end, _AHEAD)))
 
     def _cached(self, shard: int) -> bool:
         entry = self._entries[shard]

@@ -1,45 +1,50 @@
-"""The node-local shard cache: whole copies of remote shards on a local disk, fetched
-in the background the first time a shard is read, so later reads of its samples are
-local ``pread``s instead of ranged GETs.
+"""The node-local shard cache: whole copies of remote shards on a local disk, made in
+the background the first time a shard is read, so later reads of its samples are local
+``pread``s instead of ranged GETs.
 
 Layout of the cache directory (shared by every stream and job of the daemon)::
 
     lock                 held (flock) by the daemon using it; a second one is refused
     shards/<sha256>.tar  a shard's bytes, named by their sha256 in the manifest
-    partial/             downloads under way (``<sha256>.<pid>.part``)
+    partial/             copies being made (``<sha256>.<pid>.part``)
 
-A download is written under ``partial/``, fsynced and renamed into ``shards/``
-only once its size and sha256 match the manifest, so a file under ``shards/`` is
-always whole: a daemon killed at any moment (SIGKILL, power) leaves at most a file
-under ``partial/``, which the next daemon removes before it uses the cache. On start
-the cache is checked cheaply: names and sizes (every byte was checked before the
-rename, and each read is checked against its sample's checksum anyway: a copy whose
-bytes differ from the store's is dropped and the sample read from the store). A shard
-of an index without per-sample checksums (versions 1 and 2) has nothing to check its
-reads against, so a copy found at start is hashed whole once, in the background,
-before it is read (its samples are read from the store meanwhile). A budget smaller
-than what is found at start is evicted down to before anything is served.
+A copy is assembled under ``partial/`` (:class:`~shards.partial_copy.PartialCopy`):
+the ranged reads batches make of a shard meanwhile land in it, and the background
+download fetches only what has not landed, so a cold shard's bytes come from the store
+once; reads of samples whose bytes have landed are served from it. It is hashed in
+order as it is finished, fsynced and renamed into ``shards/`` only once its size and
+sha256 match the manifest, so a file under ``shards/`` is always whole: a daemon
+killed at any moment (SIGKILL, power) leaves at most a file under ``partial/``, which
+the next daemon removes before it uses the cache. On start the cache is checked
+cheaply: names and sizes (every byte was checked before the rename, and each read is
+checked against its sample's checksum anyway: a copy whose bytes differ from the
+store's is dropped and the sample read from the store). A shard of an index without
+per-sample checksums (versions 1 and 2) has nothing to check its reads against: a copy
+found at start is hashed whole, in the background, before it is read, and its partial
+copy serves no reads. A smaller budget than what is found is evicted down to at start.
 
-Past the byte budget, the least recently used shard not being read is evicted; a
-shard larger than the whole budget is never cached (its samples are always read with
-ranged GETs). Downloads are bounded (``fetch_threads`` at once, each at most
-``fetch_bytes_per_s``) so they do not starve the ranged reads the current batches
-wait on. A full disk (ENOSPC) stops the cache from growing, with one warning; reads
-go on from the store.
+Admission fits shuffled reads, which touch every shard of a dataset over and over: a
+shard is admitted while its bytes fit the budget (reserved when its copy starts); past
+it, room is made only by evicting copies no stream has read for ``idle_evict_s`` (the
+least recently used first), never a copy in use, so a dataset twice the budget keeps
+the half it cached and reads only the rest from the store, instead of evicting one
+copy in use for the next and fetching every shard each epoch. A shard larger than the
+whole budget is never cached (its samples are always read with ranged GETs).
+Downloads are bounded (``fetch_threads`` at once, each at most ``fetch_bytes_per_s``)
+so they do not starve the ranged reads the current batches wait on. A full disk
+(ENOSPC) stops the cache from growing, with one warning; reads go on from the store.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
-import hashlib
 import logging
+import math
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,16 +52,19 @@ from pathlib import Path
 from typing import NamedTuple
 
 from core.errors import ConfigError, FeederError
+from shards.cache_dir import file_sha256, found_copies, take_lock
 from shards.layout import fsync_dir
+from shards.partial_copy import PartialCopy
 
 __all__ = ["CacheUsage", "CachedShard", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^[0-9a-f]{64}\.tar$")
 _TOUCH_EVERY_S = 60.0  # a shard's mtime (its recency across restarts) is brought up at most this often
 _FAILED_RETRY_S = 60.0  # a shard whose download failed is not tried again sooner
-_CHUNK_BYTES = 16 << 20
+_REFUSED_RETRY_S = 10.0  # a shard refused for want of room is not considered again sooner
+_IDLE_EVICT_S = 60.0  # a copy no stream has read for this long may be evicted for another
+_CHUNK_BYTES = 4 << 20  # a download's requests: reads wait for one under way rather than fetch its bytes too
 
 
 @dataclass(frozen=True)
@@ -93,30 +101,37 @@ class ShardCache:
         budget_bytes: the most bytes of shards kept.
         fetch_threads: shards downloaded at once.
         fetch_bytes_per_s: the most bytes per second each download takes (0: no limit).
+        idle_evict_s: how long no stream has read a copy before it may be evicted to
+            make room for another shard.
 
     Raises:
         ConfigError: the directory cannot be made or written, or another daemon holds
             it (one line naming it and that daemon's pid).
     """
 
-    def __init__(self, directory: Path, budget_bytes: int, fetch_threads: int = 2, fetch_bytes_per_s: int = 0) -> None:
-        if budget_bytes < 0 or fetch_threads < 1 or fetch_bytes_per_s < 0:
-            raise ConfigError("cache: budget_bytes and fetch_bytes_per_s must be >= 0, fetch_threads >= 1")
-        self.directory, self.budget_bytes = Path(directory), budget_bytes
+    def __init__(self, directory: Path, budget_bytes: int, fetch_threads: int = 4, fetch_bytes_per_s: int = 0,
+                 idle_evict_s: float = _IDLE_EVICT_S) -> None:
+        if budget_bytes < 0 or fetch_threads < 1 or fetch_bytes_per_s < 0 or idle_evict_s < 0:
+            raise ConfigError("cache: budget_bytes, fetch_bytes_per_s and idle_evict_s must be >= 0, "
+                              "fetch_threads >= 1")
+        self.directory, self.budget_bytes, self._idle_evict_s = Path(directory), budget_bytes, idle_evict_s
         self._fetch_bytes_per_s = fetch_bytes_per_s
         # Bytes per request of a download: a quarter second's worth where it is
         # throttled (so the rate is smooth), else large ranges.
         throttled_bytes = min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4))
         self.chunk_bytes = throttled_bytes if fetch_bytes_per_s else _CHUNK_BYTES
         self._stopping = threading.Event()
-        self._lock_fd = _take_lock(self.directory)
+        self._lock_fd = take_lock(self.directory)
         self._shards, self._partial = self.directory / "shards", self.directory / "partial"
         self._mutex = threading.Lock()
         self._held: OrderedDict[str, int] = OrderedDict()  # sha256 -> bytes, least recently used first
         self._pins: dict[str, int] = {}
-        self._pending: dict[str, int] = {}  # downloads under way or queued: sha256 -> bytes reserved
+        self._pending: dict[str, int] = {}  # copies being made: sha256 -> bytes reserved
+        self._partials: dict[str, PartialCopy] = {}
         self._failed: dict[str, float] = {}  # sha256 -> when its download failed
+        self._refused: dict[str, float] = {}  # sha256 -> when no room could be made for it
         self._touched: dict[str, float] = {}
+        self._read_at: dict[str, float] = {}  # sha256 -> when a stream last read its copy
         self._whole: set[str] = set()  # copies whose every byte this process checked
         self._hashing: set[str] = set()  # copies found at start being checked, for shards without checksums
         self._counts = dict(hits=0, misses=0, downloads=0, download_failures=0, evictions=0)
@@ -128,22 +143,9 @@ class ShardCache:
     def _load(self) -> None:
         """Remove what killed daemons left half-written, and learn what is cached
         (names and sizes), most recently used last."""
-        try:
-            for directory in (self._shards, self._partial):
-                directory.mkdir(parents=True, exist_ok=True)
-            for leftover in self._partial.iterdir():
-                leftover.unlink()
-            found = []
-            for entry in os.scandir(self._shards):
-                if not _NAME.match(entry.name) or not entry.is_file(follow_symlinks=False):
-                    os.unlink(entry.path)  # not ours to serve from
-                    continue
-                found.append((entry.stat().st_mtime, entry.name[:64], entry.stat().st_size))
-        except OSError as e:
-            raise ConfigError(f"cache_dir {self.directory}: cannot use it ({e.strerror or e})") from e
-        for _, sha256, size in sorted(found):
+        for sha256, size in found_copies(self.directory, self._shards, self._partial):
             self._held[sha256] = size
-        self._make_room(0)  # a restart with a smaller budget: down to it before anything is served
+        self._make_room(0, evict_in_use=True)  # a restart with a smaller budget: down to it before anything is served
 
     def path(self, shard: CachedShard) -> Path:
         return self._shards / f"{shard.sha256}.tar"
@@ -185,6 +187,7 @@ class ShardCache:
                     self._fetchers.submit(self._hash_found, shard)
                 return False
             self._held.move_to_end(shard.sha256)
+            self._read_at[shard.sha256] = time.monotonic()
             self._pins[shard.sha256] = self._pins.get(shard.sha256, 0) + 1
             return True
 
@@ -204,29 +207,52 @@ class ShardCache:
             self._counts["hits"] += hits
             self._counts["misses"] += misses
 
-    def want(self, shard: CachedShard, chunks: Callable[[], Iterable[memoryview]]) -> None:
-        """Fetch ``shard`` in the background (``chunks()``: its bytes in order), unless
-        it is cached, on its way, failed lately, larger than the budget, or no room can
-        be made for it now."""
+    def want(self, shard: CachedShard, fetch: Callable[[int, int], memoryview]) -> None:
+        """Make a copy of ``shard`` in the background (``fetch(start, length)``: those
+        bytes of it from the store), unless it is cached, on its way, failed lately,
+        larger than the budget, or no room can be made for it now."""
+        now = time.monotonic()
         with self._mutex:
             if self._closed or shard.sha256 in self._held or shard.sha256 in self._pending:
                 return
-            if time.monotonic() - self._failed.get(shard.sha256, -_FAILED_RETRY_S) < _FAILED_RETRY_S:
+            if now - self._failed.get(shard.sha256, -_FAILED_RETRY_S) < _FAILED_RETRY_S:
+                return
+            if now - self._refused.get(shard.sha256, -_REFUSED_RETRY_S) < _REFUSED_RETRY_S:
                 return
             if shard.size > self.budget_bytes or not self._make_room(shard.size):
+                self._refused[shard.sha256] = now
                 return
+            self._refused.pop(shard.sha256, None)
             self._pending[shard.sha256] = shard.size
-        self._fetchers.submit(self._fetch, shard, chunks)
+        try:
+            copy = PartialCopy(self._partial / f"{shard.sha256}.{os.getpid()}.part", shard.size)
+        except OSError as e:
+            self._fetch_failed(shard, None, None if _full(e) else f"not cached: {e.strerror or e}")
+            if _full(e):
+                self._disk_full(e)
+            return
+        with self._mutex:
+            self._partials[shard.sha256] = copy
+        self._fetchers.submit(self._fetch, shard, copy, fetch)
 
-    def _make_room(self, size: int) -> bool:
-        """Evict least recently used unpinned copies until ``size`` more bytes fit
-        (under ``_mutex``); False where they cannot."""
+    def partial(self, shard: CachedShard) -> PartialCopy | None:
+        """The copy of ``shard`` being made, where bytes fetched of it land; None when
+        there is none. Its landed bytes may be read only where each read is checked
+        (``shard.checked``): the whole is checked only once it is finished."""
+        with self._mutex:
+            return self._partials.get(shard.sha256)
+
+    def _make_room(self, size: int, evict_in_use: bool = False) -> bool:
+        """Evict least recently used copies no stream holds open, and (unless
+        ``evict_in_use``) none read in the last ``idle_evict_s``, until ``size`` more
+        bytes fit (under ``_mutex``); False where they cannot."""
         used = sum(self._held.values()) + sum(self._pending.values())
+        idle_since = time.monotonic() - self._idle_evict_s
         victims = []
         for sha256, held in self._held.items():
             if used + size <= self.budget_bytes:
                 break
-            if sha256 not in self._pins:
+            if sha256 not in self._pins and (evict_in_use or self._read_at.get(sha256, -math.inf) <= idle_since):
                 victims.append(sha256)
                 used -= held
         if used + size > self.budget_bytes:
@@ -240,26 +266,18 @@ class ShardCache:
         """Drop a copy (under ``_mutex``); a reader that has it open reads on."""
         self._held.pop(sha256, None)
         self._touched.pop(sha256, None)
+        self._read_at.pop(sha256, None)
         self._whole.discard(sha256)
         (self._shards / f"{sha256}.tar").unlink(missing_ok=True)
 
     def _hash_found(self, shard: CachedShard) -> None:
         """Check a copy found at start whole, for a shard whose reads nothing checks."""
-        digest, size = hashlib.sha256(), 0
-        try:
-            with open(self.path(shard), "rb") as copy:
-                while piece := copy.read(_CHUNK_BYTES):
-                    digest.update(piece)
-                    size += len(piece)
-                    if self._stopping.is_set():
-                        return
-        except OSError:  # evicted meanwhile
-            with self._mutex:
-                self._hashing.discard(shard.sha256)
-            return
+        sha256 = file_sha256(self.path(shard), self._stopping)
         with self._mutex:
             self._hashing.discard(shard.sha256)
-            if size == shard.size and digest.hexdigest() == shard.sha256:
+            if sha256 is None or self._stopping.is_set():  # evicted meanwhile, or the daemon is stopping
+                return
+            if sha256 == shard.sha256:
                 self._whole.add(shard.sha256)
                 return
             self._forget(shard.sha256)
@@ -267,50 +285,52 @@ class ShardCache:
                     shard.url, self.path(shard))
 
     def discard(self, shard: CachedShard) -> None:
-        """A read from the copy of ``shard`` failed its checksum: drop the copy."""
+        """A read from the copy of ``shard`` (cached, or being made) failed its
+        checksum: drop the copy (one being made is abandoned, and made again later)."""
         log.warning("%s: the cached copy %s differs from the shard's checksums; dropped, read from the store",
                     shard.url, self.path(shard))
         with self._mutex:
             self._forget(shard.sha256)
+            copy = self._partials.pop(shard.sha256, None)
+        if copy is not None:
+            copy.failed = OSError(errno.EIO, "a sample read from it failed its checksum")
 
-    def _fetch(self, shard: CachedShard, chunks: Callable[[], Iterable[memoryview]]) -> None:
-        partial = self._partial / f"{shard.sha256}.{os.getpid()}.part"
+    def _fetch(self, shard: CachedShard, copy: PartialCopy, fetch: Callable[[int, int], memoryview]) -> None:
         try:
-            self._write(shard, partial, chunks())
+            self._write(shard, copy, fetch)
         except FeederError as e:  # the store refused or failed: reads go on with ranged GETs
-            self._fetch_failed(shard, partial, f"not cached: {e}")
+            self._fetch_failed(shard, copy, f"not cached: {e}")
         except OSError as e:
-            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
-            self._fetch_failed(shard, partial, None if full else f"not cached: {e.strerror or e}")
-            if full:
+            self._fetch_failed(shard, copy, None if _full(e) else f"not cached: {e.strerror or e}")
+            if _full(e):
                 self._disk_full(e)
         except Exception as e:  # noqa: BLE001 - anything else: its reservation must not leak
-            self._fetch_failed(shard, partial, f"not cached: {type(e).__name__}: {e}")
-        else:
-            with self._mutex:
-                self._pending.pop(shard.sha256, None)
-                self._held[shard.sha256] = shard.size
-                self._whole.add(shard.sha256)  # hashed as it was written
-                self._counts["downloads"] += 1
+            self._fetch_failed(shard, copy, f"not cached: {type(e).__name__}: {e}")
 
-    def _write(self, shard: CachedShard, partial: Path, chunks: Iterable[memoryview]) -> None:
-        """Write ``chunks`` to ``partial``, check them against the manifest and rename
-        the file into place (durable first)."""
-        digest, written, started = hashlib.sha256(), 0, time.monotonic()
-        with open(partial, "wb") as out:
-            for chunk in chunks:
-                out.write(chunk)
-                digest.update(chunk)
-                written += len(chunk)
-                self._throttle(written, started)
-                if self._stopping.is_set():
-                    raise OSError(errno.ECANCELED, "the daemon is stopping")
-            out.flush()
-            os.fsync(out.fileno())
-        if written != shard.size or digest.hexdigest() != shard.sha256:
-            raise FeederError(f"{written} bytes with sha256 {digest.hexdigest()[:12]}..., the manifest says "
-                              f"{shard.size} bytes, {shard.sha256[:12]}...")
-        os.rename(partial, self.path(shard))
+    def _write(self, shard: CachedShard, copy: PartialCopy, fetch: Callable[[int, int], memoryview]) -> None:
+        """Fetch what has not landed in ``copy``, check the whole against the manifest
+        and rename the file into place (durable first)."""
+        started = time.monotonic()
+
+        def paced(fetched: int) -> None:
+            self._throttle(fetched, started)
+            if self._stopping.is_set():
+                raise OSError(errno.ECANCELED, "the daemon is stopping")
+
+        sha256 = copy.complete(fetch, self.chunk_bytes, paced, leads=not self._fetch_bytes_per_s)
+        if sha256 != shard.sha256:
+            raise FeederError(f"{shard.size} bytes with sha256 {sha256[:12]}..., the manifest says "
+                              f"{shard.sha256[:12]}...")
+        copy.sync()
+        os.rename(copy.path, self.path(shard))  # reads go on from the copy's descriptor until it is held
+        with self._mutex:
+            self._pending.pop(shard.sha256, None)
+            self._partials.pop(shard.sha256, None)
+            self._held[shard.sha256] = shard.size
+            self._read_at[shard.sha256] = time.monotonic()  # made for a read: in use
+            self._whole.add(shard.sha256)  # hashed as it was finished
+            self._counts["downloads"] += 1
+        copy.close()
         fsync_dir(self._shards)
 
     def _throttle(self, written: int, started: float) -> None:
@@ -319,12 +339,15 @@ class ShardCache:
             if ahead_s > 0:
                 self._stopping.wait(ahead_s)
 
-    def _fetch_failed(self, shard: CachedShard, partial: Path, why: str | None) -> None:
-        partial.unlink(missing_ok=True)
+    def _fetch_failed(self, shard: CachedShard, copy: PartialCopy | None, why: str | None) -> None:
         with self._mutex:
             self._pending.pop(shard.sha256, None)
+            self._partials.pop(shard.sha256, None)
             self._failed[shard.sha256] = time.monotonic()
             self._counts["download_failures"] += 1
+        if copy is not None:
+            copy.close()
+            copy.path.unlink(missing_ok=True)
         if why is not None and not self._closed:
             log.warning("%s: %s", shard.url, why)
 
@@ -361,29 +384,14 @@ class ShardCache:
         self._closed = True
         self._stopping.set()
         self._fetchers.shutdown(wait=True, cancel_futures=True)
+        with self._mutex:
+            copies, self._partials = list(self._partials.values()), {}
+        for copy in copies:  # queued, never started
+            copy.close()
         for leftover in self._partial.glob(f"*.{os.getpid()}.part"):
             leftover.unlink(missing_ok=True)
         os.close(self._lock_fd)
 
 
-def _take_lock(directory: Path) -> int:
-    """An open descriptor holding ``directory/lock`` exclusively (with this pid in it).
-
-    Raises:
-        ConfigError: another process holds it, or the directory cannot be used.
-    """
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise ConfigError(f"cache_dir {directory}: cannot use it ({e.strerror or e})") from e
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
-        raise ConfigError(f"cache_dir {directory}: in use by another feeder daemon (pid {holder}); "
-                          "give each daemon its own --cache-dir") from e
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-    return fd
+def _full(error: OSError) -> bool:
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)

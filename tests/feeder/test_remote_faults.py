@@ -130,7 +130,10 @@ def test_the_first_batch_on_a_cold_cache_comes_before_any_shard_is_downloaded(
             waited_s = time.perf_counter() - started
             stats = stub.GetStats(feeder_pb2.StatsRequest())
         assert len(first.keys) == 8
-        assert stats.shard_cache_downloads == 0 and stats.shard_cache_misses >= 8  # ranged reads, not the cache
+        # Ranged reads, not a finished copy (samples whose bytes other reads brought
+        # into the copy being made count as hits).
+        assert stats.shard_cache_downloads == 0 and stats.shard_cache_misses >= 1
+        assert stats.shard_cache_hits + stats.shard_cache_misses >= 8
         _prometheus_has_the_store_and_cache_counters(daemon, stats)
         with capsys.disabled():
             print(f"\nfirst batch on a cold cache: {waited_s:.2f} s")

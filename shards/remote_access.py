@@ -1,0 +1,47 @@
+"""What a daemon (or a tool) reads remote roots with: the store's options, the
+counters its datasets share, the node cache, and what the cache knows each shard by.
+The reads themselves are :mod:`shards.ranged`'s."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from shards.objects import ObjectUrl
+from shards.shard_cache import CachedShard, ShardCache
+from shards.store import StoreCounters, StoreOptions
+
+__all__ = ["RemoteAccess", "cache_entries"]
+
+
+@dataclass(frozen=True)
+class RemoteAccess:
+    """How a daemon (or a tool) reads remote roots: the store's options, counters
+    shared by its datasets, the node-local cache (None: ranged reads only), the
+    requests in flight per dataset, and how long a shard the store fails is read
+    again before its samples count as bad (:mod:`shards.troubles`)."""
+
+    options: StoreOptions = StoreOptions()
+    counters: StoreCounters = field(default_factory=StoreCounters)
+    cache: ShardCache | None = None
+    max_requests: int = 16
+    heal_s: float = 0.0  # a tool's one look reports what it finds; the daemon waits (--store-heal-s)
+    stopping: threading.Event = field(default_factory=threading.Event)  # set at shutdown: no more waits
+
+
+def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str],
+                  checked: bool = True) -> list[CachedShard | None]:
+    """Per tar of ``shards``, what the cache knows it by: its sha256 and size from
+    the split's manifest entry ``info`` (None for a tar listed without them);
+    ``checked``: the split's index has per-sample checksums."""
+    listed = {str(s["path"]): s for s in info.get("shards", []) if isinstance(s, dict)}
+    found: list[CachedShard | None] = []
+    for shard in shards:
+        entry = listed.get(shard, {})
+        sha256, size = entry.get("sha256"), entry.get("bytes")
+        if isinstance(sha256, str) and len(sha256) == 64 and isinstance(size, int):
+            found.append(CachedShard(sha256, size, str(url / shard), checked))
+        else:
+            found.append(None)
+    return found
