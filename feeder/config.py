@@ -81,9 +81,17 @@ class ServerConfig:
             Example: 512M.
         max_batch_size: largest batch a request may ask for.
         max_streams: streams open at once; more are refused as resource exhausted.
-        max_streams_per_peer: streams one client may hold open: one connection (the
-            channels of one process share one), or over the unix socket one process
-            (by the pid its request names); more are refused as resource exhausted.
+        max_streams_per_peer: streams one client may hold open, more are refused as
+            resource exhausted. A client is a process where the daemon can tell: over
+            TCP from this host the process the kernel says holds the connection,
+            whatever connections it opens; over the unix socket the pid its request
+            names. Else (a client on another host) a connection.
+        max_streams_per_address: streams the connections of one address may hold
+            open together where the daemon cannot tell their processes (clients on
+            other hosts), so that opening more connections does not multiply
+            ``max_streams_per_peer``. The default fits a node's job of 8 ranks, each
+            with a train and a validation stream and the stream opened ahead of a
+            size change.
         max_streams_per_job: streams one job may hold open (its ranks share the
             request's ``job_id``; a request without one is its client's own job). The
             defaults fit two jobs of 8 ranks with train and validation streams, each
@@ -234,6 +242,7 @@ class ServerConfig:
     max_batch_size: int = 1024
     max_streams: int = 64
     max_streams_per_peer: int = 16
+    max_streams_per_address: int = 32
     max_streams_per_job: int = 32
     max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
     idle_timeout_s: float = 600.0
@@ -288,7 +297,8 @@ class ServerConfig:
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
         for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
-                     "max_streams_per_peer", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests"):
+                     "max_streams_per_peer", "max_streams_per_address", "max_streams_per_job", "max_memory_bytes",
+                     "ring_slots", "store_requests"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("store_retry_window_s", "store_heal_s"):

@@ -14,7 +14,7 @@ from pathlib import Path
 from core.bad_input import OnError
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, client_key, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_of, stream_need_bytes
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
@@ -22,6 +22,7 @@ from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
+from feeder.peers import PeerProcesses
 from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchRunner, StreamContext
@@ -134,6 +135,7 @@ class FeederService:
         self.devices = DevicePlacer.of_this_process(self.device)
         # The node's decode threads (``--threads``), shared fairly by every stream.
         self.workers = FairPool(config.threads)
+        self._peers = PeerProcesses()
         self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held,
                                  workers=self.workers)
         self.transports = TransportHub(config.transport)
@@ -190,11 +192,12 @@ class FeederService:
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         check_epochs_hold_batches(len(split), spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
                                   f"{clip(spec.dataset)}/{clip(spec.split)}")
-        client = client_key(peer, transport.client.pid if transport.client is not None else 0)
-        job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
+        client = client_of(peer, transport.client.pid if transport.client is not None else 0, self._peers)
+        job, need = spec.job_id or client.key, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(client, job, need)  # before building anything for a refused stream
         number = next(self._numbers)
-        name = f"stream {number} ({clip(peer or 'local')}, job {clip(spec.job_id or '-')})"
+        process = f" {clip(client.key)}" if client.key.startswith("pid=") else ""
+        name = f"stream {number} ({clip(peer or 'local')}{process}, job {clip(spec.job_id or '-')})"
         with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)

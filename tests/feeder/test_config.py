@@ -28,6 +28,7 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"grace_s": -1.0}, "grace_s"),
         ({"queue_bytes": 0}, "queue_bytes"),
         ({"max_streams_per_peer": 0}, "max_streams_per_peer"),
+        ({"max_streams_per_address": 0}, "max_streams_per_address"),
         ({"max_memory_bytes": 0}, "max_memory_bytes"),
         ({"idle_timeout_s": 0.0}, "idle_timeout_s"),
         ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
