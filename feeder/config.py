@@ -31,11 +31,12 @@ if TYPE_CHECKING:
 # they are used: ``feeder --help`` builds its options from this module.
 
 __all__ = [
-    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR", "ServerConfig",
-    "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
+    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR",
+    "ServerConfig", "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
 ]
 
 DEVICES = ("auto", "cpu", "gpu")
+FAIR_SHARES = ("per-job", "per-stream")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -72,8 +73,17 @@ class ServerConfig:
             ``feeder.devices.thread_share``). The default CPU decoder runs on one
             shared pool of this many worker threads, shared by worker time among
             the streams with work (``core.workers.FairPool``: a 448 px stream gets
-            as much CPU as a 224 px one beside it, not four times as much). Default: the CPUs this
-            process may use (its affinity, its container's CPU limit), at most 8.
+            as much CPU as a 224 px one beside it, not four times as much), as
+            ``fair_share`` says. Default: the CPUs this process may use (its
+            affinity, its container's CPU limit), at most 8.
+        fair_share: how the decode threads' time is shared among streams with work:
+            ``per-stream`` (each stream, that is each rank, an equal share: a job of
+            8 ranks gets 8 times a job of 1; right for one job per node) or
+            ``per-job`` (each job an equal share, split among its streams, whatever
+            its rank count: for a node shared by unrelated jobs). In ``per-job`` a
+            process counts as one job whatever it names: the jobs one client process
+            names share one share (see ``max_streams_per_peer`` for what a client
+            is).
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
@@ -236,6 +246,7 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     device: str = "auto"
     threads: int = field(default_factory=_default_threads)
+    fair_share: str = "per-stream"
     prefetch: int = 2
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
@@ -292,6 +303,8 @@ class ServerConfig:
                 raise ConfigError(f"dataset name {name!r}: must be non-empty, without '=' or '/'")
         if self.device not in DEVICES:
             raise ConfigError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.fair_share not in FAIR_SHARES:
+            raise ConfigError(f"fair_share: {self.fair_share!r} is not one of {', '.join(FAIR_SHARES)}")
         for port_name in ("port", "metrics_port"):
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:

@@ -28,6 +28,7 @@ from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchRunner, StreamContext
 from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
+from feeder.shares import FairShares, Member
 from feeder.stream import BatchStream, StreamOutcome
 from protocol.identity import Identity, check, digest_for
 from protocol.plan import (
@@ -133,8 +134,10 @@ class FeederService:
         self.device = resolve_device(config.device)
         _say_footprint(config, datasets)
         self.devices = DevicePlacer.of_this_process(self.device)
-        # The node's decode threads (``--threads``), shared fairly by every stream.
+        # The node's decode threads (``--threads``), shared fairly by every stream
+        # (``--fair-share``: by stream, or by job).
         self.workers = FairPool(config.threads)
+        self.shares = FairShares(self.workers, config.fair_share)
         self._peers = PeerProcesses()
         self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held,
                                  workers=self.workers)
@@ -213,6 +216,8 @@ class FeederService:
             stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics, str(number))
             self._admission.admit(stream, Ticket(name, client, job, need, cancel))
             parts.callback(self._ended, stream)
+            self.shares.join(stream, Member(runner.lane, job, client.key))
+            parts.callback(self.shares.leave, stream)
             self.metrics.stream_opened()
             stream.own(parts.pop_all())
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
