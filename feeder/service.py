@@ -30,6 +30,7 @@ from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.shares import FairShares, Member
 from feeder.stream import BatchStream, StreamOutcome
+from feeder.usage import Usage
 from protocol.identity import Identity, check, digest_for
 from protocol.plan import (
     BatchSlice,
@@ -139,6 +140,7 @@ class FeederService:
         self.workers = FairPool(config.threads)
         self.shares = FairShares(self.workers, config.fair_share)
         self._peers = PeerProcesses()
+        self._usage = Usage(metrics)
         self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held,
                                  workers=self.workers)
         self.transports = TransportHub(config.transport)
@@ -218,6 +220,7 @@ class FeederService:
             parts.callback(self._ended, stream)
             self.shares.join(stream, Member(runner.lane, job, client.key))
             parts.callback(self.shares.leave, stream)
+            self._usage.opened(stream, job)
             self.metrics.stream_opened()
             stream.own(parts.pop_all())
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
@@ -335,16 +338,15 @@ class FeederService:
         log.log(logging.WARNING if failed else logging.INFO, "%s closed, %s%s: %d samples in %d batches, %.1f s",
                 ticket.name if ticket else "stream", stream.outcome.value, detail, stream.samples_sent,
                 stream.batches_sent, time.monotonic() - stream.opened_s)
-        self.metrics.stream_gone(stream.label)
+        self._usage.closed(stream)
         self.metrics.stream_closed()
 
     def _watch_streams(self) -> None:
         """Until closed, about once a second: cancel streams whose client took no batch
         for ``idle_timeout_s`` (``contended_idle_timeout_s`` while another client is
-        refused for what they hold), report what each stream uses, and give back the
-        device rings that ended streams' clients have let go of."""
+        refused for what they hold), report what each stream and job uses, and give
+        back the device rings that ended streams' clients have let go of."""
         tick_s = min(1.0, self.config.idle_timeout_s / 4, self.config.contended_idle_timeout_s / 4)
-        busy: dict[BatchStream, tuple[float, float]] = {}  # stream -> (busy_s, when) at the last tick
         while not self._closed.wait(tick_s):
             timeout_s = self.config.idle_timeout_s
             if self._admission.contended():
@@ -357,19 +359,8 @@ class FeederService:
                     self.metrics.stream_idle_cancelled()
                     ticket.cancel()
                     stream.close()
-                else:
-                    self._report(stream, busy)
-            open_now = {stream for stream, _ in streams}
-            for gone in [s for s in busy if s not in open_now]:
-                del busy[gone]
+            self._usage.tick()
             self.transports.collect()  # device rings of ended streams, once their clients let go
-
-    def _report(self, stream: BatchStream, busy: dict[BatchStream, tuple[float, float]]) -> None:
-        now, used_s = time.monotonic(), stream.busy_s
-        last_used_s, last_s = busy.get(stream, (used_s, stream.opened_s))
-        threads = (used_s - last_used_s) / max(now - last_s, 1e-6)
-        busy[stream] = (used_s, now)
-        self.metrics.stream_usage(stream.label, threads, stream.queue_fill, stream.consumer_wait_s)
 
     def open_streams(self) -> int:
         """Streams open now."""
