@@ -130,3 +130,19 @@ def test_only_the_sockets_owners_processes_are_scanned_and_a_claim_is_checked(tm
     assert peers.process_of(parse_endpoint("127.0.0.1:40000")) is None
     assert peers.process_of(parse_endpoint("127.0.0.1:40000"), claimed_pid=4444) is None  # holds another socket
     assert peers.process_of(parse_endpoint("127.0.0.1:40000"), claimed_pid=4321) == 4321
+
+
+@pytest.mark.skipif(sys.byteorder != "little", reason="the fake tables are written in little-endian words")
+def test_a_connection_found_is_kept_while_its_process_holds_it_and_not_after(tmp_path):
+    proc = _fake_proc(tmp_path, *_tables(os.getuid()), _FDS)
+    peers = PeerProcesses(proc)
+    assert peers.process_of(parse_endpoint("127.0.0.1:40000")) == 4321
+    (proc / "net" / "tcp").write_text(_HEADER)  # the tables are not read again for it
+    assert peers.process_of(parse_endpoint("127.0.0.1:40000")) == 4321
+    # It closed, and another process's connection to this daemon got its port.
+    os.remove(proc / "4321" / "fd" / "0")
+    (proc / "net" / "tcp").write_text(_HEADER + _line("0100007F:C351", "0100007F:9C40", 11, os.getuid())
+                                      + _line("0100007F:9C40", "0100007F:C351", 20, os.getuid()))
+    (proc / "7777" / "fd").mkdir(parents=True)
+    os.symlink("socket:[20]", proc / "7777" / "fd" / "0")
+    assert peers.process_of(parse_endpoint("127.0.0.1:40000")) == 7777
