@@ -19,6 +19,13 @@ the least virtual time of the lanes that are busy (the way CFS places a waking t
 time it was away is not owed to it, so it cannot take the pool alone to catch up.
 The number of threads is the pool's, fixed when it is made: however many lanes there
 are, no more threads work.
+
+Lanes may be grouped in a :class:`Share` (a job's streams): then the pool shares its
+time first among the shares with work, in proportion to the shares' weights, and each
+share's time among its own lanes with work, in proportion to theirs (CFS' group
+scheduling, one level deep). A share's lanes that have nothing to do take nothing of
+it: a job of eight streams, three of them unread, has the time of one share for its
+five busy ones. A lane on its own is a share of its own, of the lane's weight.
 """
 
 from __future__ import annotations
@@ -32,8 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.errors import ConfigError
+from core.work_loops import Loop, PoolClosed
 
-__all__ = ["FairPool", "Lane", "Loop", "PoolClosed"]
+__all__ = ["FairPool", "Lane", "Loop", "PoolClosed", "Share"]
 
 # Share of the latest item in a lane's mean item time (an exponentially weighted
 # mean): the charge at claim follows a change of item size within a few items, and
@@ -41,42 +49,48 @@ __all__ = ["FairPool", "Lane", "Loop", "PoolClosed"]
 _MEAN_UPDATE = 0.25
 
 
-class PoolClosed(RuntimeError):
-    """Work handed to a lane or pool that was closed before it ran."""
+def _positive(weight: float, what: str) -> float:
+    """``weight`` as a float, checked.
+
+    Raises:
+        ConfigError: not a positive finite number.
+    """
+    if not (math.isfinite(weight) and weight > 0):
+        raise ConfigError(f"weight: {weight!r} is not a positive number ({what})")
+    return float(weight)
 
 
-class Loop:
-    """One ``parallel`` call: ``count`` items of ``work``; :meth:`wait` returns once
-    all have run, raising the first exception one of them raised."""
+class Share:
+    """Lanes that share one weight at the pool's top level (make it with
+    :meth:`FairPool.share`; a lane enters it with :meth:`Lane.join`).
 
-    def __init__(self, work: Callable[[int], None], count: int) -> None:
-        self.work = work
-        self.count = count
-        self.claimed = 0  # items handed to workers (guarded by the pool's lock)
-        self.finished = 0
-        self.error: BaseException | None = None
-        self._done = threading.Event()
-        if count == 0:
-            self._done.set()
+    Attributes:
+        virtual_s: its virtual time: worker seconds charged to its lanes over its
+            weight, moved up to the pool's least when it comes back from having no
+            work. Of the shares with work, the one whose ``virtual_s`` is least runs
+            next.
+    """
 
-    def wait(self) -> None:
-        """Block until every item has run (or, after a close, every item that started).
+    def __init__(self, pool: FairPool, name: str, weight: float = 1.0) -> None:
+        self.pool = pool
+        self.name = name
+        self.weight = weight
+        # Guarded by the pool's lock:
+        self.virtual_s = 0.0
+        self.ready: list[Lane] = []  # its lanes with items not yet claimed, least recently served first
+        self.running: dict[Lane, int] = {}  # its lanes with items claimed and not finished: how many
+        self.floor_s = 0.0  # the least virtual time of its busy lanes, as last seen (never goes back)
 
-        Raises:
-            BaseException: the first exception an item raised (the others still ran).
-            PoolClosed: the lane or pool was closed before every item ran.
-        """
-        self._done.wait()
-        if self.error is not None:
-            raise self.error
+    @property
+    def weight(self) -> float:
+        """Its part of the pool: shares with work get worker time in proportion to
+        their weights (1.0 by default). A new weight applies to the items claimed
+        from then on."""
+        return self._weight
 
-    def _fail(self, error: BaseException) -> None:
-        """Keep ``error`` unless one came first (the pool's lock held)."""
-        if self.error is None:
-            self.error = error
-
-    def _end(self) -> None:
-        self._done.set()
+    @weight.setter
+    def weight(self, weight: float) -> None:
+        self._weight = _positive(weight, f"share {self.name or '?'}")
 
 
 class Lane:
@@ -85,9 +99,13 @@ class Lane:
 
     Attributes:
         busy_s: worker seconds its items have taken (measured by the pool's clock).
-        virtual_s: its virtual time: worker seconds charged to it over its weight,
-            moved up to the pool's least when it comes back from having no work.
-            The lane with work whose ``virtual_s`` is least runs next.
+        cpu_s: CPU seconds its items have taken (each worker thread's own CPU time,
+            ``time.thread_time``: what the machine gave them, preemption excluded).
+        virtual_s: its virtual time within its share: worker seconds charged to it
+            over its weight, moved up to the share's least when it comes back from
+            having no work. The share's lane with work whose ``virtual_s`` is least
+            runs next.
+        share: the :class:`Share` it is in (one of its own unless it joined one).
     """
 
     def __init__(self, pool: FairPool, name: str, weight: float = 1.0) -> None:
@@ -95,7 +113,9 @@ class Lane:
         self.name = name
         self.loops: deque[Loop] = deque()
         self.busy_s = 0.0
+        self.cpu_s = 0.0
         self.closed = False
+        self._own = self.share = Share(pool, name, weight)
         self.weight = weight
         # Guarded by the pool's lock:
         self.virtual_s = 0.0
@@ -104,16 +124,28 @@ class Lane:
 
     @property
     def weight(self) -> float:
-        """Its share: lanes with work get worker time in proportion to their weights
-        (1.0 by default; 2.0 gets twice the time of a lane of 1.0 beside it). A new
-        weight applies to the items claimed from then on."""
+        """Its part of its share: a share's lanes with work get its worker time in
+        proportion to their weights (1.0 by default; 2.0 gets twice the time of a lane
+        of 1.0 beside it). A lane in a share of its own gives the share its weight. A
+        new weight applies to the items claimed from then on."""
         return self._weight
 
     @weight.setter
     def weight(self, weight: float) -> None:
-        if not (math.isfinite(weight) and weight > 0):
-            raise ConfigError(f"weight: {weight!r} is not a positive number (lane {self.name or '?'})")
-        self._weight = float(weight)
+        self._weight = _positive(weight, f"lane {self.name or '?'}")
+        self._own.weight = self._weight
+
+    def join(self, share: Share | None) -> None:
+        """Move into ``share`` (None: back into a share of its own). Its items
+        running stay charged to the share they were claimed in; in the new share it
+        starts level with the busy lanes there.
+
+        Raises:
+            ConfigError: ``share`` is another pool's.
+        """
+        if share is not None and share.pool is not self.pool:
+            raise ConfigError(f"lane {self.name or '?'}: share {share.name or '?'} is another pool's")
+        self.pool._move(self, self._own if share is None else share)
 
     def parallel(self, work: Callable[[int], None], count: int, first: bool = False) -> Loop:
         """Schedule ``work(i)`` for ``i`` in ``range(count)``; returns at once.
@@ -135,8 +167,9 @@ class Lane:
 
 class FairPool:
     """``threads`` worker threads whose time is shared by lanes in proportion to
-    their weights (see the module doc). The threads stop when the pool is closed, or
-    collected (with its lanes).
+    their weights, and by groups of lanes in proportion to their shares' weights
+    (see the module doc). The threads stop when the pool is closed, or collected
+    (with its lanes).
 
     Args:
         threads: worker threads (at least 1).
@@ -155,12 +188,20 @@ class FairPool:
         weakref.finalize(self, self._state.close)
 
     def lane(self, name: str = "", weight: float = 1.0) -> Lane:
-        """A new lane on this pool.
+        """A new lane on this pool, in a share of its own.
 
         Raises:
             ConfigError: ``weight`` is not a positive number.
         """
         return Lane(self, name, weight)
+
+    def share(self, name: str = "", weight: float = 1.0) -> Share:
+        """A new share of this pool, for lanes to join (:meth:`Lane.join`).
+
+        Raises:
+            ConfigError: ``weight`` is not a positive number.
+        """
+        return Share(self, name, weight)
 
     def close(self) -> None:
         """Stop the workers once the items already claimed have run; loops not
@@ -173,29 +214,40 @@ class FairPool:
     def _close_lane(self, lane: Lane) -> None:
         self._state.close_lane(lane)
 
+    def _move(self, lane: Lane, share: Share) -> None:
+        self._state.move(lane, share)
+
 
 @dataclass(frozen=True, slots=True)
 class _Claimed:
-    """An item handed to a worker, and what its lane was charged for it."""
+    """An item handed to a worker, what it was charged at the claim (its lane's
+    mean item time) and the weights it was charged at."""
 
     lane: Lane
+    share: Share
     loop: Loop
     index: int
-    charged_s: float  # added to the lane's virtual time at the claim
-    weight: float  # the lane's weight at the claim
+    charged_s: float
+    lane_weight: float
+    share_weight: float
+
+
+def _raise_floor(floor_s: float, busy: list[float]) -> float:
+    """``floor_s`` raised to the least of ``busy`` (virtual times), never lowered."""
+    return max(floor_s, min(busy)) if busy else floor_s
 
 
 class _Shared:
-    """What the workers share: the lanes with work or items running, their virtual
-    times, and the lock over every lane's loops."""
+    """What the workers share: the shares with work or items running, their virtual
+    times, and the lock over every lane's loops and every share's lanes."""
 
     def __init__(self, threads: int, clock: Callable[[], float]) -> None:
         self.threads = threads
         self._clock = clock
-        self._ready: list[Lane] = []  # lanes with items not yet claimed, least recently served first
-        self._running: set[Lane] = set()  # lanes with items claimed and not finished
-        # The least virtual time among busy lanes, as last seen; it never goes back
-        # (CFS' min_vruntime): where a lane that comes back with work is placed.
+        self._ready: list[Share] = []  # shares with a lane with items not yet claimed, least recently served first
+        self._running: set[Share] = set()  # shares with items claimed and not finished
+        # The least virtual time among busy shares, as last seen; it never goes back
+        # (CFS' min_vruntime): where a share that comes back with work is placed.
         self._floor_s = 0.0
         self._item_s = 0.0  # mean seconds per item over every lane: the charge of a lane's first
         self._cond = threading.Condition(threading.Lock())
@@ -206,7 +258,8 @@ class _Shared:
             if self._closed:
                 return
             self._closed = True
-            lanes, self._ready = list(self._ready), []
+            lanes = [lane for share in self._ready for lane in share.ready]
+            self._ready = []
             self._cond.notify_all()
         for lane in lanes:
             self.close_lane(lane)
@@ -230,28 +283,62 @@ class _Shared:
 
     def _wake(self, lane: Lane) -> None:
         """``lane`` has work again (lock held). Back from having nothing queued or
-        running, it starts at the busy lanes' least virtual time: no credit for the
-        time it was away, so it takes its share, not the pool."""
+        running, it starts at its share's busy lanes' least virtual time, and a
+        share back from having no work at the busy shares' least: no credit for the
+        time they were away, so they take their part, not the pool."""
+        share = lane.share
+        if not share.ready:
+            if not share.running:
+                share.virtual_s = max(share.virtual_s, self._advance_floor())
+            self._ready.append(share)
         if lane.running == 0:
-            lane.virtual_s = max(lane.virtual_s, self._advance_floor())
-        self._ready.append(lane)
+            lane.virtual_s = max(lane.virtual_s, self._advance_share_floor(share))
+        share.ready.append(lane)
 
     def _advance_floor(self) -> float:
-        """The busy lanes' least virtual time (lock held); the last one seen while
+        """The busy shares' least virtual time (lock held); the last one seen while
         none is busy."""
-        busy = [lane.virtual_s for lane in self._ready]
-        busy.extend(lane.virtual_s for lane in self._running)
-        if busy:
-            self._floor_s = max(self._floor_s, min(busy))
+        busy = [share.virtual_s for share in self._ready]
+        busy.extend(share.virtual_s for share in self._running)
+        self._floor_s = _raise_floor(self._floor_s, busy)
         return self._floor_s
+
+    @staticmethod
+    def _advance_share_floor(share: Share) -> float:
+        """``share``'s busy lanes' least virtual time (lock held)."""
+        busy = [lane.virtual_s for lane in share.ready]
+        busy.extend(lane.virtual_s for lane in share.running)
+        share.floor_s = _raise_floor(share.floor_s, busy)
+        return share.floor_s
+
+    def _unready(self, lane: Lane) -> bool:
+        """Take ``lane`` off its share's ready list, and the share off the pool's
+        when that was its last (lock held); whether it was on it."""
+        share = lane.share
+        if lane not in share.ready:
+            return False
+        share.ready.remove(lane)
+        if not share.ready:
+            self._ready.remove(share)
+        return True
+
+    def move(self, lane: Lane, share: Share) -> None:
+        """Put ``lane`` in ``share``; its work waiting goes with it."""
+        with self._cond:
+            if lane.share is share:
+                return
+            queued = self._unready(lane)
+            # Its virtual time counted in another share: it starts level here.
+            lane.share, lane.virtual_s = share, self._advance_share_floor(share)
+            if queued:
+                self._wake(lane)
 
     def close_lane(self, lane: Lane) -> None:
         """No more items of ``lane`` start; a loop ends once its items already
         running have (with :class:`PoolClosed` when some never ran)."""
         with self._cond:
             lane.closed = True
-            if lane in self._ready:
-                self._ready.remove(lane)
+            self._unready(lane)
             loops, lane.loops = list(lane.loops), deque()
             ended = []
             for loop in loops:
@@ -263,41 +350,55 @@ class _Shared:
             loop._end()
 
     def _claim(self) -> _Claimed | None:
-        """The next item: of the lane with work whose virtual time is least, the one
-        served longest ago among equals (lock held). Charges the lane its mean item
-        time at once."""
+        """The next item: of the share with work whose virtual time is least, of its
+        lane with work whose virtual time is least, each the one served longest ago
+        among equals (lock held). Charges both their mean item time at once."""
         while not self._ready:
             if self._closed:
                 return None
             self._cond.wait()
-        lane = min(self._ready, key=_virtual_s)
+        share = min(self._ready, key=_virtual_s)
+        lane = min(share.ready, key=_virtual_s)
         loop = lane.loops[0]
         index = loop.claimed
         loop.claimed += 1
         if loop.claimed == loop.count:
             lane.loops.popleft()
-        self._ready.remove(lane)
-        if lane.loops:
-            self._ready.append(lane)  # behind the lanes of equal virtual time
-        charged_s = (self._item_s if lane.item_s is None else lane.item_s) / lane.weight
-        lane.virtual_s += charged_s
+        self._unready(lane)
+        if lane.loops:  # behind the lanes, and shares, of equal virtual time
+            if not share.ready:
+                self._ready.append(share)
+            share.ready.append(lane)
+        item = _Claimed(lane, share, loop, index, self._item_s if lane.item_s is None else lane.item_s,
+                        lane.weight, share.weight)
+        lane.virtual_s += item.charged_s / item.lane_weight
+        share.virtual_s += item.charged_s / item.share_weight
         lane.running += 1
-        self._running.add(lane)
-        return _Claimed(lane, loop, index, charged_s, lane.weight)
+        share.running[lane] = share.running.get(lane, 0) + 1
+        self._running.add(share)
+        return item
 
-    def _finished(self, item: _Claimed, took_s: float) -> None:
-        """Book an item's measured time (lock held): its lane's busy time, its
-        virtual time corrected from the charge, the mean item times."""
-        lane = item.lane
+    def _finished(self, item: _Claimed, took_s: float, cpu_s: float) -> None:
+        """Book an item's measured time (lock held): its lane's busy and CPU time,
+        its lane's and share's virtual times corrected from the charge, the mean
+        item times."""
+        lane, share = item.lane, item.share
         lane.busy_s += took_s
-        lane.virtual_s += took_s / item.weight - item.charged_s
+        lane.cpu_s += cpu_s
+        lane.virtual_s += (took_s - item.charged_s) / item.lane_weight
+        share.virtual_s += (took_s - item.charged_s) / item.share_weight
         lane.item_s = took_s if lane.item_s is None else lane.item_s + _MEAN_UPDATE * (took_s - lane.item_s)
         self._item_s += _MEAN_UPDATE * (took_s - self._item_s)
         lane.running -= 1
-        if lane.running == 0:
-            if not lane.loops:
-                self._advance_floor()  # while it still counts: the floor may rise to it
-            self._running.discard(lane)
+        share.running[lane] -= 1
+        if share.running[lane] == 0:
+            if lane not in share.ready:
+                self._advance_share_floor(share)  # while it still counts: the floor may rise to it
+            del share.running[lane]
+        if not share.running:
+            if not share.ready:
+                self._advance_floor()
+            self._running.discard(share)
 
     def serve(self) -> None:
         """A worker: run items until closed."""
@@ -306,15 +407,15 @@ class _Shared:
                 item = self._claim()
             if item is None:
                 return
-            started = self._clock()
+            started, cpu_started = self._clock(), time.thread_time()
             error: BaseException | None = None
             try:
                 item.loop.work(item.index)
             except BaseException as e:  # noqa: BLE001 - handed to the loop's waiter
                 error = e
-            took_s = self._clock() - started
+            took_s, cpu_s = self._clock() - started, time.thread_time() - cpu_started
             with self._cond:
-                self._finished(item, took_s)
+                self._finished(item, took_s, cpu_s)
                 if error is not None:
                     item.loop._fail(error)
                 item.loop.finished += 1
@@ -324,5 +425,5 @@ class _Shared:
             del item  # while waiting, hold nothing that keeps a pool alive
 
 
-def _virtual_s(lane: Lane) -> float:
-    return lane.virtual_s
+def _virtual_s(entity: Lane | Share) -> float:
+    return entity.virtual_s

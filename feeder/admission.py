@@ -1,7 +1,9 @@
 """Which streams the daemon lets in: at most ``max_streams`` in all, at most
-``max_streams_per_peer`` from one client (a connection, or a process over the unix
-socket: see :func:`client_key`), at most ``max_streams_per_job`` from one job, and only
-while the estimated memory of every open stream stays within ``max_memory_bytes``.
+``max_streams_per_peer`` from one client (a process where the daemon can tell, else a
+connection: see :func:`client_of`), at most ``max_streams_per_address`` from the
+connections of one address whose processes it cannot tell, at most
+``max_streams_per_job`` from one job, and only while the estimated memory of every
+open stream stays within ``max_memory_bytes``.
 
 The memory of a stream is estimated from its request before anything is built (see
 :func:`stream_need_bytes`); the estimate is reserved while the stream is open and
@@ -17,7 +19,6 @@ asking for.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 import time
 import urllib.parse
@@ -30,8 +31,9 @@ from core.errors import ResourceExhausted, ServiceUnavailable
 from feeder.config import ServerConfig
 from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
+from feeder.peers import PeerProcesses, parse_endpoint
 
-__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Ticket", "client_key", "stream_need_bytes"]
+__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Client", "Ticket", "client_of", "stream_need_bytes"]
 
 # One source photo decoded to RGB before it is cropped and resized: 500 x 400 px,
 # a little above ImageNet's mean (about 400 x 350), so typical batches fit.
@@ -65,27 +67,45 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
     return (queued + _HELD_BATCHES) * batch + pipeline
 
 
-def client_key(peer: str, pid: int = 0) -> str:
-    """Who a stream's client is, for the per-client limit: the connection, that is
-    the gRPC peer with its port (``ipv4:10.0.0.1:5123``; the channels of one process
-    to a daemon share one connection, so that is the process); over the unix socket,
-    where every peer looks alike, the process its request names (``unix:pid=1234``;
-    ``unix`` without one: the socket is owner-only, so that is one user). ``""`` (a
-    caller without gRPC) is ``local``."""
+@dataclass(frozen=True)
+class Client:
+    """Who a stream's client is, for the per-client limit and the shares.
+
+    Attributes:
+        key: the process where the daemon can tell: ``pid=1234`` (a TCP peer on
+            this host, as the kernel says) or ``unix:pid=1234`` (over the unix
+            socket, the pid its request names; ``unix`` without one); else the
+            connection, ``ipv4:10.0.0.1:5123``; ``local`` for a caller without gRPC.
+        address: for a connection whose process the daemon cannot tell, its
+            address (``ipv4:10.0.0.1``), for ``max_streams_per_address``; else "".
+    """
+
+    key: str
+    address: str = ""
+
+
+def client_of(peer: str, pid: int = 0, processes: PeerProcesses | None = None) -> Client:
+    """The client of a stream from gRPC peer ``peer`` (``context.peer()``) whose
+    request names process ``pid`` (0: none): over TCP the process holding the
+    connection where ``processes`` finds it (the channels of one process may open
+    several connections), else the connection; over the unix socket, where every
+    peer looks alike, the process the request names (the socket is owner-only, so
+    that is one user's word). ``""`` (a caller without gRPC) is ``local``."""
     if not peer:
-        return "local"
+        return Client("local")
     kind, _, address = peer.partition(":")
     if kind == "unix":
-        return f"unix:pid={pid}" if pid else "unix"
-    host, _, port = urllib.parse.unquote(address).rpartition(":")
-    host = host.strip("[]")
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return f"{kind}:{host}:{port}"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return f"ipv4:{ip}:{port}" if ip.version == 4 else f"ipv6:[{ip}]:{port}"
+        return Client(f"unix:pid={pid}" if pid else "unix")
+    address = urllib.parse.unquote(address)
+    endpoint = parse_endpoint(address)
+    if endpoint is None:
+        host, _, port = address.rpartition(":")
+        return Client(f"{kind}:{host}:{port}", f"{kind}:{host}")
+    found = processes.process_of(endpoint, pid) if processes is not None else None
+    if found is not None:
+        return Client(f"pid={found}")
+    host = str(endpoint.ip) if endpoint.ip.version == 4 else f"[{endpoint.ip}]"
+    return Client(f"ipv{endpoint.ip.version}:{host}:{endpoint.port}", f"ipv{endpoint.ip.version}:{host}")
 
 
 @dataclass(frozen=True)
@@ -94,14 +114,14 @@ class Ticket:
 
     Attributes:
         name: how the log names the stream.
-        client: its client (:func:`client_key`).
+        client: its client (:func:`client_of`).
         job: its job (the request's ``job_id``; its client when it names none).
         need_bytes: its reserved memory estimate.
         cancel: ends the stream's call from the daemon's side (idle timeout).
     """
 
     name: str
-    client: str
+    client: Client
     job: str
     need_bytes: int
     cancel: Callable[[], None]
@@ -112,7 +132,7 @@ class Admission(Generic[Stream]):
 
     Args:
         config: the limits (``max_streams``, ``max_streams_per_peer``,
-            ``max_streams_per_job``, ``max_memory_bytes``) and how long a refusal
+            ``max_streams_per_address``, ``max_streams_per_job``, ``max_memory_bytes``) and how long a refusal
             keeps the node contended (``contended_idle_timeout_s``).
         metrics: where refusals and reserved bytes are counted.
     """
@@ -122,6 +142,7 @@ class Admission(Generic[Stream]):
         self._metrics = metrics
         self._open: dict[Stream, Ticket] = {}
         self._per_client: Counter[str] = Counter()
+        self._per_address: Counter[str] = Counter()  # of clients known only by their connection
         self._per_job: Counter[str] = Counter()
         self._reserved_bytes = 0
         self._accepting = True
@@ -129,7 +150,7 @@ class Admission(Generic[Stream]):
         self._lock = threading.Lock()
         metrics.memory_budget.set(config.max_memory_bytes)
 
-    def check(self, client: str, job: str, need_bytes: int) -> None:
+    def check(self, client: Client, job: str, need_bytes: int) -> None:
         """Raise what :meth:`admit` would raise now (to refuse before building)."""
         with self._lock:
             self._refuse_if_over(client, job, need_bytes)
@@ -139,13 +160,15 @@ class Admission(Generic[Stream]):
 
         Raises:
             ServiceUnavailable: shutting down.
-            ResourceExhausted: ``max_streams``, its client's or job's limit, or the
-                memory budget would be passed (the message names the limit).
+            ResourceExhausted: ``max_streams``, its client's, address's or job's
+                limit, or the memory budget would be passed (the message names the
+                limit).
         """
         with self._lock:
             self._refuse_if_over(ticket.client, ticket.job, ticket.need_bytes)
             self._open[stream] = ticket
-            self._per_client[ticket.client] += 1
+            self._per_client[ticket.client.key] += 1
+            self._per_address[ticket.client.address] += 1
             self._per_job[ticket.job] += 1
             self._reserved_bytes += ticket.need_bytes
             self._metrics.reserved.set(self._reserved_bytes)
@@ -155,7 +178,8 @@ class Admission(Generic[Stream]):
         with self._lock:
             ticket = self._open.pop(stream, None)
             if ticket is not None:
-                self._per_client -= Counter({ticket.client: 1})
+                self._per_client -= Counter({ticket.client.key: 1})
+                self._per_address -= Counter({ticket.client.address: 1})
                 self._per_job -= Counter({ticket.job: 1})
                 self._reserved_bytes -= ticket.need_bytes
                 self._metrics.reserved.set(self._reserved_bytes)
@@ -189,14 +213,20 @@ class Admission(Generic[Stream]):
         with self._lock:
             return len(self._open)
 
-    def _refuse_if_over(self, client: str, job: str, need_bytes: int) -> None:
+    def _refuse_if_over(self, client: Client, job: str, need_bytes: int) -> None:
         config = self._config
         if not self._accepting:
             raise ServiceUnavailable("daemon is shutting down")
-        if self._per_client[client] >= config.max_streams_per_peer:
+        if self._per_client[client.key] >= config.max_streams_per_peer:
             self._metrics.stream_refused("max_streams_per_peer")
-            raise ResourceExhausted(f"max_streams_per_peer: {clip(client)} already has {self._per_client[client]} "
-                                    f"streams open (limit {config.max_streams_per_peer})")
+            count = self._per_client[client.key]
+            raise ResourceExhausted(f"max_streams_per_peer: {clip(client.key)} already has {count} streams open "
+                                    f"(limit {config.max_streams_per_peer})")
+        if client.address and self._per_address[client.address] >= config.max_streams_per_address:
+            self._metrics.stream_refused("max_streams_per_address")
+            raise ResourceExhausted(f"max_streams_per_address: the connections of {clip(client.address)} already "
+                                    f"have {self._per_address[client.address]} streams open (limit "
+                                    f"{config.max_streams_per_address}; their processes are not known here)")
         if self._per_job[job] >= config.max_streams_per_job:
             self._metrics.stream_refused("max_streams_per_job")
             raise ResourceExhausted(f"max_streams_per_job: job {clip(job)} already has {self._per_job[job]} streams "

@@ -31,11 +31,12 @@ if TYPE_CHECKING:
 # they are used: ``feeder --help`` builds its options from this module.
 
 __all__ = [
-    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR", "ServerConfig",
-    "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
+    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR",
+    "ServerConfig", "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
 ]
 
 DEVICES = ("auto", "cpu", "gpu")
+FAIR_SHARES = ("per-job", "per-stream")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -72,8 +73,17 @@ class ServerConfig:
             ``feeder.devices.thread_share``). The default CPU decoder runs on one
             shared pool of this many worker threads, shared by worker time among
             the streams with work (``core.workers.FairPool``: a 448 px stream gets
-            as much CPU as a 224 px one beside it, not four times as much). Default: the CPUs this
-            process may use (its affinity, its container's CPU limit), at most 8.
+            as much CPU as a 224 px one beside it, not four times as much), as
+            ``fair_share`` says. Default: the CPUs this process may use (its
+            affinity, its container's CPU limit), at most 8.
+        fair_share: how the decode threads' time is shared among streams with work:
+            ``per-stream`` (each stream, that is each rank, an equal share: a job of
+            8 ranks gets 8 times a job of 1; right for one job per node) or
+            ``per-job`` (each job an equal share, split among its streams, whatever
+            its rank count: for a node shared by unrelated jobs). In ``per-job`` a
+            process counts as one job whatever it names: the jobs one client process
+            names share one share (see ``max_streams_per_peer`` for what a client
+            is).
         prefetch: pipeline runs kept in flight per stream.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
@@ -81,9 +91,17 @@ class ServerConfig:
             Example: 512M.
         max_batch_size: largest batch a request may ask for.
         max_streams: streams open at once; more are refused as resource exhausted.
-        max_streams_per_peer: streams one client may hold open: one connection (the
-            channels of one process share one), or over the unix socket one process
-            (by the pid its request names); more are refused as resource exhausted.
+        max_streams_per_peer: streams one client may hold open, more are refused as
+            resource exhausted. A client is a process where the daemon can tell: over
+            TCP from this host the process the kernel says holds the connection,
+            whatever connections it opens; over the unix socket the pid its request
+            names. Else (a client on another host) a connection.
+        max_streams_per_address: streams the connections of one address may hold
+            open together where the daemon cannot tell their processes (clients on
+            other hosts), so that opening more connections does not multiply
+            ``max_streams_per_peer``. The default fits a node's job of 8 ranks, each
+            with a train and a validation stream and the stream opened ahead of a
+            size change.
         max_streams_per_job: streams one job may hold open (its ranks share the
             request's ``job_id``; a request without one is its client's own job). The
             defaults fit two jobs of 8 ranks with train and validation streams, each
@@ -228,12 +246,14 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     device: str = "auto"
     threads: int = field(default_factory=_default_threads)
+    fair_share: str = "per-stream"
     prefetch: int = 2
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
     max_streams: int = 64
     max_streams_per_peer: int = 16
+    max_streams_per_address: int = 32
     max_streams_per_job: int = 32
     max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
     idle_timeout_s: float = 600.0
@@ -283,12 +303,15 @@ class ServerConfig:
                 raise ConfigError(f"dataset name {name!r}: must be non-empty, without '=' or '/'")
         if self.device not in DEVICES:
             raise ConfigError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.fair_share not in FAIR_SHARES:
+            raise ConfigError(f"fair_share: {self.fair_share!r} is not one of {', '.join(FAIR_SHARES)}")
         for port_name in ("port", "metrics_port"):
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
         for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
-                     "max_streams_per_peer", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests"):
+                     "max_streams_per_peer", "max_streams_per_address", "max_streams_per_job", "max_memory_bytes",
+                     "ring_slots", "store_requests"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("store_retry_window_s", "store_heal_s"):

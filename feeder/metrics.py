@@ -180,6 +180,11 @@ class ServerMetrics:
             "feeder_stream_queue_fill", "Share of each open stream's ready queue that is filled (near 1: its "
             "consumer is the slow side; near 0: it waits for the daemon).", ["stream"], registry=r,
         )
+        self.stream_cpu = Gauge(
+            "feeder_stream_cpu_seconds", "CPU seconds each open stream's decodes and resizes have taken on the "
+            "decode threads since the stream opened.", ["stream"], registry=r,
+        )
+        self._job_metrics(r)
         self.stream_consumer_wait = Gauge(
             "feeder_stream_consumer_wait_seconds", "Seconds each open stream's consumer has waited for a "
             "batch since the stream opened.", ["stream"], registry=r,
@@ -188,6 +193,49 @@ class ServerMetrics:
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
             buckets=_STAGE_BUCKETS_S, registry=r,
         )
+
+    def _job_metrics(self, r: CollectorRegistry) -> None:
+        """Per job: a job's labels exist while it has a stream open (jobs are
+        bounded by ``max_streams``)."""
+        self.job_streams = Gauge("feeder_job_streams", "Streams each job has open.", ["job"], registry=r)
+        self.job_threads = Gauge(
+            "feeder_job_threads", "Decode threads each job's streams kept busy over the last interval: its "
+            "share of --threads (see --fair-share).", ["job"], registry=r,
+        )
+        self.job_decode_s = Counter(
+            "feeder_job_decode_seconds", "Seconds of the decode threads each job's streams have taken (wall time "
+            "on the workers, what --fair-share shares).", ["job"], registry=r,
+        )
+        self.job_cpu_s = Counter(
+            "feeder_job_cpu_seconds", "CPU seconds of the decode threads each job's streams have taken.",
+            ["job"], registry=r,
+        )
+        self.job_images = Counter("feeder_job_images", "Images sent to each job's streams.", ["job"], registry=r)
+        self.job_images_per_s = Gauge(
+            "feeder_job_images_per_second", "Images per second sent to each job's streams over the last interval.",
+            ["job"], registry=r,
+        )
+
+    def job_used(self, job: str, decode_s: float, cpu_s: float, images: int) -> None:
+        """What job ``job``'s streams took since it was last told."""
+        self.job_decode_s.labels(job=job).inc(max(0.0, decode_s))
+        self.job_cpu_s.labels(job=job).inc(max(0.0, cpu_s))
+        self.job_images.labels(job=job).inc(images)
+
+    def job_rates(self, job: str, streams: int, threads: float, images_per_s: float) -> None:
+        """What job ``job`` has open and took over the last interval."""
+        self.job_streams.labels(job=job).set(streams)
+        self.job_threads.labels(job=job).set(threads)
+        self.job_images_per_s.labels(job=job).set(images_per_s)
+
+    def job_gone(self, job: str) -> None:
+        """Job ``job``'s last stream closed: its labels go."""
+        for metric in (self.job_streams, self.job_threads, self.job_decode_s, self.job_cpu_s, self.job_images,
+                       self.job_images_per_s):
+            try:
+                metric.remove(job)
+            except KeyError:
+                pass  # never reported
 
     def _add(self, **amounts: int) -> None:
         with self._lock:
@@ -260,15 +308,17 @@ class ServerMetrics:
     def decode_retried(self) -> None:
         self.retries.inc()
 
-    def stream_usage(self, stream: str, threads: float, queue_fill: float, consumer_wait_s: float) -> None:
+    def stream_usage(self, stream: str, threads: float, queue_fill: float, consumer_wait_s: float,
+                     cpu_s: float = 0.0) -> None:
         """What open stream ``stream`` uses now (see the ``feeder_stream_*`` gauges)."""
         self.stream_threads.labels(stream=stream).set(threads)
+        self.stream_cpu.labels(stream=stream).set(cpu_s)
         self.stream_queue_fill.labels(stream=stream).set(queue_fill)
         self.stream_consumer_wait.labels(stream=stream).set(consumer_wait_s)
 
     def stream_gone(self, stream: str) -> None:
         """Stream ``stream`` closed: its gauges go."""
-        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait):
+        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait, self.stream_cpu):
             try:
                 gauge.remove(stream)
             except KeyError:

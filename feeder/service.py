@@ -14,7 +14,7 @@ from pathlib import Path
 from core.bad_input import OnError
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, client_key, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_of, stream_need_bytes
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
@@ -22,12 +22,15 @@ from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
+from feeder.peers import PeerProcesses
 from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
 from feeder.producer import BatchRunner, StreamContext
 from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
+from feeder.shares import FairShares, Member
 from feeder.stream import BatchStream, StreamOutcome
+from feeder.usage import Usage
 from protocol.identity import Identity, check, digest_for
 from protocol.plan import (
     BatchSlice,
@@ -132,8 +135,12 @@ class FeederService:
         self.device = resolve_device(config.device)
         _say_footprint(config, datasets)
         self.devices = DevicePlacer.of_this_process(self.device)
-        # The node's decode threads (``--threads``), shared fairly by every stream.
+        # The node's decode threads (``--threads``), shared fairly by every stream
+        # (``--fair-share``: by stream, or by job).
         self.workers = FairPool(config.threads)
+        self.shares = FairShares(self.workers, config.fair_share)
+        self._peers = PeerProcesses()
+        self._usage = Usage(metrics)
         self.pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held,
                                  workers=self.workers)
         self.transports = TransportHub(config.transport)
@@ -190,11 +197,12 @@ class FeederService:
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         check_epochs_hold_batches(len(split), spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
                                   f"{clip(spec.dataset)}/{clip(spec.split)}")
-        client = client_key(peer, transport.client.pid if transport.client is not None else 0)
-        job, need = spec.job_id or client, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
+        client = client_of(peer, transport.client.pid if transport.client is not None else 0, self._peers)
+        job, need = spec.job_id or client.key, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
         self._admission.check(client, job, need)  # before building anything for a refused stream
         number = next(self._numbers)
-        name = f"stream {number} ({clip(peer or 'local')}, job {clip(spec.job_id or '-')})"
+        process = f" {clip(client.key)}" if client.key.startswith("pid=") else ""
+        name = f"stream {number} ({clip(peer or 'local')}{process}, job {clip(spec.job_id or '-')})"
         with self._counted_opening(), ExitStack() as parts:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
@@ -210,6 +218,9 @@ class FeederService:
             stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics, str(number))
             self._admission.admit(stream, Ticket(name, client, job, need, cancel))
             parts.callback(self._ended, stream)
+            self.shares.join(stream, Member(runner.lane, job, client.key))
+            parts.callback(self.shares.leave, stream)
+            self._usage.opened(stream, job)
             self.metrics.stream_opened()
             stream.own(parts.pop_all())
         log.info("%s opened: %s/%s rank %d/%d, batch %d, %d px, %d samples from cursor %d, epochs %d-%d, over %s, "
@@ -327,16 +338,15 @@ class FeederService:
         log.log(logging.WARNING if failed else logging.INFO, "%s closed, %s%s: %d samples in %d batches, %.1f s",
                 ticket.name if ticket else "stream", stream.outcome.value, detail, stream.samples_sent,
                 stream.batches_sent, time.monotonic() - stream.opened_s)
-        self.metrics.stream_gone(stream.label)
+        self._usage.closed(stream)
         self.metrics.stream_closed()
 
     def _watch_streams(self) -> None:
         """Until closed, about once a second: cancel streams whose client took no batch
         for ``idle_timeout_s`` (``contended_idle_timeout_s`` while another client is
-        refused for what they hold), report what each stream uses, and give back the
-        device rings that ended streams' clients have let go of."""
+        refused for what they hold), report what each stream and job uses, and give
+        back the device rings that ended streams' clients have let go of."""
         tick_s = min(1.0, self.config.idle_timeout_s / 4, self.config.contended_idle_timeout_s / 4)
-        busy: dict[BatchStream, tuple[float, float]] = {}  # stream -> (busy_s, when) at the last tick
         while not self._closed.wait(tick_s):
             timeout_s = self.config.idle_timeout_s
             if self._admission.contended():
@@ -349,19 +359,8 @@ class FeederService:
                     self.metrics.stream_idle_cancelled()
                     ticket.cancel()
                     stream.close()
-                else:
-                    self._report(stream, busy)
-            open_now = {stream for stream, _ in streams}
-            for gone in [s for s in busy if s not in open_now]:
-                del busy[gone]
+            self._usage.tick()
             self.transports.collect()  # device rings of ended streams, once their clients let go
-
-    def _report(self, stream: BatchStream, busy: dict[BatchStream, tuple[float, float]]) -> None:
-        now, used_s = time.monotonic(), stream.busy_s
-        last_used_s, last_s = busy.get(stream, (used_s, stream.opened_s))
-        threads = (used_s - last_used_s) / max(now - last_s, 1e-6)
-        busy[stream] = (used_s, now)
-        self.metrics.stream_usage(stream.label, threads, stream.queue_fill, stream.consumer_wait_s)
 
     def open_streams(self) -> int:
         """Streams open now."""

@@ -66,6 +66,8 @@ class BatchStream:
         self.context = context
         self.sender = sender
         self._producer = Producer(context, metrics)
+        lane = context.runner.lane  # pooled with its pipeline: counted from here on
+        self._lane_start_s = (lane.busy_s, lane.cpu_s)
         self._slices = slices
         self._metrics = metrics
         self._resources = ExitStack()  # what the stream owns (see own())
@@ -132,9 +134,15 @@ class BatchStream:
 
     @property
     def busy_s(self) -> float:
-        """Seconds of the daemon's decode threads this stream's pipeline has used
-        (while it was lent to this stream, and before: it is pooled)."""
-        return self.context.runner.lane.busy_s
+        """Seconds of the daemon's decode threads this stream has used since it
+        opened (wall time on the workers: what it kept them from others)."""
+        return self.context.runner.lane.busy_s - self._lane_start_s[0]
+
+    @property
+    def cpu_s(self) -> float:
+        """CPU seconds of the daemon's decode threads this stream has used since it
+        opened."""
+        return self.context.runner.lane.cpu_s - self._lane_start_s[1]
 
     @property
     def pipeline(self) -> PipelineSpec:

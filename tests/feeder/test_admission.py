@@ -4,6 +4,7 @@ streams and the bytes of each stream's ready queue."""
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from core.errors import ResourceExhausted
-from feeder.admission import DECODED_SAMPLE_BYTES, client_key, stream_need_bytes
+from feeder.admission import DECODED_SAMPLE_BYTES, Client, client_of, stream_need_bytes
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.producer import ReadyBatch
@@ -86,19 +87,20 @@ def test_a_request_larger_than_the_whole_budget_is_refused(private_server, shard
 
 # -- streams per client and per job ---------------------------------------------
 
-@pytest.mark.parametrize("peer,pid,key", [
-    ("ipv4:127.0.0.1:50312", 0, "ipv4:127.0.0.1:50312"),
-    ("ipv4:10.1.2.3:1", 7, "ipv4:10.1.2.3:1"),
-    ("ipv6:[::1]:50312", 0, "ipv6:[::1]:50312"),
-    ("ipv6:[::ffff:127.0.0.1]:50312", 0, "ipv4:127.0.0.1:50312"),
-    ("ipv6:%5B::1%5D:50312", 0, "ipv6:[::1]:50312"),
-    ("unix:/run/feeder.sock", 0, "unix"),
-    ("unix:/run/feeder.sock", 4321, "unix:pid=4321"),
-    ("unix:", 12, "unix:pid=12"),
-    ("", 0, "local"),
+@pytest.mark.parametrize("peer,pid,key,address", [
+    ("ipv4:127.0.0.1:50312", 0, "ipv4:127.0.0.1:50312", "ipv4:127.0.0.1"),
+    ("ipv4:10.1.2.3:1", 7, "ipv4:10.1.2.3:1", "ipv4:10.1.2.3"),
+    ("ipv6:[::1]:50312", 0, "ipv6:[::1]:50312", "ipv6:[::1]"),
+    ("ipv6:[::ffff:127.0.0.1]:50312", 0, "ipv4:127.0.0.1:50312", "ipv4:127.0.0.1"),
+    ("ipv6:%5B::1%5D:50312", 0, "ipv6:[::1]:50312", "ipv6:[::1]"),
+    ("unix:/run/feeder.sock", 0, "unix", ""),
+    ("unix:/run/feeder.sock", 4321, "unix:pid=4321", ""),
+    ("unix:", 12, "unix:pid=12", ""),
+    ("", 0, "local", ""),
 ])
-def test_a_client_is_its_connection_or_over_the_unix_socket_its_process(peer, pid, key):
-    assert client_key(peer, pid) == key
+def test_a_client_whose_process_is_not_known_is_its_connection_or_over_the_unix_socket_its_pid(
+        peer, pid, key, address):
+    assert client_of(peer, pid) == Client(key, address)
 
 
 def _open_from(service, peer: str, job_id: str = ""):
@@ -138,6 +140,43 @@ def test_one_job_cannot_take_every_stream_whatever_its_connections(shards):
         service.close()
 
 
+def test_connections_whose_processes_are_not_known_have_a_cap_per_address(shards):
+    config = _config(shards, max_streams=16, max_streams_per_peer=2, max_streams_per_address=3)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    try:
+        streams = [_open_from(service, f"ipv4:10.0.0.1:{1000 + i}") for i in range(3)]  # three connections
+        with pytest.raises(ResourceExhausted, match=r"max_streams_per_address: the connections of ipv4:10\.0\.0\.1 "
+                                                    r"already have 3 streams open \(limit 3"):
+            _open_from(service, "ipv4:10.0.0.1:2000")
+        streams.append(_open_from(service, "ipv4:10.0.0.2:2000"))  # another host
+        streams.pop(0).close()
+        streams.append(_open_from(service, "ipv4:10.0.0.1:2000"))
+        for stream in streams:
+            stream.close()
+    finally:
+        service.close()
+
+
+def test_one_process_is_one_client_whatever_connections_it_opens(private_server):
+    server, port = private_server(max_streams_per_peer=3, queue_batches=1)
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(4)]  # four connections of this one process
+    try:
+        unread = [feeder_pb2_grpc.FeederStub(c).StreamBatches(request(batch_size=16, image_size=128, epochs=20))
+                  for c in channels[:3]]
+        assert wait_for(lambda: server.service.open_streams() == 3)
+        with pytest.raises(grpc.RpcError) as caught:
+            next(feeder_pb2_grpc.FeederStub(channels[3]).StreamBatches(request()))
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"max_streams_per_peer: pid={os.getpid()} already has 3 streams" in caught.value.details()
+        for call in unread:
+            call.cancel()
+        assert wait_for(lambda: server.service.open_streams() == 0)
+    finally:
+        for channel in channels:
+            channel.close()
+
+
 def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server):
     server, port = private_server(max_streams_per_peer=3, queue_batches=1)
     with connect(port) as channel:
@@ -147,7 +186,7 @@ def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server
         with pytest.raises(grpc.RpcError) as caught:
             next(stub.StreamBatches(request()))
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "max_streams_per_peer: ipv4:127.0.0.1:" in caught.value.details()
+        assert f"max_streams_per_peer: pid={os.getpid()} " in caught.value.details()  # this process
         for call in unread:
             call.cancel()
         assert wait_for(lambda: server.service.open_streams() == 0)

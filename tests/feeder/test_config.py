@@ -28,6 +28,8 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"grace_s": -1.0}, "grace_s"),
         ({"queue_bytes": 0}, "queue_bytes"),
         ({"max_streams_per_peer": 0}, "max_streams_per_peer"),
+        ({"max_streams_per_address": 0}, "max_streams_per_address"),
+        ({"fair_share": "per-rank"}, "fair_share: 'per-rank' is not one of per-job, per-stream"),
         ({"max_memory_bytes": 0}, "max_memory_bytes"),
         ({"idle_timeout_s": 0.0}, "idle_timeout_s"),
         ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
@@ -104,6 +106,22 @@ def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
     assert result.exit_code == 1
     expected = "feeder: error: --max-memory-bytes '8X': expected a size such as 8G, 512M or 1073741824"
     assert result.output.strip() == expected
+
+
+def test_serve_refuses_a_fair_share_it_does_not_know_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "feeder", "serve", "--dataset", f"d={tmp_path}", "--fair-share",
+                          "bogus"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, (run.stdout, run.stderr)
+    assert run.stderr.strip() == "feeder: error: fair_share: 'bogus' is not one of per-job, per-stream", run.stderr
+
+
+def test_the_fair_share_is_an_option_of_serve_with_its_default():
+    config = ServerConfig(**OK)
+    assert config.fair_share == "per-stream"
+    assert ServerConfig(**(OK | {"fair_share": "per-job"})).fair_share == "per-job"
 
 
 def test_a_containers_cgroup_limits_are_the_machine_the_defaults_are_sized_on(tmp_path, monkeypatch):

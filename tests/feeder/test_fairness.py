@@ -24,8 +24,10 @@ from tests.common.waiting import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 _RANKS, _JOBS = 8, 2
+# The ranks and the hoarder are threads of this one process: its per-client limit is
+# lifted so that the limits every client shares (streams, memory) are the ones tested.
 _OPTIONS = ("--threads", "2", "--contended-idle-timeout-s", "2", "--max-memory-bytes", "400M",
-            "--max-batch-size", "64")
+            "--max-batch-size", "64", "--max-streams-per-peer", "128")
 # One connection per channel, as separate processes have (channels of one process
 # otherwise share one).
 _OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", -1)]
@@ -105,15 +107,16 @@ def _run_jobs(address: str, seconds: float = 2.0) -> dict[str, float]:
 
 
 def _hoard(address: str, stats) -> tuple[list, list]:
-    """The careless process: 4 connections of 16 unread streams (its per-client
-    limit), 64 in all (the daemon's max_streams), holding most of the memory budget."""
+    """The careless process: 4 connections of 16 unread streams, each connection a
+    job of its own (at most --max-streams-per-job), 64 in all (the daemon's
+    max_streams), holding most of the memory budget."""
     hog = [grpc.insecure_channel(address, options=_OWN_CONNECTION) for _ in range(4)]
     unread = []
-    for channel in hog:
+    for job, channel in enumerate(hog):
         for _ in range(16):  # one at a time, as a loop of careless code opens them
             open_before = stats(feeder_pb2.StatsRequest()).open_streams
             unread.append(feeder_pb2_grpc.FeederStub(channel).StreamBatches(
-                _request("train", "", 0, world_size=1, batch_size=4, image_size=16)))
+                _request("train", f"hog-{job}", 0, world_size=1, batch_size=4, image_size=16)))
             assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams > open_before, timeout_s=10)
     time.sleep(3.0)  # its first batches made: the producers wait on unread queues
     return hog, unread
