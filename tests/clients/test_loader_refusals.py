@@ -20,7 +20,7 @@ from feeder.config import ServerConfig
 from feeder.server import create_server
 from protocol.request import MAX_WORLD_SIZE
 from protos import feeder_pb2, feeder_pb2_grpc
-from tests.clients.conftest import N_TRAIN
+from tests.common.sample_daemon import N_TRAIN
 
 # The loader's request fields, also sent to the daemon as they are.
 FIELDS = dict(batch_size=8, image_size=32, rank=0, world_size=1)

@@ -1,20 +1,20 @@
-"""The ``train`` command: ``feeder train ...`` and ``python -m clients.train ...``
-(under torchrun: ``torchrun --nproc-per-node N -m clients.train ...``). Its options
-are the fields of :class:`clients.config.TrainConfig`, written once there."""
+"""The ``train`` command: ``feeder train ...`` and ``python -m trainer.train ...``
+(under torchrun: ``torchrun --nproc-per-node N -m trainer.train ...``). Its options
+are the fields of :class:`trainer.config.TrainConfig`, written once there."""
 
 from __future__ import annotations
 
 import typer
 
-from clients.config import TrainConfig
 from core.options import command_from_config
+from trainer.config import TrainConfig
 
 __all__ = ["register", "train_command"]
 
 
 def _train(config: TrainConfig) -> None:
-    from clients.stop import Stopped
-    from clients.trainer import train  # torch is imported only when a run starts
+    from trainer.loop import train  # torch is imported only when a run starts
+    from trainer.stop import Stopped
 
     try:
         train(config)
@@ -27,7 +27,7 @@ train_command = command_from_config(
     _train,
     doc=(
         "Train a ResNet on batches streamed by a feeder daemon (torch DDP, one process per GPU).\n\n"
-        "Example: torchrun --nproc-per-node 8 -m clients.train --server 127.0.0.1:50051 "
+        "Example: torchrun --nproc-per-node 8 -m trainer.train --server 127.0.0.1:50051 "
         "--dataset imagenet --schedule imagenet-fastai --target-top5 93"
     ),
 )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from clients.config import TrainConfig
 from core.errors import ConfigError
 from tests.common.options import assert_options_follow
+from trainer.config import TrainConfig
 
 
 def test_options_are_the_train_config_fields() -> None:
@@ -24,7 +24,7 @@ def test_the_daemon_is_the_one_feeder_run_exported_when_no_server_is_given(monke
 
 
 def test_two_runs_of_one_dataset_and_seed_are_two_jobs_to_the_daemon(monkeypatch) -> None:
-    from clients.data import job_id
+    from trainer.data import job_id
 
     config = TrainConfig(server="127.0.0.1:5", dataset="imagenet", seed=3)
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "4711")  # torchrun's --rdzv-id (the Slurm job id, say)
