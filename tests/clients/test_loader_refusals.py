@@ -162,7 +162,7 @@ def test_a_memory_refusal_is_reported_with_the_daemons_message(starved_daemon) -
 
 
 def test_the_shared_memory_directory_is_the_one_feeder_run_exported(monkeypatch, tmp_path) -> None:
-    from clients.loader_config import LoaderConfig
+    from clients.config import LoaderConfig
 
     monkeypatch.setenv("FEEDER_SHM_DIR", str(tmp_path))
     assert LoaderConfig("127.0.0.1:5", "sample").shm_path == tmp_path

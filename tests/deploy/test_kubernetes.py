@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 
 from clients import FeederLoader, channel
 from clients.channel import ADDRESS_ENV, TOKEN_ENV, check_address
-from clients.loader_config import LoaderConfig
+from clients.config import LoaderConfig
 from core.options import command_from_config
 from core.processes import limited
 from feeder.config import ServerConfig, is_loopback
