@@ -258,3 +258,17 @@ class OnePass:
         finally:
             self._thread = ""
             self._lock.release()
+
+
+# The trainer's configuration had this module's name before the trainer had a package
+# of its own: its names still resolve here, with a DeprecationWarning.
+_MOVED_TO_TRAINER = ("ARCHS", "DATA_SOURCES", "IMAGENET_TRAIN_SAMPLES", "PRECISIONS", "TrainConfig")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_TO_TRAINER:
+        raise AttributeError(f"module 'clients.config' has no attribute {name!r}")
+    warnings.warn(f"clients.config.{name} is deprecated, use trainer.config.{name}", DeprecationWarning, stacklevel=2)
+    from trainer import config  # a deprecated alias: allowed up a layer (tests/test_imports.py)
+
+    return getattr(config, name)

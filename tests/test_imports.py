@@ -24,6 +24,7 @@ LAYERS = {
 # name that keeps working with a warning): nothing else runs up a layer.
 DEPRECATED_ALIASES = {
     "clients": "trainer.schedule",  # clients.Phase, Schedule, load_schedule
+    "clients.config": "trainer.config",  # clients.config.TrainConfig
     "clients.train": "trainer.train",  # python -m clients.train
 }
 

@@ -1,8 +1,10 @@
-"""The bundled trainer's old names under ``clients`` still work, each with one
-deprecation warning naming the new one."""
+"""Old names still work, each with one deprecation warning naming the new one: the
+bundled trainer's under ``clients``, and ``clients.loader_config`` (now
+``clients.config``)."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +31,37 @@ def test_from_clients_import_points_the_warning_at_the_importer() -> None:
         from clients import load_schedule  # noqa: F401
     assert {(Path(w.filename).name, w.lineno, str(w.message)) for w in caught} == {
         (Path(__file__).name, caught[0].lineno, "clients.load_schedule is deprecated, use trainer.load_schedule")}
+
+
+@pytest.mark.parametrize("name", ["TrainConfig", "ARCHS", "IMAGENET_TRAIN_SAMPLES"])
+def test_the_trainers_config_names_in_clients_config_warn_and_are_the_trainers(name: str) -> None:
+    import clients.config
+    import trainer.config
+
+    message = rf"^clients\.config\.{name} is deprecated, use trainer\.config\.{name}$"
+    with pytest.warns(DeprecationWarning, match=message):
+        old = getattr(clients.config, name)
+    assert old is getattr(trainer.config, name)
+
+
+def test_from_clients_config_import_train_config_warns_once_at_the_importer() -> None:
+    with pytest.warns(DeprecationWarning) as caught:
+        from clients.config import TrainConfig  # noqa: F401
+    assert [(Path(w.filename).name, str(w.message)) for w in caught] == [
+        (Path(__file__).name, "clients.config.TrainConfig is deprecated, use trainer.config.TrainConfig")]
+
+
+def test_clients_loader_config_warns_once_and_is_clients_config() -> None:
+    import clients.config
+
+    sys.modules.pop("clients.loader_config", None)
+    message = r"^clients\.loader_config is deprecated, use clients\.config$"
+    with pytest.warns(DeprecationWarning, match=message) as caught:
+        old = importlib.import_module("clients.loader_config")
+    assert len(caught) == 1
+    assert old.LoaderConfig is clients.config.LoaderConfig and old.TRANSPORTS is clients.config.TRANSPORTS
+    with pytest.raises(AttributeError):
+        old.NoSuchName  # noqa: B018
 
 
 def test_python_m_clients_train_warns_in_one_line_and_runs_the_trainer(tmp_path: Path) -> None:
