@@ -2,7 +2,8 @@
 (``python -m trainer.train``, ``torchrun ... -m trainer.train``, ``feeder train``),
 with phase schedules of image size, batch size, lr and momentum, AMP, top-1/top-5
 validation, a time-to-accuracy log and mid-epoch checkpoints. It sits a layer above
-``clients`` and uses only the loader's API.
+``clients`` and uses only the loader's API; the loader installs without it (the
+trainer's extra, ``pip install 'feeder[trainer]'``, brings torchvision and matplotlib).
 
 Names are imported on first use, so ``feeder --help`` does not pay for importing torch.
 """

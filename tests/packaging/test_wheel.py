@@ -33,6 +33,11 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
                    "shards/reader.py", "feeder/cli.py", "clients/loader.py", "trainer/loop.py",
                    "trainer/schedules/sample.toml"):
         assert module in names
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    required = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    for name in ("torchvision", "matplotlib"):  # the trainer's extra: the loader installs without them
+        theirs = [r for r in required if r.startswith(name)]
+        assert theirs and all('extra == "trainer"' in r for r in theirs), required
     if Path("/usr/include/jpeglib.h").exists():
         assert any(n.startswith("shards/_jpeg") and n.endswith(".so") for n in names), names
 
