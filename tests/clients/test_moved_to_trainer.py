@@ -64,6 +64,7 @@ def test_clients_loader_config_warns_once_and_is_clients_config() -> None:
         old.NoSuchName  # noqa: B018
 
 
+@pytest.mark.slow  # a real (one-step) training run
 def test_python_m_clients_train_warns_in_one_line_and_runs_the_trainer(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "clients.train", "--data", "synthetic", "--device", "cpu", "--arch", "resnet18",
                "--schedule", "sample", "--epochs", "1", "--max-steps-per-epoch", "1", "--synthetic-samples", "16",
