@@ -56,7 +56,7 @@ chaos: install
 	$(BIN)/python -m tests.chaos --seeds $(SEEDS) --json .chaos/results.json
 
 typecheck: install
-	$(BIN)/python -m mypy core protocol shards sharder feeder clients bench
+	$(BIN)/python -m mypy core protocol shards sharder feeder clients trainer bench
 
 lint: install
 	$(BIN)/python -m ruff check .

@@ -1,4 +1,4 @@
-"""What the input path costs the trainer: images/s of ``python -m clients.train`` fed
+"""What the input path costs the trainer: images/s of ``python -m trainer.train`` fed
 by a feeder daemon beside the same trainer on ``--data synthetic`` (random tensors
 made on the device, the upper bound), plus the sample data's time to a target top-1.
 
@@ -50,7 +50,7 @@ def _train(address: str, out: Path, args: argparse.Namespace, *options: str) -> 
     env = dict(os.environ, PYTHONPATH=str(_REPO))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(args.nproc), "-m", "clients.train",
+               "--nproc-per-node", str(args.nproc), "-m", "trainer.train",
                "--server", address, "--dataset", "bench", "--arch", args.arch,
                "--out-dir", str(out), "--log-every-steps", "0", "--seed", str(args.seed),
                *options]

@@ -1,6 +1,8 @@
 """What a training script imports: ``FeederLoader`` (batches from a feeder daemon, on
-the device, normalised, channels-last, resumable) and the pieces of the bundled
-trainer (``python -m clients.train``).
+the device, normalised, channels-last, resumable), its elastic resume
+(``merge_states``) and ``SyntheticLoader`` (the same batches' shapes from random
+tensors, a script's speed upper bound). The bundled trainer that uses them is the
+``trainer`` package, a layer above this one.
 
 Names are imported on first use, so ``feeder --help`` and the daemon do not pay for
 importing torch.
@@ -8,13 +10,13 @@ importing torch.
 
 from __future__ import annotations
 
+import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from clients.elastic import merge_states
     from clients.loader import FeederLoader, LoaderConfig
-    from clients.schedule import Phase, Schedule, load_schedule
     from clients.synthetic import SyntheticLoader
     from clients.transfer import IMAGENET_MEAN, IMAGENET_STD
 
@@ -23,10 +25,7 @@ __all__ = [
     "IMAGENET_STD",
     "FeederLoader",
     "LoaderConfig",
-    "Phase",
-    "Schedule",
     "SyntheticLoader",
-    "load_schedule",
     "merge_states",
 ]
 
@@ -35,15 +34,24 @@ _HOMES = {
     "IMAGENET_MEAN": "clients.transfer",
     "IMAGENET_STD": "clients.transfer",
     "LoaderConfig": "clients.loader",
-    "Phase": "clients.schedule",
-    "Schedule": "clients.schedule",
     "SyntheticLoader": "clients.synthetic",
-    "load_schedule": "clients.schedule",
     "merge_states": "clients.elastic",
 }
+# The bundled trainer's names that this package exported before the trainer had a
+# package of its own: they still work, with a DeprecationWarning.
+_MOVED_TO_TRAINER = ("Phase", "Schedule", "load_schedule")
 
 
 def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_TRAINER:
+        return _moved_to_trainer(name)
     if name not in _HOMES:
         raise AttributeError(f"module 'clients' has no attribute {name!r}")
     return getattr(import_module(_HOMES[name]), name)
+
+
+def _moved_to_trainer(name: str) -> Any:
+    warnings.warn(f"clients.{name} is deprecated, use trainer.{name}", DeprecationWarning, stacklevel=3)
+    from trainer import schedule  # a deprecated alias: allowed up a layer (tests/test_imports.py)
+
+    return getattr(schedule, name)

@@ -1,121 +1,274 @@
-"""``TrainConfig``: everything one training run needs, built once by the CLI."""
+"""``LoaderConfig``: everything a ``FeederLoader`` is built with, checked once; what
+it asks the daemon for is checked with the daemon's own checks (:mod:`clients.spec`)."""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from clients.channel import ADDRESS_ENV
+import torch
+
+from clients.channel import check_address, check_token, resolve_address, resolve_shm_dir
+from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
+from protocol.plan import LastBatch
+from protocol.request import AugmentKind, StreamSpec
+from transport.base import TransportKind
 
-__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig"]
+__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "MovedToConfig", "OnePass"]
 
-ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
-DATA_SOURCES = ("feeder", "synthetic")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-IMAGENET_TRAIN_SAMPLES = 1_281_167
+LAST_BATCHES = tuple(policy.value for policy in LastBatch)
+AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
+# The transports a loader may ask for (``auto``: CUDA IPC for a consumer on the
+# daemon's GPU, else shared memory on the daemon's host, else gRPC).
+TRANSPORTS = tuple(kind.name.lower() for kind in (
+    TransportKind.AUTO, TransportKind.SHM, TransportKind.GRPC, TransportKind.CUDA_IPC))
+
+
+POOL_MODES = ("all", "as-needed")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """One training run.
+class LoaderConfig:
+    """Everything a ``FeederLoader`` is built with (its arguments, same names, types
+    and defaults), checked once here.
 
     Args:
-        server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket,
-            or several ``host:port`` separated by commas: a pool of daemons
-            (optional with synthetic data); empty: the ``FEEDER_ADDRESS`` environment
-            variable, which ``feeder run`` sets. A daemon with a token reads it from
-            the ``FEEDER_TOKEN`` environment variable.
-        tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:
-            plaintext).
-        dataset: Dataset name the daemon serves.
-        schedule: Path of a schedule TOML file, or a bundled schedule's name.
-        arch: torchvision ResNet name.
-        data: ``feeder`` (stream from the daemon) or ``synthetic`` (random tensors made
-            on the device: the trainer's speed upper bound).
-        precision: ``auto`` (bf16 autocast on a GPU that supports it, fp32 otherwise),
-            ``fp32``, ``bf16`` or ``fp16`` (with dynamic loss scaling).
-        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
-        train_split: Split to train on.
-        val_split: Split to validate on (every image once, padding excluded).
-        seed: Seed of the model init and of the daemon's shuffle plan.
-        epochs: Stop after this many epochs (0: the schedule's length).
-        val_every_epochs: Validate every N epochs (and after the last); 0: never.
-        target_top1: Stop once validation top-1 reaches this percentage (0: no target).
-        target_top5: Stop once validation top-5 reaches this percentage (0: no target).
-        out_dir: Where the CSV log, the PNG plot and summary.json go.
-        checkpoint_dir: Where checkpoints go (None: ``out_dir/checkpoints``).
-        checkpoint_every_steps: Checkpoint every N optimizer steps (0: at epoch ends only).
-        resume: Continue from the latest checkpoint if there is one.
-        visit_log: Directory for per-rank ``{key: times trained on}`` JSON files.
-        max_steps_per_epoch: Cut epochs short after N steps (benchmarks); 0: no limit.
-        synthetic_samples: Epoch length with synthetic data (0: the dataset's, or
-            ImageNet's 1,281,167 without a daemon).
-        prefetch_batches: Ready batches the loader holds per rank.
-        reconnect_timeout_s: How long the loader keeps reconnecting to the daemon.
-        log_every_steps: Progress line every N steps on rank 0 (0: none).
+        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
+            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
+            serving the same dataset, as a list or comma-separated, the one on this
+            host first (a host name with several addresses counts as a pool); None
+            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
+            sets it).
+        dataset: Name of a dataset the daemon serves.
+        split: Split of the dataset (``train``, ``val``).
+        batch_size: Samples per batch, per rank.
+        image_size: Side of the square output images, pixels.
+        seed: Seed of the shuffle plan (the same on every rank).
+        rank: This rank; None: from torch.distributed or torchrun's ``RANK``.
+        world_size: Ranks in the job; None: as for ``rank``.
+        device: Where the tensors go (``"cuda"`` means the current CUDA device).
+        normalize: Convert to ``dtype`` with the ImageNet mean/std, else keep uint8.
+        channels_last: NHWC memory layout behind the NCHW shape.
+        last_batch: ``"drop"`` (equal full batches on every rank) or ``"pad"`` (every
+            sample once; the last batch is filled with repeats, see ``return_padding``).
+        return_keys: Also yield the list of sample keys.
+        return_padding: Also yield a bool tensor, True where a sample is a repeat: to
+            fill the last batch, or in place of a sample the daemon could not serve
+            (see :attr:`FeederLoader.skipped`).
+        dtype: Floating dtype of normalised images.
+        augment: ``"auto"`` (train augmentation on ``train``), ``"train"`` or ``"val"``.
+        min_scale: RandomResizedCrop minimum area fraction (0: daemon default).
+        job_id: Identifies the job to the daemon (ranks of one job share it).
+        prefetch_batches: Ready batches held in memory per loader.
+        prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
+            drained the current one, before it asks for the next epoch's first batch.
+        transport: How pixels come from a daemon on this host: ``"auto"`` (CUDA IPC
+            for batches made on this process's GPU, else shared memory when this
+            process can share the daemon's ``/dev/shm``, else inside the gRPC
+            messages, with one log line saying why), ``"cuda_ipc"``, ``"shm"`` (host
+            shared memory, also for a CUDA consumer) or ``"grpc"``. Where the one
+            asked for does not work, the next one down is used, with one warning
+            per step down.
+            ``loader.transport`` says which one is in use.
+        shm_dir: The shared-memory directory (the daemon's ``--shm-dir``); None: the
+            ``FEEDER_SHM_DIR`` environment variable (``feeder run`` sets it to its
+            daemon's), else ``/dev/shm``.
+        connect_timeout_s: How long the first contact may take.
+        reconnect_timeout_s: How long to keep reconnecting after the daemon goes away
+            (or stalls, or refuses for a budget), counted from the first failure in a
+            row; then ``ServiceUnavailable`` (``ResourceExhausted`` with the daemon's
+            message if it kept refusing) names the daemon, dataset, split, rank and
+            cursor.
+        stall_timeout_s: How long a stream may send nothing while the loader waits for
+            a batch before it is cancelled and reopened at the cursor (a daemon that
+            stopped sending without ending the stream); counted in ``reconnects``.
+            It also bounds the wait for a stream's first batch, which includes the
+            daemon building its pipeline, hence the generous default.
+        token: The daemon's token (its ``--token-file``), sent with every call as
+            ``authorization: Bearer <token>``; None: the ``FEEDER_TOKEN`` environment
+            variable, read when the loader is created, if it is set.
+        tls_root: PEM file of the CA that signed the daemon's TLS certificate; None:
+            plaintext.
+        tls_cert: This client's PEM certificate, for a daemon that requires one
+            (``--tls-client-ca``); with ``tls_key`` and ``tls_root``.
+        tls_key: Private key of ``tls_cert``.
+        pool: With several daemons: ``"all"`` draws batches from every daemon that
+            answers; ``"as-needed"`` starts on the first and adds the next while the
+            loop waits for data more than 2 % of its time (and drops one below 0.5 %).
+        pool_stall_timeout_s: With several daemons: a daemon whose stream sends
+            nothing for this long while its batch is due is left for the others (and
+            tried again later); one whose stream breaks or is refused, at once. A
+            stream's first batch, which may wait for the daemon to build a pipeline,
+            gets at least 5 s. 1 s keeps the loop's longest wait through a daemon
+            stopped in a pool of three under 2 s (docs/reliability.md).
+
+    Raises:
+        ConfigError: A value that cannot work, or that the daemon would refuse in a
+            request (then with the daemon's message); the message starts with the
+            field's name.
     """
 
-    server: str = ""
-    tls_root: Path | None = None
-    dataset: str = "imagenet"
-    schedule: str = "imagenet-fastai"
-    arch: str = "resnet50"
-    data: str = "feeder"
-    precision: str = "auto"
-    device: str = "auto"
-    train_split: str = "train"
-    val_split: str = "val"
+    address: str | Sequence[str] | None
+    dataset: str
+    split: str = "train"
+    batch_size: int = 256
+    image_size: int = 224
     seed: int = 0
-    epochs: int = 0
-    val_every_epochs: int = 1
-    target_top1: float = 0.0
-    target_top5: float = 0.0
-    out_dir: Path = Path("runs/train")
-    checkpoint_dir: Path | None = None
-    checkpoint_every_steps: int = 0
-    resume: bool = False
-    visit_log: Path | None = None
-    max_steps_per_epoch: int = 0
-    synthetic_samples: int = 0
+    rank: int | None = None
+    world_size: int | None = None
+    device: str | torch.device = "cpu"
+    normalize: bool = True
+    channels_last: bool = True
+    last_batch: str = "drop"
+    return_keys: bool = False
+    return_padding: bool = False
+    dtype: torch.dtype = torch.float32
+    augment: str = "auto"
+    min_scale: float = 0.0
+    job_id: str = ""
     prefetch_batches: int = 4
+    prefetch_next_epoch: bool = True
+    transport: str = "auto"
+    shm_dir: Path | None = None
+    connect_timeout_s: float = 30.0
     reconnect_timeout_s: float = 60.0
-    log_every_steps: int = 50
+    stall_timeout_s: float = 120.0
+    token: str | None = field(default=None, repr=False)  # never in logs
+    tls_root: str | Path | None = None
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+    pool: str = "all"
+    pool_stall_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.data not in DATA_SOURCES:
-            raise ConfigError(f"--data {self.data!r}: choose one of {', '.join(DATA_SOURCES)}")
-        if self.data == "feeder" and not self.server:
-            object.__setattr__(self, "server", os.environ.get(ADDRESS_ENV, "").strip())
-        if self.data == "feeder" and not self.server:
-            raise ConfigError(f"--server HOST:PORT (or {ADDRESS_ENV}, which feeder run sets) is needed to train on "
-                              "feeder data")
-        if self.data == "synthetic" and self.visit_log is not None:
-            raise ConfigError("--visit-log needs feeder data (synthetic batches have no keys)")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"--precision {self.precision!r}: choose one of "
-                              f"{', '.join(PRECISIONS)}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"--device {self.device!r}: choose auto, cpu or cuda")
-        if self.arch not in ARCHS:
-            raise ConfigError(f"--arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
-        for name in ("epochs", "val_every_epochs", "checkpoint_every_steps",
-                     "max_steps_per_epoch", "synthetic_samples", "log_every_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
-        for name in ("target_top1", "target_top5"):
-            if not 0 <= getattr(self, name) <= 100:
-                raise ConfigError(f"--{name.replace('_', '-')} is a percentage (0-100)")
-        if self.prefetch_batches < 1 or self.reconnect_timeout_s <= 0:
-            raise ConfigError("--prefetch-batches and --reconnect-timeout-s must be positive")
+        object.__setattr__(self, "address", resolve_address(self.address))
+        object.__setattr__(self, "shm_dir", resolve_shm_dir(self.shm_dir))
+        for address in self.addresses or ("",):  # no address at all: refused as an empty one
+            check_address(address)
+        _choice("pool", self.pool, POOL_MODES)
+        _choice("last_batch", self.last_batch, LAST_BATCHES)
+        _choice("augment", self.augment, AUGMENTS)
+        _choice("transport", self.transport, TRANSPORTS)
+        if self.prefetch_batches < 1:
+            raise ConfigError(f"prefetch_batches: must be >= 1, got {self.prefetch_batches}")
+        for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s", "pool_stall_timeout_s"):
+            if not getattr(self, name) > 0:  # NaN too
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.token is not None:
+            check_token(self.token)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key: give both or neither")
+        if self.tls_cert is not None and self.tls_root is None:
+            raise ConfigError("tls_root: a client certificate needs TLS (give the daemon's CA as tls_root)")
+        # What the daemon would refuse; rank and world_size may be known only when the
+        # loader is built (then checked again), and these stand-ins refuse nothing.
+        rank = 0 if self.rank is None else self.rank
+        self.stream_spec(rank, rank + 1 if self.world_size is None else self.world_size)
 
     @property
-    def checkpoints(self) -> Path:
-        """The checkpoint directory."""
-        return self.checkpoint_dir or self.out_dir / "checkpoints"
+    def shm_path(self) -> Path:
+        """The shared-memory directory, resolved (``shm_dir``, ``FEEDER_SHM_DIR``, ``/dev/shm``)."""
+        return resolve_shm_dir(self.shm_dir)
 
     @property
-    def has_target(self) -> bool:
-        """True when a time-to-accuracy target is set."""
-        return self.target_top1 > 0 or self.target_top5 > 0
+    def addresses(self) -> tuple[str, ...]:
+        """The daemons, in the order given (``address`` split at commas)."""
+        given = [self.address] if isinstance(self.address, str) else list(self.address or ())
+        return tuple(part.strip() for entry in given for part in str(entry).split(",") if part.strip())
+
+    @property
+    def sizes(self) -> Sizes:
+        """The first stream's sizes."""
+        return Sizes(self.batch_size, self.image_size, self.min_scale)
+
+    def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0) -> StreamSpec:
+        """What this loader's streams ask for (each sets its own epoch, cursor, epoch
+        count and sizes), as the daemon reads it.
+
+        Raises:
+            ConfigError: what the daemon would refuse, with its message.
+        """
+        return make_spec(self.sizes, dataset=self.dataset, split=self.split, rank=rank, world_size=world_size,
+                         seed=self.seed, last_batch=self.last_batch_policy, augment=self.augment_kind,
+                         job_id=self.job_id, local_world_size=local_world_size)
+
+    @property
+    def last_batch_policy(self) -> LastBatch:
+        """``last_batch`` as the plan's policy."""
+        return LastBatch(self.last_batch)
+
+    @property
+    def augment_kind(self) -> AugmentKind | None:
+        """``augment`` as the request's kind (None: the split's default)."""
+        return None if self.augment == "auto" else AugmentKind(self.augment)
+
+    @property
+    def transport_kind(self) -> TransportKind:
+        """``transport`` as the request's kind."""
+        return TransportKind[self.transport.upper()]
+
+
+class MovedToConfig:
+    """An attribute a loader once had of its own, now read from ``loader.config``
+    (with a deprecation warning)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, loader: Any, owner: type | None = None) -> Any:
+        if loader is None:
+            return self
+        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(loader.config, self.name)
+
+
+class OnePass:
+    """Who iterates a loader now: one pass at a time (a second pass meanwhile would
+    take batches of the first one's epoch, and move the position under it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread = ""
+
+    @contextmanager
+    def held_by(self, loader: str) -> Iterator[None]:
+        """Hold it for one pass of ``loader`` (named in the error).
+
+        Raises:
+            RuntimeError: another pass is under way.
+        """
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"{loader} is already being iterated (by thread {self._thread!r}); one pass at a "
+                               f"time: finish or close that one, or give each thread its own loader")
+        self._thread = threading.current_thread().name
+        try:
+            yield
+        finally:
+            self._thread = ""
+            self._lock.release()
+
+
+# The trainer's configuration had this module's name before the trainer had a package
+# of its own: its names still resolve here, with a DeprecationWarning.
+_MOVED_TO_TRAINER = ("ARCHS", "DATA_SOURCES", "IMAGENET_TRAIN_SAMPLES", "PRECISIONS", "TrainConfig")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED_TO_TRAINER:
+        raise AttributeError(f"module 'clients.config' has no attribute {name!r}")
+    warnings.warn(f"clients.config.{name} is deprecated, use trainer.config.{name}", DeprecationWarning, stacklevel=2)
+    from trainer import config  # a deprecated alias: allowed up a layer (tests/test_imports.py)
+
+    return getattr(config, name)

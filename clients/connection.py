@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 
 from clients.channel import open_channel, resolve_token
-from clients.loader_config import LoaderConfig
+from clients.config import LoaderConfig
 from clients.spec import SplitInfo
 from clients.verdicts import error_from_rpc
 from core.errors import NotFound, ServiceUnavailable

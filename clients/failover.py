@@ -40,8 +40,8 @@ import time
 
 import grpc
 
+from clients.config import LoaderConfig
 from clients.host_batch import HostBatch
-from clients.loader_config import LoaderConfig
 from clients.pool import DaemonPool, Member
 from clients.pool_size import PoolSizer
 from clients.stream_call import END, PENDING, Broke, StreamCall

@@ -17,9 +17,9 @@ import torch
 from prometheus_client import Gauge
 
 from clients.channel import check_address
+from clients.config import LoaderConfig, MovedToConfig, OnePass
 from clients.elastic import IDENTITY_KEYS, check_state, resume, segments_to
 from clients.host_batch import HostBatch
-from clients.loader_config import LoaderConfig, MovedToConfig, OnePass
 from clients.pool import DaemonPool
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank

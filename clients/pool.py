@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from clients.config import LoaderConfig
 from clients.connection import Connection
-from clients.loader_config import LoaderConfig
 from clients.spec import SplitInfo
 from core.errors import FeederError, ServiceUnavailable
 

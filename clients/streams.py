@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from clients.config import LoaderConfig
 from clients.failover import Failover
 from clients.host_batch import HostBatch
-from clients.loader_config import LoaderConfig
 from clients.pool import DaemonPool
 from clients.spec import Sizes, StreamSpecs
 from protocol.request import MAX_EPOCH, to_request

@@ -1,20 +1,23 @@
-"""``python -m clients.train``: the trainer as a standalone command (what torchrun
-launches: ``torchrun --nproc-per-node 8 -m clients.train --server ...``)."""
+"""``python -m clients.train``, deprecated: the bundled trainer's command is
+``python -m trainer.train`` (``torchrun ... -m trainer.train``) since the trainer has a
+package of its own. This alias prints one warning line and runs that command."""
 
 from __future__ import annotations
 
-import typer
+import os
 
-from clients.commands import train_command
+from core.cli import print_warning
 
 __all__ = ["main"]
 
 
 def main() -> None:
-    """Parses the command line and trains."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(train_command)
-    app()
+    """Warns once per job (on rank 0 under torchrun), then trains as ``trainer.train``."""
+    if os.environ.get("RANK", "0") == "0":
+        print_warning("python -m clients.train is deprecated, use python -m trainer.train")
+    from trainer.train import main as train  # a deprecated alias: allowed up a layer (tests/test_imports.py)
+
+    train()
 
 
 if __name__ == "__main__":

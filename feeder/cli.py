@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import typer
 
-from clients import commands as train_commands
 from core.cli import TRACEBACK_HELP, remember_traceback
 from feeder import commands as serve_commands
 from sharder import commands as shard_commands
+from trainer import commands as train_commands
 
 __all__ = ["app", "main"]
 
@@ -21,7 +21,7 @@ app = typer.Typer(
         "feeder shard data/sample shards/sample --formats wds,lmdb --workers 2\n\n"
         "feeder verify shards/sample\n\n"
         "feeder serve --dataset sample=shards/sample --port 50051\n\n"
-        "torchrun --nproc-per-node 2 -m clients.train --server 127.0.0.1:50051 "
+        "torchrun --nproc-per-node 2 -m trainer.train --server 127.0.0.1:50051 "
         "--dataset sample --schedule sample --arch resnet18"
     ),
     no_args_is_help=True,

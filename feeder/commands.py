@@ -83,7 +83,7 @@ run_command = command_from_config(
         "COMMAND gets FEEDER_ADDRESS and FEEDER_TOKEN; a daemon that dies is started again; when COMMAND "
         "exits, the daemon started for it is stopped, and feeder run exits with COMMAND's status.\n\n"
         "Example: feeder run --dataset imagenet=/data/shards --socket-path /tmp/feeder.sock -- "
-        "torchrun --nproc-per-node 8 -m clients.train --dataset imagenet --schedule imagenet-fastai"
+        "torchrun --nproc-per-node 8 -m trainer.train --dataset imagenet --schedule imagenet-fastai"
     ),
     with_context=True,
 )

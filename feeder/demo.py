@@ -8,7 +8,7 @@ Runs the same commands a user would, each in its own process:
 3. ``feeder verify``       — checks the shards against the manifest;
 4. ``feeder serve``        — the daemon, on a free port;
 5. one epoch streamed through ``FeederLoader``, checked for exactly-once delivery;
-6. ``torchrun --nproc-per-node 2 -m clients.train`` — two DDP ranks trained through
+6. ``torchrun --nproc-per-node 2 -m trainer.train`` — two DDP ranks trained through
    the daemon, printing accuracy and the data-stall fraction;
 7. SIGTERM to the daemon, which must exit 0.
 """
@@ -113,11 +113,11 @@ def _stream_epoch(address: str, shards: Path, image_size: int) -> None:
 def _train(address: str, config: DemoConfig) -> None:
     out = config.workdir / "train"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={config.ranks}", "-m", "clients.train",
+           f"--nproc-per-node={config.ranks}", "-m", "trainer.train",
            "--server", address, "--dataset", DATASET, "--schedule", "sample",
            "--arch", "resnet18", "--target-top1", "80", "--out-dir", str(out),
            "--log-every-steps", "1000"]
-    _step(f"torchrun --nproc-per-node {config.ranks} -m clients.train --schedule sample")
+    _step(f"torchrun --nproc-per-node {config.ranks} -m trainer.train --schedule sample")
     subprocess.run(cmd, check=True)
     summary = json.loads((out / "summary.json").read_text())
     print(f"demo training: val top-1 {summary['val_top1']:.1%}, top-5 {summary['val_top5']:.1%}, "

@@ -12,7 +12,7 @@ import pytest
 from clients import FeederLoader, merge_states
 from clients.elastic import resume
 from core.errors import ConfigError
-from tests.clients.conftest import N_TRAIN
+from tests.common.sample_daemon import N_TRAIN
 
 _OLD_BATCH, _NEW_BATCH = 4, 3
 

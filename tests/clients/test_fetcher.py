@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from clients import FeederLoader
+from clients.config import LoaderConfig
 from clients.failover import Failover
-from clients.loader_config import LoaderConfig
 from clients.pool import DaemonPool
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess

@@ -13,7 +13,7 @@ import torch
 from clients import IMAGENET_MEAN, IMAGENET_STD, FeederLoader
 from core.errors import NotFound, ServiceUnavailable
 from shards.layout import index_path
-from tests.clients.conftest import N_TRAIN, N_VAL, start_daemon
+from tests.common.sample_daemon import N_TRAIN, N_VAL, start_daemon
 
 
 @pytest.fixture(scope="module")

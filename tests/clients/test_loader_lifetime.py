@@ -15,8 +15,8 @@ import weakref
 from pathlib import Path
 
 from clients import FeederLoader
-from tests.clients.conftest import ROOT, start_daemon
-from tests.common.env import child_env
+from tests.common.env import ROOT, child_env
+from tests.common.sample_daemon import start_daemon
 from tests.common.waiting import wait_for
 
 DROPPED = 4

@@ -9,7 +9,7 @@ from collections import Counter
 from clients import FeederLoader
 from feeder.config import ServerConfig
 from feeder.server import create_server
-from tests.clients.conftest import N_TRAIN
+from tests.common.sample_daemon import N_TRAIN
 
 
 def test_a_loader_paused_past_the_idle_timeout_resumes_without_loss(shards):

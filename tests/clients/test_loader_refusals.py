@@ -20,7 +20,7 @@ from feeder.config import ServerConfig
 from feeder.server import create_server
 from protocol.request import MAX_WORLD_SIZE
 from protos import feeder_pb2, feeder_pb2_grpc
-from tests.clients.conftest import N_TRAIN
+from tests.common.sample_daemon import N_TRAIN
 
 # The loader's request fields, also sent to the daemon as they are.
 FIELDS = dict(batch_size=8, image_size=32, rank=0, world_size=1)
@@ -162,7 +162,7 @@ def test_a_memory_refusal_is_reported_with_the_daemons_message(starved_daemon) -
 
 
 def test_the_shared_memory_directory_is_the_one_feeder_run_exported(monkeypatch, tmp_path) -> None:
-    from clients.loader_config import LoaderConfig
+    from clients.config import LoaderConfig
 
     monkeypatch.setenv("FEEDER_SHM_DIR", str(tmp_path))
     assert LoaderConfig("127.0.0.1:5", "sample").shm_path == tmp_path

@@ -13,7 +13,7 @@ from clients.loader import LoaderConfig
 from core.errors import ConfigError, Unauthenticated
 from feeder.config import ServerConfig
 from feeder.server import create_server
-from tests.clients.conftest import N_TRAIN
+from tests.common.sample_daemon import N_TRAIN
 from tests.common.tls import Certificates, make_certificates
 
 TOKEN = "loader-test-token"
@@ -111,29 +111,6 @@ def test_bad_security_options_are_refused(fields, name):
 def test_an_unreadable_root_certificate_is_named(tmp_path):
     with pytest.raises(ConfigError, match="tls_root: .*missing.pem"):
         _loader("127.0.0.1:1", tls_root=tmp_path / "missing.pem")
-
-
-@pytest.mark.parametrize("data", ["feeder", "synthetic"])
-def test_the_trainers_loaders_use_tls_root_and_feeder_token(daemon, certs, monkeypatch, tmp_path, data):
-    import torch
-
-    from clients.config import TrainConfig
-    from clients.data import make_loaders
-    from clients.distributed import Dist
-    from clients.schedule import Phase
-
-    port = daemon(tls_cert=certs.server_cert, tls_key=certs.server_key)
-    monkeypatch.setenv("FEEDER_TOKEN", TOKEN)
-    config = TrainConfig(server=f"127.0.0.1:{port}", tls_root=certs.ca, dataset="sample", data=data,
-                         out_dir=tmp_path)
-    dist = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
-    train, val, classes = make_loaders(config, dist, Phase(epochs=1, image_size=32, batch_size=8,
-                                                           lr_start=0.1, lr_end=0.1))
-    assert classes == 4
-    if data == "feeder":
-        with train, val:
-            assert tuple(next(iter(train))[0].shape) == (8, 3, 32, 32)
-            assert val is not None and len(val) > 0
 
 
 def test_the_token_stays_out_of_the_configs_repr():

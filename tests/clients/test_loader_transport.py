@@ -16,8 +16,8 @@ import pytest
 from clients import FeederLoader
 from feeder.launcher import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
-from tests.clients.conftest import N_TRAIN, ROOT, start_daemon
-from tests.common.env import child_env
+from tests.common.env import ROOT, child_env
+from tests.common.sample_daemon import N_TRAIN, start_daemon
 from tests.common.waiting import wait_for
 from transport.base import HostIdentity
 

@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from clients import pool as pool_module
-from clients.loader_config import LoaderConfig
+from clients.config import LoaderConfig
 from clients.pool import DaemonPool
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 
 from clients import SyntheticLoader
-from clients.config import TrainConfig
-from clients.data import _describe_synthetic
 
 
 def test_shapes_length_and_resume() -> None:
@@ -25,12 +23,3 @@ def test_shapes_length_and_resume() -> None:
     again = SyntheticLoader(100, 10, 8, 16, world_size=2)
     again.load_state_dict(state)
     assert sum(1 for _ in again) == (50 - 8) // 8 and again.epoch == 1
-
-
-def test_synthetic_data_takes_its_sizes_from_the_first_daemon_of_a_pool(daemon: str) -> None:
-    config = TrainConfig(server=f"{daemon},127.0.0.1:1", dataset="sample", data="synthetic")
-
-    samples, classes = _describe_synthetic(config)
-
-    assert (samples, classes) == _describe_synthetic(TrainConfig(server=daemon, dataset="sample", data="synthetic"))
-    assert classes < 1000

@@ -27,8 +27,8 @@ import pytest
 from bench.proctree import kill_env, pids_with_env
 from bench.seaweedfs import SeaweedFS
 from shards.layout import index_path
-from tests.clients.conftest import _kill_tree
 from tests.common.env import ROOT, child_env
+from tests.common.processes import kill_tree
 from tests.common.s3 import fresh_bucket, upload_tree
 from tests.common.shards import build_sample_shards
 from tests.common.waiting import wait_for
@@ -108,7 +108,7 @@ class Job:
             "--threads", "1", "--port", str(self.ports[node]), "--socket-path", str(home / "feeder.sock"),
             "--shm-dir", str(home / "shm"), "--cache-dir", str(home / "cache"), "--grace-s", "1", *pool, "--",
             sys.executable, "-m", "torch.distributed.run", *rendezvous, "--nproc-per-node", "2",
-            "-m", "clients.train", "--dataset", "sample", "--device", "cpu", "--arch", "resnet18",
+            "-m", "trainer.train", "--dataset", "sample", "--device", "cpu", "--arch", "resnet18",
             "--schedule", str(self.schedule), "--out-dir", str(self.out), "--visit-log", str(self.visit_dir),
             "--val-every-epochs", "0", "--log-every-steps", "0", "--checkpoint-every-steps", "2", *extra,
         ]
@@ -164,7 +164,7 @@ class Job:
     def close(self) -> None:
         for proc in self.nodes.values():
             if proc.poll() is None:
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid)
                 proc.wait(30)
         kill_env("FEEDER_TEST_RUN", self.mark)
 
@@ -210,7 +210,7 @@ def test_a_nodes_daemon_killed_mid_epoch_is_covered_by_the_other_and_comes_back(
 def test_a_node_lost_whole_resumes_on_the_node_left_with_every_sample_once(job, local_shards):
     job.start_all()
     assert wait_for(lambda: job.latest_step() >= 4, timeout_s=240), job.tail(1)  # mid epoch 0
-    _kill_tree(job.nodes[1].pid)  # the launcher, its daemon, torchrun and its ranks, at once
+    kill_tree(job.nodes[1].pid)  # the launcher, its daemon, torchrun and its ranks, at once
     job.nodes[1].wait(30)
     # The ranks of node 0 lose their peers; torchrun ends them, or they are stopped.
     deadline = time.monotonic() + 120

@@ -32,8 +32,7 @@ from typer.testing import CliRunner
 
 from clients import FeederLoader, channel
 from clients.channel import ADDRESS_ENV, TOKEN_ENV, check_address
-from clients.config import TrainConfig
-from clients.loader_config import LoaderConfig
+from clients.config import LoaderConfig
 from core.options import command_from_config
 from core.processes import limited
 from feeder.config import ServerConfig, is_loopback
@@ -42,6 +41,7 @@ from tests.common.env import ROOT, child_env
 from tests.common.shards import build_sample_shards
 from tests.common.tls import make_certificates
 from tests.common.waiting import wait_for
+from trainer.config import TrainConfig
 
 MANIFESTS = ROOT / "deploy" / "kubernetes"
 # Native sidecars (init containers with restartPolicy: Always) are on by default from
@@ -119,7 +119,7 @@ def _server_config(container: Doc) -> ServerConfig:
 
 def _train_config(container: Doc) -> TrainConfig:
     parsed = get_args_parser().parse_args(container["args"])  # torchrun's own command line
-    assert parsed.module and parsed.training_script == "clients.train", container["args"]
+    assert parsed.module and parsed.training_script == "trainer.train", container["args"]
     return _config(TrainConfig, parsed.training_script_args, env={ADDRESS_ENV: _env(container)[ADDRESS_ENV]["value"]})
 
 
@@ -292,7 +292,7 @@ def test_the_image_installs_every_package_and_runs_feeder() -> None:
     assert re.search(r"^FROM python:3\.11\b", dockerfile, re.M)
     copied = set(re.findall(r"^COPY (\S+) \1$", dockerfile, re.M))
     assert set(project["tool"]["setuptools"]["packages"]) <= copied
-    assert re.search(r"^RUN pip install .* \.( |$)", dockerfile, re.M)
+    assert re.search(r'^RUN pip install .* "\.\[trainer\]"( |$)', dockerfile, re.M)  # the trainer runs in it too
     assert re.search(r'^ENTRYPOINT \["feeder"\]$', dockerfile, re.M)
     assert project["project"]["scripts"]["feeder"] == "feeder.cli:app"
 

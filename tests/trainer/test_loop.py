@@ -14,8 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from shards.layout import index_path
-from tests.clients.conftest import N_TRAIN, ROOT, _trainer_command, _trainer_env, kill_trainer_when, run_trainer
+from tests.common.env import ROOT
+from tests.common.sample_daemon import N_TRAIN
 from tests.common.waiting import wait_for
+from tests.trainer.conftest import kill_trainer_when, run_trainer, trainer_command, trainer_env
 
 pytestmark = pytest.mark.slow
 
@@ -165,8 +167,8 @@ def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_fr
               "--visit-log", str(tmp_path / "visits"), "--val-every-epochs", "0"]
     log = tmp_path / "run.log"
     with log.open("w") as out:
-        run = subprocess.Popen(_trainer_command(daemon, (*common, "--log-every-steps", "1"), 2), cwd=ROOT,
-                               env=_trainer_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
+        run = subprocess.Popen(trainer_command(daemon, (*common, "--log-every-steps", "1"), 2), cwd=ROOT,
+                               env=trainer_env(), stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         assert wait_for(lambda: "epoch 0 step 2 " in log.read_text(), timeout_s=180), log.read_text()[-2000:]
         run.send_signal(signal.SIGTERM)  # to torchrun, which passes it to its ranks

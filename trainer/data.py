@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from clients import FeederLoader, SyntheticLoader
 from clients.channel import open_channel, resolve_token
-from clients.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
-from clients.distributed import Dist
-from clients.loader import FeederLoader
-from clients.schedule import Phase
-from clients.synthetic import SyntheticLoader
 from protos import feeder_pb2, feeder_pb2_grpc
+from trainer.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
+from trainer.distributed import Dist
+from trainer.schedule import Phase
 
 __all__ = ["job_id", "make_loaders"]
 

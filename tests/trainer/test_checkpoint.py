@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from clients.checkpoint import (
+from core.errors import NotFound
+from trainer.checkpoint import (
     capture_rng,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from clients.distributed import Dist
-from core.errors import NotFound
+from trainer.distributed import Dist
 
 ALONE = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 

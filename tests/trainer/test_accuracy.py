@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from clients.metrics import EpochRecord, MetricsLog, plot_records, topk_correct
+from trainer.accuracy import EpochRecord, MetricsLog, plot_records, topk_correct
 
 
 def test_topk_counts_and_excludes_padding() -> None:

@@ -14,16 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from clients.checkpoint import (
+from clients import merge_states
+from trainer.accuracy import EpochRecord, MetricsLog, plot_records
+from trainer.checkpoint import (
     capture_rng,
     latest_checkpoint,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
 )
-from clients.config import TrainConfig
-from clients.data import make_loaders
-from clients.distributed import (
+from trainer.config import TrainConfig
+from trainer.data import make_loaders
+from trainer.distributed import (
     Dist,
     all_gather_objects,
     all_reduce_max,
@@ -31,12 +33,10 @@ from clients.distributed import (
     init_distributed,
     shutdown_distributed,
 )
-from clients.elastic import merge_states
-from clients.evaluate import Evaluation, evaluate
-from clients.metrics import EpochRecord, MetricsLog, plot_records
-from clients.model import build_model, build_optimizer
-from clients.schedule import load_schedule
-from clients.stop import Stopped, StopRequests
+from trainer.evaluate import Evaluation, evaluate
+from trainer.model import build_model, build_optimizer
+from trainer.schedule import load_schedule
+from trainer.stop import Stopped, StopRequests
 
 __all__ = ["Trainer", "train"]
 

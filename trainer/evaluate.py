@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from clients.distributed import all_reduce_sum
-from clients.loader import FeederLoader
-from clients.metrics import topk_correct
+from clients import FeederLoader
+from trainer.accuracy import topk_correct
+from trainer.distributed import all_reduce_sum
 
 __all__ = ["Evaluation", "evaluate"]
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from clients.schedule import Phase, Schedule, bundled_schedules, load_schedule
 from core.errors import ConfigError
+from trainer.schedule import Phase, Schedule, bundled_schedules, load_schedule
 
 TWO_PHASES = """
 warmup_epochs = 1.0

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.distributed import Dist, barrier
 from core.errors import NotFound
 from shards.layout import fsync_dir
+from trainer.distributed import Dist, barrier
 
 __all__ = ["capture_rng", "latest_checkpoint", "load_checkpoint", "restore_rng",
            "save_checkpoint"]

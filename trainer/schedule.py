@@ -1,6 +1,6 @@
 """Training schedules: phases of image size, batch size, learning rate and momentum.
 
-A schedule is a TOML file (the format of ``clients/schedules/*.toml``)::
+A schedule is a TOML file (the format of ``trainer/schedules/*.toml``)::
 
     warmup_epochs = 2.0          # linear warm-up from 0 over the first 2 epochs
     weight_decay = 5e-5          # not applied to BN parameters and biases
@@ -183,8 +183,8 @@ def _parse(data: dict[str, Any], source: str) -> Schedule:
 
 
 def bundled_schedules() -> list[str]:
-    """Names of the schedules shipped in ``clients/schedules``."""
-    folder = resources.files("clients") / "schedules"
+    """Names of the schedules shipped in ``trainer/schedules``."""
+    folder = resources.files("trainer") / "schedules"
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -206,7 +206,7 @@ def load_schedule(name_or_path: str) -> Schedule:
     if path.is_file():
         text, source = path.read_text(), str(path)
     elif name_or_path in bundled_schedules():
-        resource = resources.files("clients") / "schedules" / f"{name_or_path}.toml"
+        resource = resources.files("trainer") / "schedules" / f"{name_or_path}.toml"
         text, source = resource.read_text(), f"schedule {name_or_path!r}"
     else:
         raise ConfigError(

@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 import torchvision
 
-from clients.config import ARCHS
 from core.errors import ConfigError
+from trainer.config import ARCHS
 
 __all__ = ["build_model", "build_optimizer", "param_groups"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clients.model import build_model, build_optimizer, param_groups
 from core.errors import ConfigError
+from trainer.model import build_model, build_optimizer, param_groups
 
 
 def test_resnet_zero_init_residual_and_channels_last() -> None:

@@ -1,0 +1,121 @@
+"""``TrainConfig``: everything one training run needs, built once by the CLI."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from clients.channel import ADDRESS_ENV
+from core.errors import ConfigError
+
+__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig"]
+
+ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
+DATA_SOURCES = ("feeder", "synthetic")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+IMAGENET_TRAIN_SAMPLES = 1_281_167
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Args:
+        server: ``host:port`` of the feeder daemon, or ``unix:/path`` of its socket,
+            or several ``host:port`` separated by commas: a pool of daemons
+            (optional with synthetic data); empty: the ``FEEDER_ADDRESS`` environment
+            variable, which ``feeder run`` sets. A daemon with a token reads it from
+            the ``FEEDER_TOKEN`` environment variable.
+        tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:
+            plaintext).
+        dataset: Dataset name the daemon serves.
+        schedule: Path of a schedule TOML file, or a bundled schedule's name.
+        arch: torchvision ResNet name.
+        data: ``feeder`` (stream from the daemon) or ``synthetic`` (random tensors made
+            on the device: the trainer's speed upper bound).
+        precision: ``auto`` (bf16 autocast on a GPU that supports it, fp32 otherwise),
+            ``fp32``, ``bf16`` or ``fp16`` (with dynamic loss scaling).
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+        train_split: Split to train on.
+        val_split: Split to validate on (every image once, padding excluded).
+        seed: Seed of the model init and of the daemon's shuffle plan.
+        epochs: Stop after this many epochs (0: the schedule's length).
+        val_every_epochs: Validate every N epochs (and after the last); 0: never.
+        target_top1: Stop once validation top-1 reaches this percentage (0: no target).
+        target_top5: Stop once validation top-5 reaches this percentage (0: no target).
+        out_dir: Where the CSV log, the PNG plot and summary.json go.
+        checkpoint_dir: Where checkpoints go (None: ``out_dir/checkpoints``).
+        checkpoint_every_steps: Checkpoint every N optimizer steps (0: at epoch ends only).
+        resume: Continue from the latest checkpoint if there is one.
+        visit_log: Directory for per-rank ``{key: times trained on}`` JSON files.
+        max_steps_per_epoch: Cut epochs short after N steps (benchmarks); 0: no limit.
+        synthetic_samples: Epoch length with synthetic data (0: the dataset's, or
+            ImageNet's 1,281,167 without a daemon).
+        prefetch_batches: Ready batches the loader holds per rank.
+        reconnect_timeout_s: How long the loader keeps reconnecting to the daemon.
+        log_every_steps: Progress line every N steps on rank 0 (0: none).
+    """
+
+    server: str = ""
+    tls_root: Path | None = None
+    dataset: str = "imagenet"
+    schedule: str = "imagenet-fastai"
+    arch: str = "resnet50"
+    data: str = "feeder"
+    precision: str = "auto"
+    device: str = "auto"
+    train_split: str = "train"
+    val_split: str = "val"
+    seed: int = 0
+    epochs: int = 0
+    val_every_epochs: int = 1
+    target_top1: float = 0.0
+    target_top5: float = 0.0
+    out_dir: Path = Path("runs/train")
+    checkpoint_dir: Path | None = None
+    checkpoint_every_steps: int = 0
+    resume: bool = False
+    visit_log: Path | None = None
+    max_steps_per_epoch: int = 0
+    synthetic_samples: int = 0
+    prefetch_batches: int = 4
+    reconnect_timeout_s: float = 60.0
+    log_every_steps: int = 50
+
+    def __post_init__(self) -> None:
+        if self.data not in DATA_SOURCES:
+            raise ConfigError(f"--data {self.data!r}: choose one of {', '.join(DATA_SOURCES)}")
+        if self.data == "feeder" and not self.server:
+            object.__setattr__(self, "server", os.environ.get(ADDRESS_ENV, "").strip())
+        if self.data == "feeder" and not self.server:
+            raise ConfigError(f"--server HOST:PORT (or {ADDRESS_ENV}, which feeder run sets) is needed to train on "
+                              "feeder data")
+        if self.data == "synthetic" and self.visit_log is not None:
+            raise ConfigError("--visit-log needs feeder data (synthetic batches have no keys)")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"--precision {self.precision!r}: choose one of "
+                              f"{', '.join(PRECISIONS)}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device {self.device!r}: choose auto, cpu or cuda")
+        if self.arch not in ARCHS:
+            raise ConfigError(f"--arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        for name in ("epochs", "val_every_epochs", "checkpoint_every_steps",
+                     "max_steps_per_epoch", "synthetic_samples", "log_every_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0")
+        for name in ("target_top1", "target_top5"):
+            if not 0 <= getattr(self, name) <= 100:
+                raise ConfigError(f"--{name.replace('_', '-')} is a percentage (0-100)")
+        if self.prefetch_batches < 1 or self.reconnect_timeout_s <= 0:
+            raise ConfigError("--prefetch-batches and --reconnect-timeout-s must be positive")
+
+    @property
+    def checkpoints(self) -> Path:
+        """The checkpoint directory."""
+        return self.checkpoint_dir or self.out_dir / "checkpoints"
+
+    @property
+    def has_target(self) -> bool:
+        """True when a time-to-accuracy target is set."""
+        return self.target_top1 > 0 or self.target_top5 > 0
