@@ -54,7 +54,7 @@ def _pack(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.slow
+@pytest.mark.cluster  # a whole rehearsal of the device check: make test-cluster
 def test_the_rehearsal_ends_inside_its_budget_with_its_files_and_nothing_left_running(tmp_path: Path) -> None:
     tree, out, site, work = tmp_path / "tree", tmp_path / "out", tmp_path / "site", tmp_path / "tmp"
     _fresh_copy(tree)
@@ -89,7 +89,7 @@ def test_the_rehearsal_ends_inside_its_budget_with_its_files_and_nothing_left_ru
     assert list(work.iterdir()) == []  # its work folder (and the sample data in it) is gone
 
 
-@pytest.mark.slow
+@pytest.mark.cluster
 def test_a_step_at_its_limit_is_killed_with_everything_it_started_and_the_rest_is_skipped(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     prepare_sample(cache)  # so that the budget runs out in the first throughput step
