@@ -19,9 +19,7 @@ samples whose bytes have landed are read from it, where their checksums check th
 
 from __future__ import annotations
 
-import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any, NamedTuple
@@ -29,16 +27,16 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from core.errors import DataError, FeederError
+from shards.local_copies import COMING_WAIT_S, FROM_CACHE, LocalCopies
 from shards.objects import ObjectMissing, ObjectUrl, StoreFault
-from shards.partial_copy import THROUGH_BYTES, PartialCopy
 from shards.remote_access import RemoteAccess, cache_entries
 from shards.requests import AHEAD as _AHEAD
-from shards.requests import MAX_REQUEST_BYTES, MERGE_GAP_BYTES, RequestPool, Span, merged_spans
+from shards.requests import MAX_REQUEST_BYTES, MERGE_GAP_BYTES, RequestPool, merged_spans
 from shards.requests import NEEDED as _NEEDED
 from shards.shard_cache import CachedShard, ShardCache
 from shards.sources import Extent, Got
 from shards.store import ObjectStore
-from shards.tars import DEFAULT_RECHECK_S, OpenTar
+from shards.tars import DEFAULT_RECHECK_S
 from shards.troubles import ShardTroubles
 
 __all__ = [
@@ -49,14 +47,7 @@ __all__ = [
 READ_AHEAD_BYTES = 64 << 20  # per remote split: bytes fetched ahead and not read yet
 # Where a Got's bytes came from: a cached copy (whole, or being made), the store just
 # now, or a read-ahead (fetched a while ago: the object may have changed since).
-_FROM_CACHE, _FROM_STORE, _FROM_AHEAD = "cache", "store", "ahead"
-# Bytes fetched on each side of a request for a shard whose copy is being made: the
-# tar headers and label members between samples (about 1.5 KiB), so the download
-# finds no small gaps left between the samples batches read.
-_MARGIN_BYTES = 2048
-# The longest a read waits for bytes the shard's download is fetching or will fetch
-# next (a 64 MiB shard takes about 0.1-0.3 s), rather than fetch them too.
-_COMING_WAIT_S = 1.0
+_FROM_CACHE, _FROM_STORE, _FROM_AHEAD = FROM_CACHE, "store", "ahead"
 
 
 class _Ahead(NamedTuple):
@@ -85,6 +76,7 @@ class RemoteShards:
                  recheck_s: float = DEFAULT_RECHECK_S) -> None:
         self._store, self._shards, self._entries = store, shards, entries
         self._cache, self._pool = cache, pool
+        self._copies = LocalCopies(entries, cache, lambda shard: self._fetcher(self._shards[shard]))
         self._ahead: dict[int, list[_Ahead]] = {}
         self._ahead_order: list[tuple[int, _Ahead]] = []
         self._lock = threading.Lock()
@@ -103,10 +95,10 @@ class RemoteShards:
         for p, extent in enumerate(extents):
             by_shard.setdefault(extent.shard, []).append(p)
         for shard, positions in by_shard.items():
-            if self._read_cached(shard, positions, extents, found):
+            if self._copies.read_cached(shard, positions, extents, found):
                 continue
-            self._want(shard)
-            positions = self._read_partial(shard, positions, extents, found)
+            self._copies.want(shard)
+            positions = self._copies.read_partial(shard, positions, extents, found)
             fetch = []
             for p in positions:
                 ahead = self._take_ahead(extents[p])
@@ -129,47 +121,9 @@ class RemoteShards:
     def _requests(self, extents: Sequence[Extent], shard: int,
                   positions: list[int]) -> list[tuple[list[int], int, Future[memoryview], bool]]:
         """The merged requests that fetch ``extents[p]`` (of ``shard``) for ``positions``, started."""
-        spans = [(span.members, *self._widened(shard, span.start, span.end))
-                 for span in self._spans(shard, extents, positions)]
+        spans = [(span.members, *self._copies.widened(shard, span.start, span.end))
+                 for span in self._copies.spans(shard, extents, positions)]
         return [(members, start, self._submit(shard, start, end, _NEEDED), False) for members, start, end in spans]
-
-    def _spans(self, shard: int, extents: Sequence[Extent], positions: list[int]) -> list[Span]:
-        """The merged requests for ``extents[p]`` of ``shard``: where its copy is being
-        made, merged only across small gaps (the bytes between may have landed)."""
-        gap = MERGE_GAP_BYTES if self._partial(shard) is None else THROUGH_BYTES
-        return merged_spans(extents, positions, gap)
-
-    def _widened(self, shard: int, start: int, end: int) -> tuple[int, int]:
-        """``start .. end``, with up to ``_MARGIN_BYTES`` more on each side that have
-        not landed, where the shard's copy is being made (they land in it too)."""
-        entry, copy = self._entries[shard], self._partial(shard)
-        if copy is None or entry is None:
-            return start, end
-        before = copy.gaps(max(0, start - _MARGIN_BYTES), start)
-        after = copy.gaps(end, min(entry.size, end + _MARGIN_BYTES))
-        return before[0][0] if before else start, after[-1][1] if after else end
-
-    def _partial(self, shard: int) -> PartialCopy | None:
-        """The shard's copy being made (None where there is none, or it failed)."""
-        entry = self._entries[shard]
-        copy = None if self._cache is None or entry is None else self._cache.partial(entry)
-        return copy if copy is not None and copy.failed is None else None
-
-    def _read_partial(self, shard: int, positions: list[int], extents: Sequence[Extent],
-                      found: list[Got | None]) -> list[int]:
-        """Reads the extents whose bytes have landed in the shard's copy being made
-        (only where checksums check each read); returns the positions left."""
-        entry, copy = self._entries[shard], self._partial(shard)
-        if copy is None or entry is None or not entry.checked:
-            return positions
-        left, deadline = [], time.monotonic() + _COMING_WAIT_S
-        for p in positions:
-            buffer = np.empty(extents[p].size, dtype=np.uint8)
-            if copy.read_into(buffer, extents[p].offset, max(0.0, deadline - time.monotonic())):
-                found[p] = Got(buffer, extents[p].size, True, _FROM_CACHE)
-            else:
-                left.append(p)
-        return left
 
     def _heal(self, extents: Sequence[Extent], found: list[Got | None]) -> None:
         """Extents the store said are missing or corrupt, read again while their
@@ -202,16 +156,16 @@ class RemoteShards:
         ``store_only``: from the store whatever the copies hold (a second look after
         a checksum failure)."""
         name = self._shards[shard]
-        making = None if store_only else self._partial(shard)
+        making = None if store_only else self._copies.partial(shard)
 
         def fetch(lo: int, length: int) -> memoryview:
             return self._store.get_range(name, lo, length, exact=False)
 
         def get() -> memoryview:
-            copy = None if store_only else self._partial(shard)
-            landed = None if copy is None else copy.fill(start, end, fetch, _COMING_WAIT_S)
+            copy = None if store_only else self._copies.partial(shard)
+            landed = None if copy is None else copy.fill(start, end, fetch, COMING_WAIT_S)
             if landed is None and making is not None:  # finished since the request was made
-                landed = self._cached_bytes(shard, start, end)
+                landed = self._copies.cached_bytes(shard, start, end)
             return memoryview(landed) if landed is not None else fetch(start, end - start)
 
         return self._pool.submit(get, priority)
@@ -261,47 +215,8 @@ class RemoteShards:
         for p in members:
             found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=_reason(error), fault=fault)
 
-    def _read_cached(self, shard: int, positions: list[int], extents: Sequence[Extent],
-                     found: list[Got | None]) -> bool:
-        """Reads the extents from the cached copy of ``shard``; False when it has none."""
-        entry = self._entries[shard]
-        if self._cache is None or entry is None:
-            return False
-        with self._cache.reading(entry) as path:
-            if path is None:
-                return False
-            try:
-                opened = OpenTar(path)
-            except OSError:
-                return False
-            try:
-                for p in positions:
-                    buffer = np.empty(extents[p].size, dtype=np.uint8)
-                    done, cached = opened.read_into(buffer, extents[p].offset)
-                    found[p] = Got(buffer, done, cached, _FROM_CACHE)
-            finally:
-                opened.close()
-        return True
-
-    def _cached_bytes(self, shard: int, start: int, end: int) -> bytes | None:
-        """Bytes ``start .. end`` of the shard's cached copy; None when it has none."""
-        entry = self._entries[shard]
-        if self._cache is None or entry is None:
-            return None
-        with self._cache.reading(entry) as path:
-            if path is None:
-                return None
-            try:
-                with open(path, "rb") as copy:
-                    return os.pread(copy.fileno(), end - start, start)
-            except OSError:
-                return None
-
-    def _want(self, shard: int) -> None:
-        entry = self._entries[shard]
-        if self._cache is not None and entry is not None:
-            name = self._shards[shard]
-            self._cache.want(entry, lambda start, length: self._store.get_range(name, start, length))
+    def _fetcher(self, name: str) -> Callable[[int, int], memoryview]:
+        return lambda start, length: self._store.get_range(name, start, length)
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """After bytes failed their checksum: bytes from a cached copy are fetched from
@@ -363,19 +278,15 @@ class RemoteShards:
         ``READ_AHEAD_BYTES`` per split) until read."""
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
-            copy = self._partial(extent.shard)
-            if not self._cached(extent.shard) and (copy is None or not copy.has(extent.offset,
+            copy = self._copies.partial(extent.shard)
+            if not self._copies.holds(extent.shard) and (copy is None or not copy.has(extent.offset,
                                                                                extent.offset + extent.size)):
                 by_shard.setdefault(extent.shard, []).append(p)
         for shard, positions in by_shard.items():
-            self._want(shard)  # before the requests, so their bytes land in its copy
-            for span in self._spans(shard, extents, positions):
-                start, end = self._widened(shard, span.start, span.end)
+            self._copies.want(shard)  # before the requests, so their bytes land in its copy
+            for span in self._copies.spans(shard, extents, positions):
+                start, end = self._copies.widened(shard, span.start, span.end)
                 self._keep_ahead(shard, _Ahead(start, end, self._submit(shard, start, end, _AHEAD)))
-
-    def _cached(self, shard: int) -> bool:
-        entry = self._entries[shard]
-        return self._cache is not None and entry is not None and self._cache.holds(entry)
 
     def _keep_ahead(self, shard: int, ahead: _Ahead) -> None:
         with self._lock:
