@@ -7,9 +7,9 @@ only across small gaps).
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -78,25 +78,15 @@ class LocalCopies:
         return before[0][0] if before else start, after[-1][1] if after else end
 
     def read_cached(self, shard: int, positions: list[int], extents: Sequence[Extent],
-                     found: list[Got | None]) -> bool:
+                    found: list[Got | None]) -> bool:
         """Reads the extents from the cached copy of ``shard``; False when it has none."""
-        entry = self._entries[shard]
-        if self._cache is None or entry is None:
-            return False
-        with self._cache.reading(entry) as path:
-            if path is None:
+        with self._opened(shard) as opened:
+            if opened is None:
                 return False
-            try:
-                opened = OpenTar(path)
-            except OSError:
-                return False
-            try:
-                for p in positions:
-                    buffer = np.empty(extents[p].size, dtype=np.uint8)
-                    done, cached = opened.read_into(buffer, extents[p].offset)
-                    found[p] = Got(buffer, done, cached, FROM_CACHE)
-            finally:
-                opened.close()
+            for p in positions:
+                buffer = np.empty(extents[p].size, dtype=np.uint8)
+                done, cached = opened.read_into(buffer, extents[p].offset)
+                found[p] = Got(buffer, done, cached, FROM_CACHE)
         return True
 
     def read_partial(self, shard: int, positions: list[int], extents: Sequence[Extent],
@@ -117,14 +107,28 @@ class LocalCopies:
 
     def cached_bytes(self, shard: int, start: int, end: int) -> bytes | None:
         """Bytes ``start .. end`` of the shard's cached copy; None when it has none."""
+        with self._opened(shard) as opened:
+            if opened is None:
+                return None
+            buffer = np.empty(end - start, dtype=np.uint8)
+            done, _ = opened.read_into(buffer, start)
+            return buffer[:done].tobytes()
+
+    @contextmanager
+    def _opened(self, shard: int) -> Iterator[OpenTar | None]:
+        """The shard's cached copy, open (and not evicted) while the block runs; None
+        when it has none."""
         entry = self._entries[shard]
         if self._cache is None or entry is None:
-            return None
+            yield None
+            return
         with self._cache.reading(entry) as path:
-            if path is None:
-                return None
             try:
-                with open(path, "rb") as copy:
-                    return os.pread(copy.fileno(), end - start, start)
+                opened = None if path is None else OpenTar(path)
             except OSError:
-                return None
+                opened = None
+            try:
+                yield opened
+            finally:
+                if opened is not None:
+                    opened.close()
