@@ -105,6 +105,8 @@ def test_a_split_twice_the_budget_keeps_its_cached_half(
         print(f"cache at half the split: epochs 2-4 took {', '.join(f'{r:.2f}' for r in later)}x the split "
               f"from the store; {held / dataset:.2f} of it cached; {usage.evictions} evictions")
         assert usage.evictions == 0 and usage.cached_bytes == held >= dataset // 4
-        assert max(later) <= 1.05 * (1 - held / dataset)
+        # Only the uncached shards come from the store (their merged ranged reads take
+        # some bytes between samples too, a few of them twice an epoch); churn was 7x.
+        assert max(later) <= 1.25 * (1 - held / dataset)
     finally:
         cache.close()
