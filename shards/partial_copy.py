@@ -117,10 +117,6 @@ class PartialCopy:
         buffer = np.empty(end - start, np.uint8)
         return buffer.tobytes() if self.read_into(buffer, start, wait_s) else None
 
-    def landed_bytes(self) -> int:
-        with self._changed:
-            return sum(e - s for s, e in zip(self._starts, self._ends))
-
     @contextmanager
     def coming(self, start: int, end: int) -> Iterator[None]:
         """Bytes ``start .. end`` are being fetched while the block runs: reads of
@@ -171,13 +167,15 @@ class PartialCopy:
                 # One gap at a time, looked at afresh: reads under way bring the rest.
                 while pieces := _merged(self.gaps(at, end, but_coming=True)):
                     lo, hi = pieces[0]
-                    data = self._fetched(fetch, lo, hi)
+                    data, written = self._fetched(fetch, lo, hi)
                     fetched += len(data)
-                    whole = data if (lo, hi) == (start, end) and self.has(lo, hi) else None
+                    # The file holds these very bytes only where this fetch wrote them all.
+                    whole = data if (lo, hi) == (start, end) and written == len(data) else None
                     at = hi
-                self._wait_coming(start, end, _COMING_WAIT_S)
+                with self._changed:  # until no read of this chunk's bytes is under way
+                    self._changed.wait_for(lambda: not self._fetching(start, end), _COMING_WAIT_S)
                 for lo, hi in _merged(self.gaps(start, end)):  # a read that failed or was dropped
-                    fetched += len(self._fetched(fetch, lo, hi))
+                    fetched += len(self._fetched(fetch, lo, hi)[0])
                     whole = None
                 if self.failed is not None:
                     raise self.failed
@@ -189,18 +187,13 @@ class PartialCopy:
                 self._changed.notify_all()
         return digest.hexdigest()
 
-    def _fetched(self, fetch: Callable[[int, int], memoryview], lo: int, hi: int) -> memoryview:
+    def _fetched(self, fetch: Callable[[int, int], memoryview], lo: int, hi: int) -> tuple[memoryview, int]:
+        """Bytes ``lo .. hi`` fetched and landed; with the bytes of them written now."""
         with self.coming(lo, hi):  # reads of these bytes wait for them
             data = fetch(lo, hi - lo)
             if len(data) != hi - lo:
                 raise FeederError(f"{len(data)} bytes at offset {lo}, {hi - lo} asked for")
-            self.add(lo, data)
-        return data
-
-    def _wait_coming(self, start: int, end: int, wait_s: float) -> None:
-        """Until no fetch of bytes within ``start .. end`` is under way (at most ``wait_s``)."""
-        with self._changed:
-            self._changed.wait_for(lambda: not any(s < end and start < n for s, n in self._coming), wait_s)
+            return data, self.add(lo, data)
 
     def sync(self) -> None:
         os.fsync(self._fd)
@@ -217,7 +210,11 @@ class PartialCopy:
         """Whether bytes of ``start .. end`` are on their way: being fetched, or ahead
         of the running download."""
         soon = self._front is not None and end > self._front and start < self._front + LEAD_BYTES
-        return soon or any(s < end and start < n for s, n in self._coming)
+        return soon or self._fetching(start, end)
+
+    def _fetching(self, start: int, end: int) -> bool:
+        """Whether a fetch of bytes within ``start .. end`` is under way."""
+        return any(s < end and start < n for s, n in self._coming)
 
     def _has(self, start: int, end: int) -> bool:
         i = bisect.bisect_right(self._starts, start) - 1
