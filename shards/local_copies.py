@@ -61,11 +61,19 @@ class LocalCopies:
         if self._cache is not None and entry is not None:
             self._cache.want(entry, self._fetcher(shard))
 
+    def has(self, shard: int, extent: Extent) -> bool:
+        """Whether the extent's bytes are here: in a whole copy, or landed in one being made."""
+        copy = self.partial(shard)
+        return self.holds(shard) or (copy is not None and copy.has(extent.offset, extent.offset + extent.size))
+
     def spans(self, shard: int, extents: Sequence[Extent], positions: list[int]) -> list[Span]:
         """The merged requests for ``extents[p]`` of ``shard``: where its copy is being
-        made, merged only across small gaps (the bytes between may have landed)."""
-        gap = MERGE_GAP_BYTES if self.partial(shard) is None else THROUGH_BYTES
-        return merged_spans(extents, positions, gap)
+        made, merged only across small gaps (the bytes between may have landed) and
+        widened over the tar headers around them (:meth:`widened`)."""
+        if self.partial(shard) is None:
+            return merged_spans(extents, positions, MERGE_GAP_BYTES)
+        return [Span(*self.widened(shard, span.start, span.end), span.members)
+                for span in merged_spans(extents, positions, THROUGH_BYTES)]
 
     def widened(self, shard: int, start: int, end: int) -> tuple[int, int]:
         """``start .. end``, with up to ``_MARGIN_BYTES`` more on each side that have

@@ -121,9 +121,8 @@ class RemoteShards:
     def _requests(self, extents: Sequence[Extent], shard: int,
                   positions: list[int]) -> list[tuple[list[int], int, Future[memoryview], bool]]:
         """The merged requests that fetch ``extents[p]`` (of ``shard``) for ``positions``, started."""
-        spans = [(span.members, *self._copies.widened(shard, span.start, span.end))
-                 for span in self._copies.spans(shard, extents, positions)]
-        return [(members, start, self._submit(shard, start, end, _NEEDED), False) for members, start, end in spans]
+        return [(span.members, span.start, self._submit(shard, span.start, span.end, _NEEDED), False)
+                for span in self._copies.spans(shard, extents, positions)]
 
     def _heal(self, extents: Sequence[Extent], found: list[Got | None]) -> None:
         """Extents the store said are missing or corrupt, read again while their
@@ -155,11 +154,7 @@ class RemoteShards:
         again by the download); a copy finished meanwhile is read instead.
         ``store_only``: from the store whatever the copies hold (a second look after
         a checksum failure)."""
-        name = self._shards[shard]
-        making = None if store_only else self._copies.partial(shard)
-
-        def fetch(lo: int, length: int) -> memoryview:
-            return self._store.get_range(name, lo, length, exact=False)
+        making, fetch = None if store_only else self._copies.partial(shard), self._fetcher(self._shards[shard])
 
         def get() -> memoryview:
             copy = None if store_only else self._copies.partial(shard)
@@ -216,7 +211,9 @@ class RemoteShards:
             found[p] = Got(np.empty(0, np.uint8), 0, token=_FROM_STORE, refused=_reason(error), fault=fault)
 
     def _fetcher(self, name: str) -> Callable[[int, int], memoryview]:
-        return lambda start, length: self._store.get_range(name, start, length)
+        """Bytes (start, length) of object ``name``, fewer where it ends sooner (whoever
+        reads them checks their length: :meth:`_fill`, the cache's download)."""
+        return lambda start, length: self._store.get_range(name, start, length, exact=False)
 
     def reread(self, extent: Extent, got: Got) -> Got | None:
         """After bytes failed their checksum: bytes from a cached copy are fetched from
@@ -278,15 +275,12 @@ class RemoteShards:
         ``READ_AHEAD_BYTES`` per split) until read."""
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
-            copy = self._copies.partial(extent.shard)
-            if not self._copies.holds(extent.shard) and (copy is None or not copy.has(extent.offset,
-                                                                               extent.offset + extent.size)):
+            if not self._copies.has(extent.shard, extent):
                 by_shard.setdefault(extent.shard, []).append(p)
         for shard, positions in by_shard.items():
             self._copies.want(shard)  # before the requests, so their bytes land in its copy
             for span in self._copies.spans(shard, extents, positions):
-                start, end = self._copies.widened(shard, span.start, span.end)
-                self._keep_ahead(shard, _Ahead(start, end, self._submit(shard, start, end, _AHEAD)))
+                self._keep_ahead(shard, _Ahead(span.start, span.end, self._submit(shard, span.start, span.end, _AHEAD)))
 
     def _keep_ahead(self, shard: int, ahead: _Ahead) -> None:
         with self._lock:
