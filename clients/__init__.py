@@ -11,8 +11,9 @@ importing torch.
 from __future__ import annotations
 
 import warnings
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from clients.elastic import merge_states
@@ -42,12 +43,11 @@ _HOMES = {
 _MOVED_TO_TRAINER = ("Phase", "Schedule", "load_schedule")
 
 
+_lazy = lazy_names(__name__, _HOMES, globals())
+
+
 def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_TRAINER:
-        return _moved_to_trainer(name)
-    if name not in _HOMES:
-        raise AttributeError(f"module 'clients' has no attribute {name!r}")
-    return getattr(import_module(_HOMES[name]), name)
+    return _moved_to_trainer(name) if name in _MOVED_TO_TRAINER else _lazy(name)
 
 
 def _moved_to_trainer(name: str) -> Any:

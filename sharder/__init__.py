@@ -8,9 +8,10 @@ Names are imported on first use, so ``feeder --help`` (which imports
 from __future__ import annotations
 
 import sys
-from importlib import import_module
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
@@ -33,12 +34,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'sharder' has no attribute {name!r}")
-    value = getattr(import_module(_HOMES[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())
 
 
 class _Package(ModuleType):

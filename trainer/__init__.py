@@ -10,8 +10,9 @@ Names are imported on first use, so ``feeder --help`` does not pay for importing
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -29,7 +30,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    return getattr(import_module(_HOMES[name]), name)
+__getattr__ = lazy_names(__name__, _HOMES, globals())
