@@ -3,7 +3,10 @@ an in-process daemon on port 0 serving them as ``sample`` on the CPU."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from feeder.config import ServerConfig
 from feeder.server import FeederServer, create_server
@@ -29,3 +32,18 @@ def start_daemon(shards: Path, port: int = 0) -> tuple[FeederServer, int]:
     config = ServerConfig(datasets={"sample": shards}, port=port, device="cpu", threads=1,
                           max_batch_size=64, grace_s=0.5)
     return create_server(config)
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sample shards (a conftest that imports this fixture gets its own copy)."""
+    return build_client_shards(tmp_path_factory.mktemp("client-shards"))
+
+
+@pytest.fixture(scope="module")
+def daemon(shards: Path) -> Iterator[str]:
+    """An in-process daemon over ``shards`` on port 0: its address."""
+    server, port = start_daemon(shards)
+    yield f"127.0.0.1:{port}"
+    server.stop(0).wait(10)
+

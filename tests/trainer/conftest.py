@@ -7,26 +7,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
-import pytest
+from collections.abc import Callable
 
 from tests.common.env import ROOT, child_env
 from tests.common.processes import kill_tree
-from tests.common.sample_daemon import build_client_shards, start_daemon
-
-
-@pytest.fixture(scope="session")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_client_shards(tmp_path_factory.mktemp("trainer-shards"))
-
-
-@pytest.fixture(scope="module")
-def daemon(shards: Path) -> Iterator[str]:
-    server, port = start_daemon(shards)
-    yield f"127.0.0.1:{port}"
-    server.stop(0).wait(10)
+from tests.common.sample_daemon import daemon, shards  # noqa: F401 - fixtures
 
 
 def trainer_command(address: str, args: tuple[str, ...], nproc: int, module: str = "trainer.train") -> list[str]:
