@@ -56,8 +56,12 @@ class _Log:
 
         return work
 
-    def wait(self, lanes: list[Lane]) -> None:
+    def reached(self) -> None:
+        """Until ``units`` of work have run (the lanes go on)."""
         assert self._enough.wait(30)
+
+    def wait(self, lanes: list[Lane]) -> None:
+        self.reached()
         for lane in lanes:
             lane.close()
 
@@ -207,11 +211,14 @@ def test_busy_lanes_get_equal_worker_time_whatever_their_items_cost(threads):
     small, big = pool.lane("small"), pool.lane("big")
     small.parallel(log.work(clock, "small", 1.0), 1_000_000)  # always work queued
     big.parallel(log.work(clock, "big", 4.0), 1_000_000)
+    log.reached()
+    # Read while both lanes still run: once one is closed, the other has the workers alone.
+    busy_s = {"small": small.busy_s, "big": big.busy_s}
     log.wait([small, big])
     pool.close()
     shares = log.shares()
     assert shares["small"] / shares["big"] == pytest.approx(1.0, rel=0.15), shares
-    assert small.busy_s / big.busy_s == pytest.approx(1.0, rel=0.15)  # counted on the pool's clock
+    assert busy_s["small"] / busy_s["big"] == pytest.approx(1.0, rel=0.15)  # counted on the pool's clock
 
 
 def test_busy_lanes_get_worker_time_in_proportion_to_their_weights():
