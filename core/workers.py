@@ -258,8 +258,7 @@ class _Shared:
             if self._closed:
                 return
             self._closed = True
-            lanes = [lane for share in self._ready for lane in share.ready]
-            self._ready = []
+            lanes = [lane for share in self._ready for lane in share.ready]  # close_lane takes them off
             self._cond.notify_all()
         for lane in lanes:
             self.close_lane(lane)

@@ -189,6 +189,26 @@ def test_a_closed_lane_ends_its_waiting_loops():
     pool.close()
 
 
+def test_closing_the_pool_ends_the_loops_its_open_lanes_have_waiting():
+    pool = FairPool(1, name="t-close-pool")
+    busy, started, blocker = pool.lane(), threading.Event(), threading.Event()
+    held = busy.parallel(lambda i: (started.set(), blocker.wait(5)), 1)
+    assert started.wait(5)
+    shared = pool.share()
+    lanes = [pool.lane() for _ in range(3)]
+    lanes[1].join(shared)
+    lanes[2].join(shared)
+    waiting = [lane.parallel(lambda i: None, 4) for lane in lanes]
+    pool.close()
+    for loop in waiting:
+        with pytest.raises(PoolClosed):
+            loop.wait()
+    blocker.set()
+    held.wait()
+    with pytest.raises(PoolClosed):
+        lanes[0].run(lambda i: None, 1)
+
+
 def test_the_threads_stop_when_the_pool_is_closed_or_collected():
     closed = FairPool(3, name="t-stop-closed")
     closed.lane().run(lambda i: None, 3)
