@@ -3,7 +3,7 @@ passed down."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,6 +48,18 @@ def _default_threads() -> int:
 def _default_memory_bytes() -> int:
     """Half of this machine's (or its container's) memory: the rest is the training job's."""
     return physical_memory_bytes() // 2
+
+
+# The numeric options' bounds: (options, test, what the error says they must be).
+_BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
+    (("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
+      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
+      "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
+    (("store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads"), lambda v: v >= 0, ">= 0"),
+    (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
+      "metrics_timeout_s"), lambda v: v > 0, "> 0"),
+    (("max_failed_batch_fraction", "max_failed_epoch_fraction"), lambda v: 0 <= v <= 1, "in 0..1"),
+)
 
 
 @dataclass(frozen=True)
@@ -301,54 +313,22 @@ class ServerConfig:
         for name in self.datasets:
             if not name or "=" in name or "/" in name:
                 raise ConfigError(f"dataset name {name!r}: must be non-empty, without '=' or '/'")
-        if self.device not in DEVICES:
-            raise ConfigError(f"device: {self.device!r} is not one of {', '.join(DEVICES)}")
-        if self.fair_share not in FAIR_SHARES:
-            raise ConfigError(f"fair_share: {self.fair_share!r} is not one of {', '.join(FAIR_SHARES)}")
+        for option, allowed in (("device", DEVICES), ("fair_share", FAIR_SHARES), ("log_level", LOG_LEVELS),
+                                ("on_error", ON_ERROR)):
+            if getattr(self, option) not in allowed:
+                raise ConfigError(f"{option}: {getattr(self, option)!r} is not one of {', '.join(allowed)}")
         for port_name in ("port", "metrics_port"):
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
-        for name in ("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams",
-                     "max_streams_per_peer", "max_streams_per_address", "max_streams_per_job", "max_memory_bytes",
-                     "ring_slots", "store_requests"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("store_retry_window_s", "store_heal_s"):
-            if not getattr(self, name) >= 0:  # NaN too
-                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
-        for name in ("idle_timeout_s", "contended_idle_timeout_s"):
-            if not getattr(self, name) > 0:  # NaN too
-                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.grace_s < 0:
-            raise ConfigError(f"grace_s: must be >= 0, got {self.grace_s}")
-        if self.log_level not in LOG_LEVELS:
-            raise ConfigError(f"log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
-        if self.rpc_threads < 0:
-            raise ConfigError(f"rpc_threads: must be >= 0, got {self.rpc_threads}")
+        for names, holds, rule in _BOUNDS:
+            for name in names:
+                if not holds(getattr(self, name)):  # NaN fails each
+                    raise ConfigError(f"{name}: must be {rule}, got {getattr(self, name)}")
         check_cpu_decoder(self.cpu_decoder)
-        if self.on_error not in ON_ERROR:
-            raise ConfigError(f"on_error: {self.on_error!r} is not one of {', '.join(ON_ERROR)}")
-        for name in ("max_failed_batch_fraction", "max_failed_epoch_fraction"):
-            if not 0 <= getattr(self, name) <= 1:  # NaN too
-                raise ConfigError(f"{name}: must be in 0..1, got {getattr(self, name)}")
-        for name in ("max_pixels", "max_pipelines"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if not self.pipeline_idle_s > 0:  # NaN too
-            raise ConfigError(f"pipeline_idle_s: must be > 0, got {self.pipeline_idle_s}")
         self._check_security()
         self._check_decoded_cache()
         self._check_remote()
-        self._check_waiting()
-
-    def _check_waiting(self) -> None:
-        for name in ("max_waiting_calls", "metrics_threads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("first_message_timeout_s", "metrics_timeout_s"):
-            if not getattr(self, name) > 0:  # NaN too
-                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
 
     def _check_security(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
