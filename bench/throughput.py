@@ -31,11 +31,8 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,7 +43,6 @@ from bench import venvs  # noqa: E402
 from bench.data import BenchData, prepare_sample, prepare_store_sample, resolve  # noqa: E402
 from bench.loaders import LOADERS, STORE_LOADERS, LoaderSpec, LoaderUnavailable, loader_module  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
-from bench.proctree import memory_bytes, tree_pids  # noqa: E402
 from bench.report import format_store_table, format_table, format_targets, plot, write_json  # noqa: E402
 from bench.s3_store import StoreRun, raw_bandwidth, started_store, upload_tree  # noqa: E402
 from bench.summary import (  # noqa: E402
@@ -57,23 +53,15 @@ from bench.summary import (  # noqa: E402
     summarise,
     summarise_runs,
 )
+from bench.watched import NO_MEMORY, REPO, stop_workers, watched  # noqa: E402
 from bench.worker import request_for  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
 from core.errors import FeederError  # noqa: E402
-from core.processes import limited  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402
 
 __all__ = ["main", "parse_args", "run_loader"]
 
-REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = REPO / ".bench"
-# How often the parent samples a loader's resident memory (seconds; /proc/PID/statm,
-# cheap) and, more rarely, its proportional set size (/proc/PID/smaps_rollup walks every
-# page of the process: about 9 ms for a process that imported torch, taken from the
-# CPUs the loaders run on; every 0.25 s that came to about 9 % of 2 CPUs for a daemon
-# with 4 clients, 5 processes, and 2 % for inprocess).
-_MEMORY_PERIOD_S = 0.25
-_PSS_PERIOD_S = 2.0
 # Time a loader may take beyond its schedule (process start, imports, setup, shutdown).
 _SETUP_ALLOWANCE_S = 300.0
 # Time a loader's ``prepare`` step may take (FFCV writing 20,000 images on 2 CPUs).
@@ -151,89 +139,6 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-class _MemoryWatch(threading.Thread):
-    """Samples the memory of a process tree until stopped; keeps the peaks."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.peak_pss, self.peak_rss = pid, 0, 0
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        """RSS every ``_MEMORY_PERIOD_S``; PSS every ``_PSS_PERIOD_S`` and whenever the
-        RSS passes its peak by 1 % (so the PSS peak follows the RSS one)."""
-        last_pss = float("-inf")
-        while not self._stop_event.wait(_MEMORY_PERIOD_S):
-            rss = sum(_rss_bytes(p) for p in tree_pids(self.pid))
-            now = time.monotonic()
-            if rss > self.peak_rss * 1.01 or now - last_pss >= _PSS_PERIOD_S:
-                self.peak_pss = max(self.peak_pss, memory_bytes(self.pid))
-                last_pss = now
-            self.peak_rss = max(self.peak_rss, rss)
-
-    def stop(self) -> dict[str, int]:
-        self._stop_event.set()
-        self.join()
-        return {"peak_pss_bytes": self.peak_pss, "peak_rss_bytes": self.peak_rss}
-
-
-def _rss_bytes(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # the worker leads its own process group
-    except ProcessLookupError:
-        pass
-
-
-_NO_MEMORY = {"peak_pss_bytes": 0, "peak_rss_bytes": 0}
-
-# Workers running now. Each leads a session of its own (so its tree can be killed as a
-# whole without this process), so a signal to this process's group (a timeout's)
-# does not reach them: they go with this process, however it ends.
-# A worker killed with this process (die_with_parent) takes its daemon along (the daemon's
-# own die_with_parent).
-_RUNNING: set[subprocess.Popen] = set()
-
-
-def _stop_workers(signum: int, frame: object) -> None:
-    """SIGTERM/SIGINT: kill the running workers' trees (their daemons too), then exit."""
-    for proc in list(_RUNNING):
-        _kill_tree(proc)
-    raise SystemExit(128 + signum)
-
-
-def _watched(command: list[str], log: Path, limit_s: float) -> tuple[int, dict[str, int]]:
-    """Runs ``command`` (leading a process group of its own) until it ends or ``limit_s``
-    passes, its output in ``log``; returns its exit status and its tree's memory peaks.
-
-    Raises:
-        OSError: the command cannot be started.
-    """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    with open(log, "w") as log_file:
-        proc = subprocess.Popen(limited(command, die_with_parent=True), cwd=REPO, env=env, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        _RUNNING.add(proc)
-        watch = _MemoryWatch(proc.pid)
-        watch.start()
-        try:
-            proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc)
-            proc.wait()
-        finally:
-            memory = watch.stop()
-            _kill_tree(proc)  # leftovers (a daemon whose parent died) go with the group
-            _RUNNING.discard(proc)
-    return proc.returncode, memory
-
-
 def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path, python: str = sys.executable,
                step: str = "measure") -> dict:
     """Runs loader ``name`` once in a fresh process of ``python``.
@@ -254,9 +159,9 @@ def run_loader(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path, p
     load = os.getloadavg()[0]
     try:
         command = [python, "-m", "bench.worker", str(request), str(result)]
-        code, memory = _watched(command, log, _PREPARE_LIMIT_S if step == "prepare" else limit_s)
+        code, memory = watched(command, log, _PREPARE_LIMIT_S if step == "prepare" else limit_s)
     except OSError as e:  # the interpreter is gone (a virtual environment removed meanwhile)
-        return {"result": {"loader": name, "error": f"cannot start {python}: {e}"}, "memory": dict(_NO_MEMORY),
+        return {"result": {"loader": name, "error": f"cannot start {python}: {e}"}, "memory": dict(NO_MEMORY),
                 "load_average_1m": load}
     if result.is_file():
         outcome = json.loads(result.read_text())
@@ -299,7 +204,7 @@ def _progress(index: int, total: int, run: dict) -> None:
 
 def _stand_in(result: dict) -> dict:
     """A run that stands for every start of a loader that cannot start (skipped or failed)."""
-    return {"result": result, "memory": dict(_NO_MEMORY), "load_average_1m": os.getloadavg()[0]}
+    return {"result": result, "memory": dict(NO_MEMORY), "load_average_1m": os.getloadavg()[0]}
 
 
 def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tuple[str, dict | None]:
@@ -383,7 +288,7 @@ def _measure_store(args: argparse.Namespace, names: list[str], spec: LoaderSpec,
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns 0 when every loader produced correct batches."""
     args = parse_args(argv)
-    previous = {signum: signal.signal(signum, _stop_workers) for signum in (signal.SIGTERM, signal.SIGINT)}
+    previous = {signum: signal.signal(signum, stop_workers) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(args, argv)
     finally:
