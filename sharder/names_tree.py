@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
 
 from core.errors import ConfigError
 from sharder.ground_truth import DEVKIT_DATA, METADATA_NAMES, Found, Lookup, ground_truth, labelled_flat
@@ -179,5 +178,4 @@ def tree_of_names(listed: Listed, data: str = "") -> SourceTree:
 
 def posix(name: str) -> str:
     """A member's name as the path it extracts to (no ``./``, no leading ``/``)."""
-    parts = [p for p in PurePosixPath(name).parts if p not in ("/", ".")]
-    return "/".join(parts)
+    return "/".join(part for part in name.split("/") if part not in ("", "."))
