@@ -17,6 +17,12 @@ cache, output to a fresh folder on the same disk. Modes:
 - ``copy``: the upper bound, no sharder: read every input file and append it to one
   output file (same bytes read and written, no checks, no tar, no index).
 
+``--sources`` says what each mode shards: ``tree``, the extracted folder tree; ``tars``,
+the same images packed as image-net.org gives them (``ILSVRC2012_img_train.tar`` of
+class tars, ``ILSVRC2012_img_val.tar``, the devkit's ``tar.gz``), read where they lie
+(``sharder.download_tars``). The output is the same; the figure to compare is
+images/s of ``tars`` over ``tree`` in the same run (``copy`` runs on the tree only).
+
 ``--pair`` adds, for each mode, what this machine's cores give two CPU-bound
 sharders at once: two ``--workers 1`` runs of the whole tree started together
 (images/s counts both runs' images over the later one's end), the baseline
@@ -25,6 +31,7 @@ sharders at once: two ``--workers 1`` runs of the whole tree started together
 Example::
 
     python bench/shard.py --json bench/results/shard.json --plot bench/results/shard.png
+    python bench/shard.py --sources tree,tars --modes passthrough,decode --workers 1
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.report import write_document  # noqa: E402
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard  # noqa: E402
+from sharder.download_tars import TRAIN_TAR  # noqa: E402
+from sharder.sample_download import write_download  # noqa: E402
 
 __all__ = ["main", "measure"]
 
@@ -71,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="1,2", help="comma list of --workers settings")
     p.add_argument("--modes", default="copy,passthrough,restarts,decode,half-copies,reencode",
                    help=f"comma list of copy, {', '.join(MODES)}")
+    p.add_argument("--sources", default="tree", help="comma list of tree, tars: the extracted tree, or the "
+                   "image-net.org tars of the same images")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pair", action="store_true", help="also two --workers 1 runs at once, per mode")
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
@@ -86,6 +97,17 @@ def _sample_src(args: argparse.Namespace) -> Path:
         shutil.rmtree(src, ignore_errors=True)
         make_sample_data(SampleDataConfig(src, args.classes, args.train_per_class, args.val_per_class))
     return src
+
+
+def _download_of(src: Path) -> Path:
+    """The image-net.org tars of the tree ``src``, made once beside it."""
+    download = src.with_name(src.name + "-download")
+    if not (download / TRAIN_TAR).is_file():
+        shutil.rmtree(download, ignore_errors=True)
+        write_download(src, download)
+    for tar in download.iterdir():
+        tar.read_bytes()  # into the page cache, as the tree's files are
+    return download
 
 
 def _input_bytes(src: Path) -> tuple[int, int]:
@@ -170,7 +192,9 @@ def _plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    labels = [r["mode"] if r["mode"] == "copy" else f"{r['mode']}\n--workers {r['workers']}" for r in rows]
+    shown = {r.get("source", "tree") for r in rows} != {"tree"}  # name the source when it varies
+    labels = [r["mode"] if r["mode"] == "copy" else
+              f"{r['mode']}{' ' + r['source'] if shown else ''}\n--workers {r['workers']}" for r in rows]
     colours = {"copy": "tab:gray", "passthrough": "tab:blue", "restarts": "tab:purple", "decode": "tab:green",
                "half-copies": "tab:olive", "reencode": "tab:orange"}
     ax.bar(labels, [r["images_per_s"] for r in rows], color=[colours[r["mode"]] for r in rows])
@@ -181,30 +205,51 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _compare_sources(rows: list[dict]) -> None:
+    """Each ``tars`` row's images/s over its ``tree`` row's (same mode and workers), as
+    ``over_tree``, printed."""
+    tree = {(r["mode"], r["workers"]): r["images_per_s"] for r in rows if r["source"] == "tree"}
+    for row in rows:
+        if row["source"] == "tars" and (row["mode"], row["workers"]) in tree:
+            row["over_tree"] = row["images_per_s"] / tree[row["mode"], row["workers"]]
+            print(f"{row['mode']:<12} --workers {row['workers']}: tars at {row['over_tree']:.2f}x the tree's images/s")
+
+
+def _runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(mode, source) pairs in order; ``copy`` reads the tree only."""
+    sources = args.sources.split(",")
+    if unknown := set(sources) - {"tree", "tars"}:
+        raise SystemExit(f"bench: --sources: unknown {', '.join(sorted(unknown))} (tree, tars)")
+    return [(mode, source) for mode in args.modes.split(",") for source in (["tree"] if mode == "copy" else sources)]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
     src = _sample_src(args)
     images, input_bytes = _input_bytes(src)
+    sources = {"tree": src, "tars": _download_of(src) if "tars" in args.sources.split(",") else src}
     load_before = os.getloadavg()[0]  # other work on the machine skews every figure
     rows = []
     with tempfile.TemporaryDirectory(dir=args.cache) as scratch:
-        for mode in args.modes.split(","):
+        for mode, source in _runs(args):
             settings = [int(w) for w in args.workers.split(",")] + ([0] if args.pair else [])
             for workers in [1] if mode == "copy" else settings:
-                seconds, cpu_seconds = measure(src, mode, workers, args.repeats, Path(scratch))
+                seconds, cpu_seconds = measure(sources[source], mode, workers, args.repeats, Path(scratch))
                 median = statistics.median(seconds)
                 run_images, run_bytes = (2 * images, 2 * input_bytes) if workers == 0 else (images, input_bytes)
-                row = {"mode": mode, "workers": workers if workers else "pair of 1", "images": run_images,
+                row = {"mode": mode, "source": source, "workers": workers if workers else "pair of 1",
+                       "images": run_images,
                        "input_bytes": run_bytes,
                        "seconds": seconds, "cpu_seconds": cpu_seconds, "median_s": median,
                        "images_per_s": run_images / median, "mb_per_s": run_bytes / median / 1e6,
                        "cpu_ms_per_image": 1000 * statistics.median(cpu_seconds) / run_images}  # fmt: skip
                 rows.append(row)
                 print(
-                    f"{mode:<12} --workers {row['workers']}: {row['images_per_s']:7.0f} images/s "
+                    f"{mode:<12} {source:<5} --workers {row['workers']}: {row['images_per_s']:7.0f} images/s "
                     f"{row['mb_per_s']:7.1f} MB/s "
                     f"{row['cpu_ms_per_image']:6.2f} CPU ms/image (median of {args.repeats})"
                 )
+    _compare_sources(rows)
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     config.update(src=str(src), load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0])
     if args.json:

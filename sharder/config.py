@@ -17,6 +17,7 @@ from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import OldName, cli
 from shards.objects import ObjectUrl, is_remote, local_path
+from shards.store import StoreOptions
 
 __all__ = [
     "CHECKS", "DEFAULT_RESTART_INTERVAL", "FORMATS", "ON_ERROR_POLICIES", "SampleDataConfig", "ShardConfig",
@@ -102,7 +103,9 @@ class ShardConfig:
 
     Args:
         src: input tree: the ILSVRC2012 layout (train/, val/) or a plain class-folder
-            tree.
+            tree; or a folder holding the image-net.org tars (ILSVRC2012_img_train.tar,
+            ILSVRC2012_img_val.tar, ILSVRC2012_devkit_t12.tar.gz), read where they lie;
+            or an object store URL (s3://bucket/prefix) holding either.
         out: shard directory to create, or to resume into (an unfinished run of the
             same inputs and options continues where it stopped); or an object store
             URL (s3://bucket/prefix): shards are staged in ``stage_dir``, each
@@ -144,7 +147,7 @@ class ShardConfig:
         overwrite: allow a non-empty OUT (its contents are replaced).
         progress: show a progress bar on stderr; None, the default: only when stderr
             is a terminal.
-        s3_endpoint: the S3 API of an S3-compatible store for an ``out`` URL, e.g.
+        s3_endpoint: the S3 API of an S3-compatible store for a ``src`` or ``out`` URL, e.g.
             http://127.0.0.1:8333; default: AWS_ENDPOINT_URL, else AWS itself.
         stage_dir: where shards for an ``out`` URL are written before they are
             uploaded (a killed run resumes from it); default:
@@ -153,7 +156,7 @@ class ShardConfig:
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
 
-    src: Path = field(metadata=cli(argument=True))
+    src: Path | str = field(metadata=cli(argument=True, parse=_shard_dir))
     out: Path = field(metadata=cli(argument=True, parse=_shard_dir))
     formats: tuple[str, ...] = field(default=("wds",), metadata=cli(metavar="wds,lmdb", old=("--format",)))
     seed: int = 0
@@ -176,7 +179,8 @@ class ShardConfig:
     upload_to: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "src", Path(self.src))
+        remote_src = isinstance(self.src, str) and is_remote(self.src)
+        object.__setattr__(self, "src", str(ObjectUrl.parse(str(self.src))) if remote_src else Path(self.src))
         if isinstance(self.out, str) and is_remote(self.out):
             url = str(ObjectUrl.parse(self.out))
             object.__setattr__(self, "upload_to", url)
@@ -203,6 +207,16 @@ class ShardConfig:
         if not 0 <= self.restart_interval <= 64:
             raise ConfigError(f"--restart-interval must be in 0..64 MCUs, got {self.restart_interval}")
         object.__setattr__(self, "on_error", on_error_policy(self.on_error, stacklevel=3))
+
+    @property
+    def store_options(self) -> StoreOptions:
+        """How a store SRC (or OUT) is talked to."""
+        return StoreOptions(endpoint_url=self.s3_endpoint)
+
+    @property
+    def source_name(self) -> str:
+        """SRC as the manifest records it: its URL, or its resolved path."""
+        return self.src if isinstance(self.src, str) else str(self.src.resolve())
 
     @property
     def reencode_quality(self) -> int:

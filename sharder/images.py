@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -41,7 +40,6 @@ __all__ = [
     "decoded_size",
     "parse_jpeg_header",
     "process_image",
-    "read_input",
 ]
 
 _DECODE_LOCK = threading.Lock()  # decoding redirects this process's stderr and Pillow's limit
@@ -332,11 +330,3 @@ def process_image(
     if quick is not None:
         return check_by_decode(quick, max_pixels) if check == "decode" and not quick.reject else quick
     return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality, max_pixels)
-
-
-def read_input(path: Path) -> bytes | ProcessedImage:
-    """The content of ``path``, or a reject when it cannot be read."""
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        return ProcessedImage(reject=f"unreadable: {e.strerror or e}")

@@ -25,24 +25,18 @@ import multiprocessing
 import os
 import signal
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from multiprocessing.pool import AsyncResult, Pool
-from pathlib import Path
 
 import cv2
 import numpy as np
 
 from sharder.config import ShardConfig
-from sharder.images import (
-    ProcessedImage,
-    check_by_decode,
-    check_without_decode,
-    decode_and_reencode,
-    read_input,
-)
+from sharder.images import ProcessedImage, check_by_decode, check_without_decode, decode_and_reencode
+from sharder.source_reads import Source, read_input
 from shards import jpeg
 
 __all__ = ["HALF_COPY_QUALITY", "processed_in_order", "with_half_copy", "with_restarts", "worker_pool"]
@@ -68,17 +62,24 @@ _READ_AHEAD = 64
 
 
 @contextmanager
-def worker_pool(workers: int) -> Iterator[Pool | None]:
+def worker_pool(workers: int, readers: Iterable[Source] = ()) -> Iterator[Pool | None]:
     """Processes that decode and re-encode inputs beside this one, which takes its
     share as well (``workers - 1`` of them; None: this process does it all).
 
     Forked, not spawned: a spawned worker would re-import the program's main module
     (the whole CLI) before doing any work. Create the pool before starting threads.
+    Where one of ``readers`` cannot be used after a fork (a store's client, once this
+    process used it), the workers are forked from a fresh server process instead
+    (``forkserver``, the image modules loaded there once).
     """
     if workers == 1:
         yield None
         return
-    with multiprocessing.get_context("fork").Pool(workers - 1, initializer=_ignore_interrupts) as pool:
+    method = "fork" if all(reader.fork_safe for reader in readers) else "forkserver"
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload([__name__])
+    with context.Pool(workers - 1, initializer=_ignore_interrupts) as pool:
         yield pool
 
 
@@ -146,12 +147,12 @@ def with_restarts(image: ProcessedImage, restart_interval: int, strict: bool = F
         return ProcessedImage(reject=f"{kind} JPEG: {e}")
 
 
-def _read_ahead(paths: list[Path]) -> Iterator[bytes | ProcessedImage]:
-    """``read_input`` of each path, in order, read by a few threads ahead of the caller."""
+def _read_ahead(source: Source, names: list[str]) -> Iterator[bytes | ProcessedImage]:
+    """``read_input`` of each name, in order, read by a few threads ahead of the caller."""
     with ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="shard-read") as readers:
         pending: deque[Future] = deque()
-        for path in paths:
-            pending.append(readers.submit(read_input, path))
+        for name in names:
+            pending.append(readers.submit(read_input, source, name))
             if len(pending) >= _READ_AHEAD:
                 yield pending.popleft().result()
         while pending:
@@ -183,43 +184,45 @@ def _options(config: ShardConfig) -> tuple:
 _readers: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _process_files(paths: list[Path], options: tuple) -> list[ProcessedImage]:
+def _process_files(source: Source, names: list[str], options: tuple) -> list[ProcessedImage]:
     """A task: read a run of inputs (together, as a read-ahead would) and process each."""
     global _readers
     if _readers is None or _readers[0] != os.getpid():
         _readers = (os.getpid(), ThreadPoolExecutor(_READ_THREADS, thread_name_prefix="shard-read"))
-    return [_process(data, options) for data in _readers[1].map(read_input, paths)]
+    return [_process(data, options) for data in _readers[1].map(lambda name: read_input(source, name), names)]
 
 
-def processed_in_order(config: ShardConfig, paths: list[Path], pool: Pool | None) -> Iterator[ProcessedImage]:
-    """The outcome for each of ``paths``, in the same order.
+def processed_in_order(config: ShardConfig, source: Source, names: list[str],
+                       pool: Pool | None) -> Iterator[ProcessedImage]:
+    """The outcome for each input of ``names``, in the same order.
 
     Args:
         config: image options (``max_side_px``, ``quality``).
-        paths: input files.
+        source: reads the inputs.
+        names: their source names.
         pool: from ``worker_pool`` (None: read and process in this process).
 
     Yields:
-        One ProcessedImage per path.
+        One ProcessedImage per name.
     """
     options = _options(config)
     copied = (config.check == "header" and not config.stored_restart_interval and not config.half_copies
               and config.max_side_px is None and config.quality is None)
     if pool is None or copied:  # valid JPEGs only checked and copied: less work than sending them
-        for data in _read_ahead(paths):
+        for data in _read_ahead(source, names):
             yield _process(data, options)
         return
     # Tasks in input order: a worker's (its result to come) or this process's own (done),
     # which it takes whenever every worker has its tasks at hand, rather than wait.
     tasks: deque[AsyncResult | list[ProcessedImage]] = deque()
     at_workers, most = 0, _TASKS_PER_WORKER * config.workers
-    for start in range(0, len(paths), _PER_TASK):
-        run = paths[start:start + _PER_TASK]
+    for start in range(0, len(names), _PER_TASK):
+        run = names[start:start + _PER_TASK]
         if at_workers < _TASKS_PER_WORKER * (config.workers - 1):
-            tasks.append(pool.apply_async(_process_files, (run, options)))
+            tasks.append(pool.apply_async(_process_files, (source.for_names(run), run, options)))  # its offsets only
             at_workers += 1
         else:
-            tasks.append(_process_files(run, options))
+            tasks.append(_process_files(source, run, options))
         while tasks and (len(tasks) > most or isinstance(tasks[0], list) or tasks[0].ready()):
             done = tasks.popleft()
             if not isinstance(done, list):

@@ -41,9 +41,9 @@ def check_out_path(config: ShardConfig) -> None:
     Raises:
         ConfigError: it is, or it does.
     """
-    out, src = config.out, config.src.resolve()
-    resolved = out.resolve()
-    if resolved == src or resolved in src.parents or src in resolved.parents:
+    out, resolved = config.out, config.out.resolve()
+    src = config.src.resolve() if isinstance(config.src, Path) else None  # a store URL overlaps no folder
+    if src is not None and (resolved == src or resolved in src.parents or src in resolved.parents):
         raise ConfigError(f"OUT {out} and SRC {config.src} overlap; shard into a folder outside SRC")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT {out} exists and is not a directory")
@@ -56,7 +56,7 @@ def run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     for split in tree.splits:
         for item in split.files:
             listing.update(f"{split.name}\t{item.source}\t{item.label}\n".encode())
-    return {"source": str(config.src.resolve()), "inputs_sha256": listing.hexdigest(), "options": config.options()}
+    return {"source": config.source_name, "inputs_sha256": listing.hexdigest(), "options": config.options()}
 
 
 def _recorded_identity(run_file: Path) -> Any:

@@ -146,13 +146,13 @@ def shard(config: ShardConfig) -> ShardReport:
         log.warning("JPEGs are stored as they come, without restart markers: %s", jpeg.unavailable_reason())
     check_out_path(config)
     with OutLock(config.out), write_errors_named(config.out):
-        tree = find_sources(config.src, config.on_error)
+        tree = find_sources(config.src, config.on_error, config.store_options)
         prepare_out(config, run_identity(config, tree))
         splits = _write_splits(config, tree)
         manifest = {
             "format_version": FORMAT_VERSION,
             "layout": tree.layout,
-            "source": str(config.src.resolve()),
+            "source": config.source_name,
             "classes": tree.classes,
             "splits": splits,
             "options": config.options(),
@@ -177,7 +177,8 @@ def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     splits: dict[str, Any] = {}
     total = sum(len(s.files) for s in tree.splits)
     shown = progress_shown(config.progress)
-    with worker_pool(config.workers) as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
+    pool_of = worker_pool(config.workers, [split.reader for split in tree.splits])
+    with pool_of as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
         for split in tree.splits:
             records = write_split(config, split, tar_root, work / split.name, bar, pool)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)

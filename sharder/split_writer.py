@@ -175,12 +175,12 @@ def write_split(
     bar.update(start)
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
-    images = processed_in_order(config, [config.src / f.source for f in remaining], pool)
+    images = processed_in_order(config, split.reader, [f.source for f in remaining], pool)
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
             if image.reject:
                 if config.on_error == "fail":
-                    raise DataError(f"{config.src / source.source}: {image.reject}")
+                    raise DataError(f"{split.reader.shown(source.source)}: {image.reject}")
                 roller.rejects.append([source.source, image.reject])
             else:
                 roller.add(position, source, image)

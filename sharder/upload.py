@@ -132,7 +132,7 @@ def _staged_manifest(config: ShardConfig) -> dict[str, Any] | None:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    same = manifest.get("source") == str(config.src.resolve()) and manifest.get("options") == config.options()
+    same = manifest.get("source") == config.source_name and manifest.get("options") == config.options()
     return manifest if same else None
 
 

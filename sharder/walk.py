@@ -25,7 +25,7 @@ from pathlib import Path
 
 from core.errors import DataError
 
-__all__ = ["Listing", "TreeWalker", "list_dir"]
+__all__ = ["Listing", "TreeWalker", "list_dir", "walk_order"]
 
 
 def list_dir(path: str | Path) -> list[os.DirEntry[str]]:
@@ -59,7 +59,7 @@ class _Link:
         return os.path.realpath(self.path)
 
 
-def _walk_order(source: str) -> tuple[list[str], str]:
+def walk_order(source: str) -> tuple[list[str], str]:
     """Sort key giving ``os.walk``'s top-down order: a folder's files, then its subfolders."""
     folder, _, name = source.rpartition("/")
     return folder.split("/"), name
@@ -116,7 +116,7 @@ class TreeWalker:
             self._take_file(link, taken)
         for listing in self._listings:
             if listing.followed_links:
-                listing.images.sort(key=lambda item: _walk_order(item[0]))
+                listing.images.sort(key=lambda item: walk_order(item[0]))
 
     def _walk(self, listing: Listing, path: str, source: str, real: str, tag: int) -> None:
         """List the real directory ``real`` (reached as ``path``) and those below it, top-down."""

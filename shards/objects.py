@@ -100,7 +100,18 @@ class ObjectUrl:
         return SCHEMES[self.scheme]
 
 
-class ObjectMissing(NotFound):
+class _Pickled:
+    """A store error pickles as its URL and detail (its ``__init__``'s arguments), so it
+    crosses a process boundary: the sharder's workers, a cluster engine's tasks."""
+
+    url: str
+    detail: str
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return type(self), (self.url, self.detail)
+
+
+class ObjectMissing(_Pickled, NotFound):
     """The bucket or the object does not exist (404)."""
 
     def __init__(self, url: ObjectUrl | str, detail: str) -> None:
@@ -108,7 +119,7 @@ class ObjectMissing(NotFound):
         self.url, self.detail = str(url), detail
 
 
-class StoreRefused(Unauthenticated):
+class StoreRefused(_Pickled, Unauthenticated):
     """The store refused the credentials, or access to the object (401, 403)."""
 
     def __init__(self, url: ObjectUrl | str, detail: str) -> None:
@@ -117,7 +128,7 @@ class StoreRefused(Unauthenticated):
         self.url, self.detail = str(url), detail
 
 
-class StoreForbidden(PermissionDenied):
+class StoreForbidden(_Pickled, PermissionDenied):
     """The store accepted the credentials but refused access to the object (403)."""
 
     def __init__(self, url: ObjectUrl | str, detail: str) -> None:
@@ -126,7 +137,7 @@ class StoreForbidden(PermissionDenied):
         self.url, self.detail = str(url), detail
 
 
-class StoreUnreachable(ServiceUnavailable):
+class StoreUnreachable(_Pickled, ServiceUnavailable):
     """The store could not be reached, or kept failing, for as long as retries last."""
 
     def __init__(self, url: ObjectUrl | str, detail: str) -> None:
@@ -134,7 +145,7 @@ class StoreUnreachable(ServiceUnavailable):
         self.url, self.detail = str(url), detail
 
 
-class ObjectShort(DataError):
+class ObjectShort(_Pickled, DataError):
     """The object ends before the bytes asked for (416, or a shorter answer)."""
 
     def __init__(self, url: ObjectUrl | str, detail: str) -> None:

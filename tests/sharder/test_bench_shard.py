@@ -22,3 +22,12 @@ def test_bench_writes_figures_config_and_revision(tmp_path: Path) -> None:
     )
     assert "revision" in document["git"] and document["config"]["repeats"] == 2
     assert (tmp_path / "shard.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_compares_the_tars_with_their_tree(tmp_path: Path) -> None:
+    args = ["--cache", str(tmp_path), "--classes", "2", "--train-per-class", "4", "--val-per-class", "1",
+            "--workers", "1", "--modes", "copy,passthrough", "--sources", "tree,tars", "--repeats", "1"]
+    rows = main(args)
+    assert [(r["mode"], r["source"], r["images"]) for r in rows] == [
+        ("copy", "tree", 10), ("passthrough", "tree", 10), ("passthrough", "tars", 10)]
+    assert rows[2]["over_tree"] == rows[2]["images_per_s"] / rows[1]["images_per_s"] > 0
