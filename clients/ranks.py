@@ -7,6 +7,7 @@ import os
 import torch
 
 from core.errors import ConfigError
+from core.gpus import device_uuid
 from protocol.request import MAX_WORLD_SIZE
 
 __all__ = ["gpu_uuid", "local_world_size", "resolve_device", "resolve_rank"]
@@ -32,8 +33,6 @@ def gpu_uuid(device: torch.device) -> str:
     empty for a CPU consumer."""
     if device.type != "cuda":
         return ""
-    from transport.cuda_ipc import device_uuid  # torch.cuda only for a CUDA consumer
-
     return device_uuid(device.index if device.index is not None else torch.cuda.current_device())
 
 

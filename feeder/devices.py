@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from transport.cuda_ipc import find_device, visible_uuids
+from core.gpus import GpuInventory, find_device
 
 __all__ = ["DevicePlacer", "Placement", "thread_share"]
 
@@ -47,8 +47,8 @@ class DevicePlacer:
 
     Args:
         device: the daemon's resolved device, ``"cpu"`` or ``"gpu"``.
-        uuids: UUIDs of the daemon's CUDA devices, by index (see
-            :meth:`of_this_process`).
+        uuids: UUIDs of the daemon's CUDA devices, by index (its
+            :class:`~core.gpus.GpuInventory`: see :meth:`of_this_process`).
     """
 
     def __init__(self, device: str, uuids: Sequence[str] = ()) -> None:
@@ -58,9 +58,12 @@ class DevicePlacer:
         self._lock = threading.Lock()
 
     @classmethod
-    def of_this_process(cls, device: str) -> DevicePlacer:
-        """A placer over the devices this process sees (none asked for on the CPU)."""
-        return cls(device, visible_uuids() if device == "gpu" else ())
+    def of_this_process(cls, device: str, gpus: GpuInventory | None = None) -> DevicePlacer:
+        """A placer over the devices this process sees (``gpus``, else asked now; none
+        asked for on the CPU)."""
+        if device != "gpu":
+            return cls(device)
+        return cls(device, (gpus if gpus is not None else GpuInventory.of_this_process()).uuids)
 
     @property
     def gpu_count(self) -> int:

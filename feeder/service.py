@@ -13,6 +13,7 @@ from pathlib import Path
 
 from core.bad_input import OnError
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
+from core.gpus import GpuInventory
 from core.workers import FairPool
 from feeder.admission import Admission, Ticket, client_of, stream_need_bytes
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
@@ -55,24 +56,24 @@ log = logging.getLogger(__name__)
 __all__ = ["FeederService", "cuda_devices", "open_datasets", "resolve_device"]
 
 def cuda_devices() -> int:
-    """CUDA devices DALI can use (0 without a driver)."""
-    from nvidia.dali import backend
-
-    try:
-        return int(getattr(backend, "GetCUDADeviceCount")())  # not in DALI's type stubs
-    except RuntimeError:
-        return 0
+    """CUDA devices this process sees (0 without CUDA): the size of its
+    :class:`~core.gpus.GpuInventory`."""
+    return len(GpuInventory.of_this_process())
 
 
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``gpu`` when DALI sees a CUDA device, else ``cpu``.
+def resolve_device(device: str, gpus: GpuInventory | None = None) -> str:
+    """``auto`` -> ``gpu`` when the process sees a CUDA device (``gpus``, else asked
+    now), else ``cpu``.
 
     Raises:
         ConfigError: ``gpu`` asked for on a machine without one.
     """
+    if device == "cpu":
+        return device
+    count = len(gpus if gpus is not None else GpuInventory.of_this_process())
     if device == "auto":
-        return "gpu" if cuda_devices() > 0 else "cpu"
-    if device == "gpu" and cuda_devices() == 0:
+        return "gpu" if count > 0 else "cpu"
+    if device == "gpu" and count == 0:
         raise ConfigError("device: gpu asked for, but no CUDA device is visible (use auto or cpu)")
     return device
 
@@ -132,9 +133,11 @@ class FeederService:
         self.remote = remote
         if remote is not None:
             metrics.watch_remote(remote.counters, remote.cache)
-        self.device = resolve_device(config.device)
+        # The GPUs are asked for once, and not at all by a CPU daemon.
+        gpus = GpuInventory() if config.device == "cpu" else GpuInventory.of_this_process()
+        self.device = resolve_device(config.device, gpus)
         _say_footprint(config, datasets)
-        self.devices = DevicePlacer.of_this_process(self.device)
+        self.devices = DevicePlacer.of_this_process(self.device, gpus)
         # The node's decode threads (``--threads``), shared fairly by every stream
         # (``--fair-share``: by stream, or by job).
         self.workers = FairPool(config.threads)

@@ -23,13 +23,14 @@ import math
 import os
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from core.errors import DataError
+from core.gpus import GpuInventory, device_uuid, find_device, normalise_uuid, visible_uuids
 from protocol.batch import BatchMeta, to_message
 from protos import feeder_pb2
 from transport.base import (
@@ -49,6 +50,8 @@ from transport.base import (
 from transport.ring import SlotRing
 from transport.ring_holder import RingHolder, give_back_share, hold_ring, holder_path
 
+# device_uuid, find_device, normalise_uuid and visible_uuids are core.gpus' (the one
+# GPU inventory), still importable from here under their old names.
 __all__ = [
     "CudaIpcReceiver",
     "CudaIpcSender",
@@ -61,7 +64,6 @@ __all__ = [
     "visible_uuids",
 ]
 
-_UUID_PREFIXES = ("GPU-", "MIG-")
 # How long after its stream closed a ring that was sent stays, even with nobody holding
 # it: a client may be about to open it (reading a message sent just before the end).
 _OPEN_GRACE_S = 1.0
@@ -86,45 +88,16 @@ def refused_as_unavailable(what: str) -> Iterator[None]:
         raise TransportUnavailable(f"CUDA IPC: {what}: {type(e).__name__}: {detail}") from e
 
 
-def normalise_uuid(uuid: str) -> str:
-    """``uuid`` as nvidia-smi writes it: ``GPU-`` (or ``MIG-``) and lower-case hex.
-    torch's ``device_properties.uuid`` prints without the prefix, NVML with it."""
-    uuid = uuid.strip()
-    prefix = next((p for p in _UUID_PREFIXES if uuid.upper().startswith(p)), "GPU-")
-    body = uuid[len(prefix):] if uuid.upper().startswith(prefix) else uuid
-    return prefix + body.lower()
-
-
-def find_device(uuid: str, uuids: Sequence[str]) -> int | None:
-    """Index of ``uuid`` in ``uuids`` (a process's devices, in its index order),
-    whichever way either is written; None when it is not there."""
-    if not uuid:
-        return None
-    wanted = normalise_uuid(uuid)
-    return next((i for i, u in enumerate(uuids) if normalise_uuid(u) == wanted), None)
-
-
-def device_uuid(index: int) -> str:
-    """UUID ("GPU-...") of this process's CUDA device ``index``."""
-    return normalise_uuid(str(torch.cuda.get_device_properties(index).uuid))
-
-
-def visible_uuids() -> list[str]:
-    """UUIDs of the CUDA devices this process sees, by index (empty without CUDA)."""
-    if not torch.cuda.is_available():
-        return []
-    return [device_uuid(i) for i in range(torch.cuda.device_count())]
-
-
 def device_index(uuid: str) -> int:
     """This process's index of the CUDA device with ``uuid`` ("GPU-...").
 
     Raises:
         TransportUnavailable: no CUDA, or no visible device with that UUID.
     """
-    if not torch.cuda.is_available():
+    gpus = GpuInventory.of_this_process()
+    if not gpus:
         raise TransportUnavailable("CUDA IPC: no CUDA device in this process")
-    index = find_device(uuid, visible_uuids())
+    index = gpus.find(uuid)
     if index is None:
         raise TransportUnavailable(f"CUDA IPC: device {uuid} is not visible to this process")
     return index

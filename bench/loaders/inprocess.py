@@ -59,7 +59,7 @@ def _transport(device: str) -> TransportRequest:
     daemon's CUDA IPC sender: no host copy, nothing shared across processes)."""
     if device != "gpu":
         return TransportRequest(preference=TransportKind.GRPC)
-    from transport.cuda_ipc import device_uuid
+    from core.gpus import device_uuid
 
     return TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(), device_uuid(0))
 

@@ -9,11 +9,12 @@ import threading
 import pytest
 
 from core.errors import ConfigError
+from core.gpus import GpuInventory
 from feeder.config import ServerConfig
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
-from feeder.service import FeederService, open_datasets
+from feeder.service import FeederService, open_datasets, resolve_device
 from protocol.request import StreamSpec
 from shards import jpeg
 
@@ -46,6 +47,18 @@ def test_an_unknown_gpu_falls_back_to_gpu_0_with_one_warning(caplog):
 def test_a_cpu_daemon_ignores_the_client_s_gpu():
     placer = DevicePlacer("cpu")
     assert placer.place(UUIDS[0]) == Placement("cpu") and placer.gpu_count == 0
+
+
+def test_the_daemon_s_device_and_placement_come_from_its_gpu_inventory():
+    two, none = GpuInventory.of_uuids(UUIDS), GpuInventory()
+    assert resolve_device("auto", two) == "gpu" and resolve_device("auto", none) == "cpu"
+    assert resolve_device("cpu", two) == "cpu" and resolve_device("gpu", two) == "gpu"
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        resolve_device("gpu", none)
+    placer = DevicePlacer.of_this_process("gpu", two)
+    assert placer.uuids == UUIDS and placer.place(UUIDS[1]) == Placement("gpu", 1, UUIDS[1])
+    assert DevicePlacer.of_this_process("cpu", two).gpu_count == 0
+    assert DevicePlacer.of_this_process("gpu", none).place(UUIDS[0]) == Placement("gpu", 0)
 
 
 @pytest.mark.parametrize(("budget", "pipelines", "share"), [

@@ -61,7 +61,7 @@ def _drain(service: FeederService, transport: TransportRequest) -> tuple[object,
 def test_a_ranks_pipeline_runs_on_its_gpu_and_batches_stay_there(service):
     import torch
 
-    from transport.cuda_ipc import device_uuid
+    from core.gpus import device_uuid
 
     for index in sorted({0, torch.cuda.device_count() - 1}):
         pipeline, pixels, devices = _drain(service, _rank_on(device_uuid(index)))
@@ -73,7 +73,7 @@ def test_a_ranks_pipeline_runs_on_its_gpu_and_batches_stay_there(service):
 
 
 def test_device_slots_hold_what_host_memory_gets(service):
-    from transport.cuda_ipc import device_uuid
+    from core.gpus import device_uuid
 
     _, on_device, _ = _drain(service, _rank_on(device_uuid(0)))
     _, on_host, devices = _drain(service, TransportRequest(TransportKind.GRPC))  # a CPU client: GPU 0

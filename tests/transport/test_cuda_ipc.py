@@ -64,7 +64,8 @@ def _sent(sender, tmp_path: Path):
 def test_batch_arrives_on_the_clients_device_without_a_host_copy(tmp_path, shm_dir):
     import torch
 
-    from transport.cuda_ipc import CudaIpcSender, device_uuid
+    from core.gpus import device_uuid
+    from transport.cuda_ipc import CudaIpcSender
 
     sender = CudaIpcSender(f"{instance_prefix()}1", TransportConfig(shm_dir=shm_dir, ring_slots=2), SLOT_BYTES,
                            device_uuid(0))
@@ -84,8 +85,8 @@ def test_batch_arrives_on_the_clients_device_without_a_host_copy(tmp_path, shm_d
 def _hub(shm_dir: Path):
     import torch
 
+    from core.gpus import device_uuid
     from transport.base import HostIdentity
-    from transport.cuda_ipc import device_uuid
     from transport.daemon import TransportHub, TransportRequest
 
     hub = TransportHub(TransportConfig(shm_dir=shm_dir, ring_slots=10))
@@ -164,16 +165,6 @@ def test_unknown_device_uuid_is_unavailable():
 
     with pytest.raises(TransportUnavailable):
         device_index("GPU-00000000-0000-0000-0000-000000000000")
-
-
-def test_device_uuids_match_whichever_way_they_are_written():
-    from transport.cuda_ipc import find_device, normalise_uuid
-
-    nvml = "GPU-5f3a0c1e-aaaa-4bbb-8ccc-0123456789ab"
-    assert normalise_uuid(nvml.removeprefix("GPU-").upper()) == nvml  # torch prints no prefix
-    assert normalise_uuid("MIG-ABC") == "MIG-abc"
-    assert find_device(nvml[4:], ["GPU-00000000-0000-0000-0000-000000000000", nvml]) == 1
-    assert find_device("", [nvml]) is None and find_device(nvml, []) is None
 
 
 def test_the_client_process_keeps_the_packages_this_one_was_given(tmp_path, monkeypatch):
