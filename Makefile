@@ -3,6 +3,7 @@ PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.ray
 PROTO_OUT := protos/feeder_pb2.py
 JPEG_LIB  := $(VENV)/.jpeg-library
 DEMO    := .demo
@@ -15,6 +16,11 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+# Ray (the feeder[ray] extra) for the cluster tests of `feeder shard --ray`; `make test` runs without it.
+$(RAY_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $@
 
 $(PROTO_OUT): protos/feeder.proto $(STAMP)
@@ -37,8 +43,8 @@ test: install typecheck lint
 
 # The tests that run a whole cluster on this host: a real Slurm (installed by `make slurm`
 # where the machine allows it, else skipped with the reason), two nodes of one job, fault
-# schedules. CI runs it after `make test`.
-test-cluster: install slurm
+# schedules, the sharder on a two-node Ray cluster (Ray installed here). CI runs it after `make test`.
+test-cluster: install slurm $(RAY_STAMP)
 	$(BIN)/python -m pytest -q -n 2 -m cluster --durations=10
 
 # slurm-wlm and munge from the distribution's packages (root and apt needed; else a line says why).

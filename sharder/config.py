@@ -153,6 +153,14 @@ class ShardConfig:
             uploaded (a killed run resumes from it); default:
             ~/.cache/feeder/stage/SCHEME/BUCKET/PREFIX. Uploaded tars are removed from it
             (with lmdb, at the end).
+        ray: read and normalise the images in Ray tasks over the nodes of the Ray
+            cluster at this address (``auto``: the cluster this node is part of, or
+            RAY_ADDRESS; ``local``: one started on this machine for the run); SRC and
+            OUT must be where every node can reach them (a shared file system, an
+            object store). The output is the same bytes as without. Needs
+            ``pip install 'feeder[ray]'``. Default: no Ray (``workers`` processes).
+        ray_tasks_per_node: with ``ray``, tasks in flight per node; default: two per
+            CPU of the cluster.
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
 
@@ -173,6 +181,8 @@ class ShardConfig:
     progress: bool | None = None
     s3_endpoint: str | None = None
     stage_dir: Path | None = None
+    ray: str | None = None
+    ray_tasks_per_node: int | None = None
     on_shard_done: Callable[[str, int], None] | None = field(default=None, compare=False,
                                                              metadata=cli(excluded=True))
     # The object store URL ``out`` was given as (``out`` is then the stage), or None.
@@ -196,6 +206,8 @@ class ShardConfig:
             raise ConfigError(f"--shard-size-bytes must be at least 1K, got {self.shard_size_bytes} bytes")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.ray_tasks_per_node is not None and (self.ray is None or self.ray_tasks_per_node < 1):
+            raise ConfigError(f"--ray-tasks-per-node must be >= 1 and goes with --ray, got {self.ray_tasks_per_node}")
         if self.max_side_px is not None and self.max_side_px < 16:
             raise ConfigError(f"--max-side-px must be >= 16 px, got {self.max_side_px}")
         if self.quality is not None and not 1 <= self.quality <= 100:

@@ -39,7 +39,8 @@ from sharder.images import ProcessedImage, check_by_decode, check_without_decode
 from sharder.source_reads import Source, read_input
 from shards import jpeg
 
-__all__ = ["HALF_COPY_QUALITY", "processed_in_order", "with_half_copy", "with_restarts", "worker_pool"]
+__all__ = ["HALF_COPY_QUALITY", "options_of", "process_files", "processed_in_order", "with_half_copy", "with_restarts",
+           "worker_pool"]
 
 # Quality of the half-scale copies. Measured on the sample data at 128 px outputs of
 # windows at least 256 px: copies at 90 differ from decoding the image itself at
@@ -174,7 +175,7 @@ def _process(data: bytes | ProcessedImage, options: tuple) -> ProcessedImage:
     return _reencode(data, max_side_px, reencode_quality, max_pixels, interval, half)
 
 
-def _options(config: ShardConfig) -> tuple:
+def options_of(config: ShardConfig) -> tuple:
     return (config.max_side_px, config.quality, config.reencode_quality, config.max_pixels, config.check,
             config.stored_restart_interval, config.half_copies)
 
@@ -184,7 +185,7 @@ def _options(config: ShardConfig) -> tuple:
 _readers: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _process_files(source: Source, names: list[str], options: tuple) -> list[ProcessedImage]:
+def process_files(source: Source, names: list[str], options: tuple) -> list[ProcessedImage]:
     """A task: read a run of inputs (together, as a read-ahead would) and process each."""
     global _readers
     if _readers is None or _readers[0] != os.getpid():
@@ -205,7 +206,7 @@ def processed_in_order(config: ShardConfig, source: Source, names: list[str],
     Yields:
         One ProcessedImage per name.
     """
-    options = _options(config)
+    options = options_of(config)
     copied = (config.check == "header" and not config.stored_restart_interval and not config.half_copies
               and config.max_side_px is None and config.quality is None)
     if pool is None or copied:  # valid JPEGs only checked and copied: less work than sending them
@@ -219,10 +220,10 @@ def processed_in_order(config: ShardConfig, source: Source, names: list[str],
     for start in range(0, len(names), _PER_TASK):
         run = names[start:start + _PER_TASK]
         if at_workers < _TASKS_PER_WORKER * (config.workers - 1):
-            tasks.append(pool.apply_async(_process_files, (source.for_names(run), run, options)))  # its offsets only
+            tasks.append(pool.apply_async(process_files, (source.for_names(run), run, options)))  # its offsets only
             at_workers += 1
         else:
-            tasks.append(_process_files(source, run, options))
+            tasks.append(process_files(source, run, options))
         while tasks and (len(tasks) > most or isinstance(tasks[0], list) or tasks[0].ready()):
             done = tasks.popleft()
             if not isinstance(done, list):

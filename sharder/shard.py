@@ -16,6 +16,7 @@ from sharder.lmdb_copy import copy_to_lmdb
 from sharder.normalise import worker_pool
 from sharder.out_dir import WORK_DIR, check_out_path, prepare_out, run_identity, write_errors_named
 from sharder.out_lock import OutLock
+from sharder.ray_run import connect
 from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
@@ -177,7 +178,8 @@ def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     splits: dict[str, Any] = {}
     total = sum(len(s.files) for s in tree.splits)
     shown = progress_shown(config.progress)
-    pool_of = worker_pool(config.workers, [split.reader for split in tree.splits])
+    pool_of = (connect(config.ray, config.ray_tasks_per_node) if config.ray is not None
+               else worker_pool(config.workers, [split.reader for split in tree.splits]))
     with pool_of as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
         for split in tree.splits:
             records = write_split(config, split, tar_root, work / split.name, bar, pool)

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from core.errors import DataError
 from sharder.config import ShardConfig
 from sharder.images import ProcessedImage
-from sharder.normalise import processed_in_order
+from sharder.normalise import options_of, processed_in_order
+from sharder.ray_run import RayTasks
 from sharder.sources import SourceFile, SplitSource
 from shards.layout import sample_checksum, shard_name
 from shards.writers import Sample, TarShardWriter, write_json_atomic
@@ -149,7 +150,7 @@ class _RollingTarWriter:
 
 
 def write_split(
-    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | None
+    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | RayTasks | None
 ) -> list[ShardRecord]:
     """Write (or finish writing) the tars of ``split`` under ``tar_root/<split>/``.
 
@@ -159,7 +160,8 @@ def write_split(
         tar_root: OUT, or a staging folder when tars are not a requested format.
         work_dir: where finished shards are recorded for resume.
         bar: progress bar to advance by one per input.
-        pool: worker processes from ``worker_pool`` (None: work in this process).
+        pool: worker processes from ``worker_pool``, or Ray tasks from
+            ``sharder.ray_run.connect`` (None: work in this process).
 
     Returns:
         The records of all shards of the split, in order.
@@ -175,7 +177,9 @@ def write_split(
     bar.update(start)
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
-    images = processed_in_order(config, split.reader, [f.source for f in remaining], pool)
+    names = [f.source for f in remaining]
+    images = (pool.processed_in_order(options_of(config), split.reader, names) if isinstance(pool, RayTasks)
+              else processed_in_order(config, split.reader, names, pool))
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
             if image.reject:

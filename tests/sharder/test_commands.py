@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,21 @@ def test_an_old_spelling_with_a_bad_value_names_it(src: Path, tmp_path: Path) ->
         "feeder: warning: --shard-size-mb is deprecated, use --shard-size-bytes",
         "feeder: error: --shard-size-mb 'big': expected a number of MiB such as 256",
     ]
+
+
+def test_ray_without_ray_installed_is_one_line_naming_the_extra(
+        src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    _one_line_error(_run("shard", src, tmp_path / "out", "--ray", "auto"), "--ray needs Ray", "feeder[ray]")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_ray_tasks_per_node_goes_with_ray(src: Path, tmp_path: Path) -> None:
+    _one_line_error(_run("shard", src, tmp_path / "out", "--ray-tasks-per-node", "2"), "--ray-tasks-per-node")
+
+
+@pytest.mark.cluster  # where `make test-cluster` installed Ray
+def test_ray_at_an_address_nothing_answers_is_one_line_naming_it(src: Path, tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    _one_line_error(_run("shard", src, tmp_path / "out", "--ray", "127.0.0.1:1"), "--ray 127.0.0.1:1",
+                    "no Ray cluster answers")

@@ -1,0 +1,131 @@
+"""``feeder shard SRC OUT --ray ADDRESS``: the images read and normalised by Ray tasks
+spread over a cluster's nodes.
+
+This process (the driver) lists SRC and makes the seeded global order once, as a
+local run does. Runs of consecutive inputs in that order become Ray tasks; each
+carries a reader of its own inputs only (their names and, for tars, their offsets),
+reads them where they lie (a shared file system, the image-net.org tars, an object
+store) and returns their outcomes. The driver takes the outcomes in order and rolls
+them into tars exactly as ``--workers`` does, so the output is byte-identical to a
+one-machine run with the same seed, whatever the number of nodes and tasks.
+
+A node that dies costs only the tasks it held: Ray runs them again on another node
+(and rebuilds an outcome it lost from the task that made it). A driver that dies is
+rerun with the same command and resumes from the shards it finished, as a local run.
+
+The driver's work per image is what a ``--workers`` run's writing process does less
+the normalising: receive the outcome, write it into the tar, hash it
+(``bench/shard.py --ray-nodes`` reports its CPU time per image).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from core.errors import ConfigError
+from sharder.images import ProcessedImage
+from sharder.normalise import process_files
+from sharder.source_reads import Source
+
+__all__ = ["RayTasks", "connect"]
+
+log = logging.getLogger(__name__)
+
+# Inputs per task: a task costs Ray a few milliseconds to place and return, about
+# two images' normalising.
+_PER_TASK = 64
+# Tasks in flight per CPU of the cluster when ``--ray-tasks-per-node`` is not given:
+# one running, one placed behind it.
+_TASKS_PER_CPU = 2
+# Task retries when a node dies under a task (Ray's own default is 3): a run on a
+# cluster losing nodes one by one should still end.
+_MAX_RETRIES = 8
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError("--ray needs Ray, which is not installed: pip install 'feeder[ray]'") from e
+    return ray
+
+
+class RayTasks:
+    """Normalises inputs on a Ray cluster, ``tasks_per_node`` tasks in flight per node.
+
+    Args:
+        ray: the ``ray`` module, connected.
+        tasks_per_node: tasks in flight per live node (a node runs as many at once
+            as it has CPUs, the rest wait placed); None: two per CPU of the cluster.
+    """
+
+    def __init__(self, ray: Any, tasks_per_node: int | None) -> None:
+        self._ray = ray
+        self._task = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES)(process_files)
+        self.nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
+        cpus = int(ray.cluster_resources().get("CPU", 1))
+        wanted = _TASKS_PER_CPU * cpus if tasks_per_node is None else tasks_per_node * self.nodes
+        self.in_flight = max(1, wanted)
+
+    def processed_in_order(self, options: tuple, source: Source, names: list[str]) -> Iterator[ProcessedImage]:
+        """The outcome for each input of ``names``, in the same order (see
+        ``sharder.normalise.processed_in_order``)."""
+        pending: deque[Any] = deque()
+        for start in range(0, len(names), _PER_TASK):
+            run = names[start:start + _PER_TASK]
+            pending.append(self._task.remote(source.for_names(run), run, options))
+            if len(pending) >= self.in_flight:
+                yield from self._ray.get(pending.popleft())
+        while pending:
+            yield from self._ray.get(pending.popleft())
+
+
+# How long a cluster's address may take to accept a connection: Ray itself waits
+# minutes for one that never answers.
+_ANSWER_TIMEOUT_S = 10.0
+
+
+def _check_answers(address: str) -> None:
+    """Raises ConfigError where ``address`` (HOST:PORT) accepts no connection."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return  # ``auto``, ``local``, a ray:// client address: Ray resolves them, failing fast
+    try:
+        socket.create_connection((host, int(port)), timeout=_ANSWER_TIMEOUT_S).close()
+    except OSError as e:
+        raise ConfigError(f"--ray {address}: no Ray cluster answers there ({e.strerror or e})") from e
+
+
+@contextmanager
+def connect(address: str, tasks_per_node: int | None) -> Iterator[RayTasks]:
+    """Tasks on the Ray cluster at ``address`` (``auto``: the one this node belongs
+    to, or ``RAY_ADDRESS``; ``local``: a cluster of this machine alone, started here
+    and stopped at the end), disconnected when the run ends. The tasks get this
+    process's ``AWS_*`` variables, so a store SRC is read with the same settings.
+
+    Raises:
+        ConfigError: Ray is not installed, or no cluster answers at ``address``.
+    """
+    ray = _ray()
+    _check_answers(address)
+    local = {"include_dashboard": False} if address == "local" else {}
+    # The tasks talk to a store SRC as this process would: with its AWS_* settings.
+    store_settings = {name: value for name, value in os.environ.items() if name.startswith("AWS_")}
+    try:
+        ray.init(address=None if address == "local" else address, log_to_driver=False,
+                 runtime_env={"env_vars": store_settings}, **local)
+    except ConnectionError as e:
+        raise ConfigError(f"--ray {address}: no Ray cluster answers there: {e}") from e
+    try:
+        tasks = RayTasks(ray, tasks_per_node)
+        log.info("sharding on Ray at %s: %d nodes, %d tasks in flight", address, tasks.nodes, tasks.in_flight)
+        yield tasks
+    finally:
+        ray.shutdown()
+
