@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sources", default="tree", help="comma list of tree, tars: the extracted tree, or the "
                    "image-net.org tars of the same images")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ray-nodes", default="", help="comma list of Ray cluster sizes to shard on as well, e.g. 1,2,4 "
+                   "(bench/shard_ray.py; needs Ray, root and a cgroup)")
+    p.add_argument("--node-cpus", type=float, default=0.25, help="CPU quota of each Ray node, in cores")
     p.add_argument("--pair", action="store_true", help="also two --workers 1 runs at once, per mode")
     p.add_argument("--json", type=Path, help="write results, configuration and git revision here")
     p.add_argument("--plot", type=Path, help="write a PNG bar chart here")
@@ -193,8 +196,8 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     shown = {r.get("source", "tree") for r in rows} != {"tree"}  # name the source when it varies
-    labels = [r["mode"] if r["mode"] == "copy" else
-              f"{r['mode']}{' ' + r['source'] if shown else ''}\n--workers {r['workers']}" for r in rows]
+    labels = [r["mode"] if r["mode"] == "copy" else f"{r['mode']}\nray {r['nodes']}x{r['node_cpus']}" if "nodes" in r
+              else f"{r['mode']}{' ' + r['source'] if shown else ''}\n--workers {r['workers']}" for r in rows]
     colours = {"copy": "tab:gray", "passthrough": "tab:blue", "restarts": "tab:purple", "decode": "tab:green",
                "half-copies": "tab:olive", "reencode": "tab:orange"}
     ax.bar(labels, [r["images_per_s"] for r in rows], color=[colours[r["mode"]] for r in rows])
@@ -249,6 +252,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     f"{row['mb_per_s']:7.1f} MB/s "
                     f"{row['cpu_ms_per_image']:6.2f} CPU ms/image (median of {args.repeats})"
                 )
+        if args.ray_nodes:
+            from bench.shard_ray import measure_nodes
+
+            nodes = [int(n) for n in args.ray_nodes.split(",")]
+            for mode in args.modes.split(","):
+                rows += measure_nodes(src, images, mode, MODES[mode], nodes, args.node_cpus, args.repeats,
+                                      Path(scratch))
     _compare_sources(rows)
     config = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
     config.update(src=str(src), load_average_1min_before=load_before, load_average_1min_after=os.getloadavg()[0])
