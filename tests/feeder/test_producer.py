@@ -23,7 +23,7 @@ from feeder.pipeline import PipelineSpec
 from feeder.producer import Producer, ReadyBatch, StreamContext
 from feeder.runner import PipelineRunner
 from protocol.plan import BatchSlice, LastBatch, epoch_order, iter_batches, rank_part
-from protocol.request import AugmentKind
+from protocol.request import AugmentKind, CropRange
 from shards.reader import ShardDataset, SplitIndex
 from tests.common.bad_samples import break_scan, copy_shards
 from transport.base import Slot, TransportClosed, host_slot
@@ -94,8 +94,7 @@ def _alone(runner: PipelineRunner, split: SplitIndex, index: int, kind: AugmentK
            seed: int = 0, epoch: int = 0) -> np.ndarray:
     """Sample ``index`` decoded by itself, its window drawn as the producer draws it."""
     key = split.keys[index]
-    crops = sample_crops(kind, seed, epoch, [key], split.widths[[index]], split.heights[[index]],
-                         _context(split, runner).crop)
+    crops = sample_crops(kind, seed, epoch, [key], split.widths[[index]], split.heights[[index]], CropRange())
     return runner.run(Job(split.read_many([index]), _SIZE, crops))[0]
 
 
