@@ -9,7 +9,8 @@ Paths, each a real gRPC stream over loopback from a server process:
   deserializer, tensor is a view of the received bytes);
 - ``today``: the path before the transport package, kept here as the baseline (the
   producer's write into an array of its own, as DALI's ``as_array`` was;
-  ``_encode_before``: protobuf head + pixels joined into one bytes;
+  ``encode_before`` of ``bench/transport_server.py``: protobuf head + pixels joined
+  into one bytes;
   ``_to_host_before``: ``Batch.FromString`` + a copy into a fresh tensor);
 - ``ceiling``: grpcio's own ceiling for messages of this size: the server yields one
   serialized ``Batch`` made once, again and again, and the client only counts the
@@ -28,7 +29,8 @@ Paths, each a real gRPC stream over loopback from a server process:
 
 As in the daemon, a producer thread writes each batch (the pipeline's output: a copy
 of the pre-made batch) ahead of the gRPC handler through a queue of 4, while the
-handler makes and sends the messages of the batches before (``_produced``).
+handler makes and sends the messages of the batches before (``produced`` in
+``bench/transport_server.py``, the server process).
 
 Each repeat of each path runs in a client process of its own, against a server
 process of its own (memcpy: one process), started for it: what a process did before
@@ -45,19 +47,14 @@ Usage: ``python bench/transport_only.py [--batch-sizes 64 256] [--json out.json]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
-import queue
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -69,16 +66,11 @@ import grpc  # noqa: E402
 import torch  # noqa: E402
 
 from bench.report import write_json  # noqa: E402
+from bench.transport_server import AIO, CEILING, GUARD, TODAY, UNLIMITED, premade, serve  # noqa: E402
 from protos import feeder_pb2  # noqa: E402
 from transport.heap import fit_messages  # noqa: E402
 
-_Batch = TypeVar("_Batch")
-_UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-_TODAY = "today"  # job_id that selects the current encode path
-_CEILING = "ceiling"  # job_id: one pre-serialized message, sent again and again
-# Path suffixes: the same path from another server (see the module docstring).
-_GUARD, _AIO = "-guard", "-aio"
-_PATHS = ("memcpy", "shm", "grpc", _TODAY, _CEILING, *(f"{p}{s}" for s in (_GUARD, _AIO) for p in ("shm", "grpc")))
+_PATHS = ("memcpy", "shm", "grpc", TODAY, CEILING, *(f"{p}{s}" for s in (GUARD, AIO) for p in ("shm", "grpc")))
 
 
 @dataclass(frozen=True)
@@ -104,22 +96,6 @@ class BenchConfig:
     ring_slots: int = 4
 
 
-def _premade(batch_size: int, side_px: int) -> np.ndarray:
-    rng = np.random.default_rng(batch_size)
-    return rng.integers(0, 256, (batch_size, side_px, side_px, 3), dtype=np.uint8)
-
-
-def _encode_before(images: np.ndarray, meta: Any) -> bytes:
-    """How the daemon serialized a batch before the transport package: the small
-    fields by protobuf, then the pixels joined on (one copy into the message)."""
-    from core.wire import BYTES, field_key, varint
-    from protocol.batch import to_message
-
-    head = to_message(meta, images.shape).SerializeToString()
-    pixels = np.ascontiguousarray(images).data.cast("B")
-    return b"".join((head, field_key(5, BYTES), varint(pixels.nbytes), pixels))
-
-
 def _to_host_before(message: feeder_pb2.Batch) -> torch.Tensor:
     """How the loader turned a parsed ``Batch`` into a host tensor before: a copy of
     the ``images`` field into a fresh tensor."""
@@ -129,126 +105,12 @@ def _to_host_before(message: feeder_pb2.Batch) -> torch.Tensor:
     return images
 
 
-_READY_BATCHES = 4  # the daemon's ready queue per stream (``ServerConfig.queue_batches``)
-
-
-def _produced(make: Callable[[], _Batch], count: int) -> Iterator[_Batch]:
-    """``count`` results of ``make()``, made on a thread of their own ahead of the
-    caller through a bounded queue, as the daemon's producer thread writes batches
-    while its gRPC handler sends the ones before."""
-    ready: queue.Queue = queue.Queue(_READY_BATCHES)
-
-    def produce() -> None:
-        try:
-            for _ in range(count):
-                ready.put(make())
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            ready.put(e)
-
-    threading.Thread(target=produce, daemon=True, name="bench-producer").start()
-    for _ in range(count):
-        item = ready.get()
-        if isinstance(item, BaseException):
-            raise item
-        yield item
-
-
 def _server_of(path: str) -> tuple[str, str]:
-    """(the path, the server suffix: "", ``_GUARD`` or ``_AIO``)."""
-    for suffix in (_GUARD, _AIO):
+    """(the path, the server suffix: "", ``GUARD`` or ``AIO``)."""
+    for suffix in (GUARD, AIO):
         if path.endswith(suffix):
             return path.removesuffix(suffix), suffix
     return path, ""
-
-
-def _serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any, server_kind: str) -> None:
-    """The daemon side, in its own process: streams the pre-made batch, from a
-    thread-per-call ``grpc.server`` (behind the daemon's call guard for ``_GUARD``) or
-    a ``grpc.aio`` one (``_AIO``)."""
-    from protocol.batch import BatchMeta
-    from transport.base import Slot, TransportConfig
-    from transport.daemon import TransportHub, TransportRequest
-
-    hub = TransportHub(TransportConfig(shm_dir=Path(shm_dir), ring_slots=config.ring_slots, slot_wait_s=30.0))
-    made = {n: _premade(n, config.side_px) for n in config.batch_sizes}
-
-    def meta(n: int) -> BatchMeta:
-        keys = [f"n{i:08d}_{i}" for i in range(n)]
-        return BatchMeta(0, n, 10 * n, keys, np.arange(n, dtype=np.int64), np.zeros(n, dtype=bool))
-
-    def stream(request: feeder_pb2.StreamRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
-        images, small = made[request.batch_size], meta(request.batch_size)
-        if request.job_id == _TODAY:
-            # The producer wrote each batch into an array of its own (DALI's
-            # ``as_array``); the handler joined it into the message.
-            for produced in _produced(lambda: images.copy(), request.max_samples):
-                yield _encode_before(produced, small)
-            return
-        if request.job_id == _CEILING:
-            message = _encode_before(images, small)
-            fit_messages(len(message))  # malloc as the gRPC payload sets it
-            for _ in range(request.max_samples):
-                yield message
-            return
-        sender = hub.open_sender(TransportRequest.from_message(request), images.nbytes)
-
-        def write() -> Slot:
-            slot = sender.slot_for(images.shape)
-            np.copyto(slot.array, images)  # the producer's one copy
-            return slot
-
-        try:
-            for slot in _produced(write, request.max_samples):
-                yield sender.message(slot, small)
-        finally:
-            hub.close_sender(sender)
-
-    def release(request: feeder_pb2.ReleaseRequest, context: grpc.ServicerContext) -> feeder_pb2.ReleaseResponse:
-        return feeder_pb2.ReleaseResponse(released=hub.release(request.slots))
-
-    handlers = {
-        "StreamBatches": grpc.unary_stream_rpc_method_handler(
-            stream, request_deserializer=feeder_pb2.StreamRequest.FromString),
-        "ReleaseSlots": grpc.unary_unary_rpc_method_handler(
-            release, request_deserializer=feeder_pb2.ReleaseRequest.FromString,
-            response_serializer=feeder_pb2.ReleaseResponse.SerializeToString),
-    }
-    generic = grpc.method_handlers_generic_handler("feeder.v1.Feeder", handlers)
-    try:
-        if server_kind == _AIO:
-            asyncio.run(_run_aio(generic, ports, stop))
-        else:
-            _run_sync(generic, ports, stop, guarded=server_kind == _GUARD)
-    finally:
-        hub.close_all()
-
-
-def _run_sync(generic: grpc.GenericRpcHandler, ports: Any, stop: Any, guarded: bool) -> None:
-    """Serve ``generic`` from a thread-per-call server until ``stop`` is set."""
-    from feeder.call_guard import CallGuard
-    from feeder.metrics import ServerMetrics
-
-    guard = CallGuard(max_waiting_calls=16, timeout_s=10.0, metrics=ServerMetrics()) if guarded else None
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED,
-                         interceptors=[] if guard is None else [guard])
-    server.add_generic_rpc_handlers((generic,))
-    ports.put(server.add_insecure_port("127.0.0.1:0"))
-    server.start()
-    stop.wait()
-    server.stop(0)
-    if guard is not None:
-        guard.close()
-
-
-async def _run_aio(generic: grpc.GenericRpcHandler, ports: Any, stop: Any) -> None:
-    """Serve ``generic`` from a ``grpc.aio`` server until ``stop`` is set; the (sync)
-    handlers run in a pool of as many threads as the sync server has."""
-    server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(max_workers=4), options=_UNLIMITED)
-    server.add_generic_rpc_handlers((generic,))
-    ports.put(server.add_insecure_port("127.0.0.1:0"))
-    await server.start()
-    await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-    await server.stop(0)
 
 
 def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_size: int, shm_dir: Path) -> float:
@@ -262,7 +124,7 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
     transport = transports.get(path, feeder_pb2.TRANSPORT_AUTO)
     request = feeder_pb2.StreamRequest(
         batch_size=batch_size, max_samples=config.warmup_batches + config.batches, transport=transport,
-        job_id=path if path in (_TODAY, _CEILING) else "",
+        job_id=path if path in (TODAY, CEILING) else "",
         client_host=HostIdentity.of_this_process(shm_dir).to_message(),
     )
     call = channel.unary_stream(STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
@@ -274,11 +136,11 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
     for count, data in enumerate(call(request, timeout=600)):
         if count == config.warmup_batches:
             nbytes, started = 0, time.perf_counter()
-        if path == _CEILING:
+        if path == CEILING:
             fit_messages(len(data))  # malloc as the gRPC payload sets it
             nbytes += batch_size * config.side_px ** 2 * 3  # the pixels it carries, as the others count
             continue
-        if path == _TODAY:
+        if path == TODAY:
             images = _to_host_before(feeder_pb2.Batch.FromString(data))
         else:
             images = receiver.receive(parse_batch(data)).images
@@ -297,7 +159,7 @@ def _memcpy_rate(config: BenchConfig, batch_size: int) -> float:
     same copies into the same amount of memory as the shared-memory ring's producer
     makes, in one process and with nothing else (one hot buffer would stay in the
     CPU's cache and measure the cache instead)."""
-    source = _premade(batch_size, config.side_px)
+    source = premade(batch_size, config.side_px)
     targets = [np.zeros_like(source) for _ in range(config.ring_slots)]  # touched: no page faults timed
     for i in range(config.warmup_batches):
         np.copyto(targets[i % len(targets)], source)
@@ -316,10 +178,10 @@ def _fresh_rate(config: BenchConfig, path: str, batch_size: int, shm_dir: str, r
     context = mp.get_context("spawn")
     ports: mp.Queue = context.Queue()  # type: ignore[type-arg]
     stop = context.Event()
-    server = context.Process(target=_serve, args=(config, shm_dir, ports, stop, _server_of(path)[1]), daemon=True)
+    server = context.Process(target=serve, args=(config, shm_dir, ports, stop, _server_of(path)[1]), daemon=True)
     server.start()
     try:
-        with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=120)}", options=_UNLIMITED) as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{ports.get(timeout=120)}", options=UNLIMITED) as channel:
             rates.put(_stream_rate(channel, path, config, batch_size, Path(shm_dir)))
     finally:
         stop.set()
@@ -369,8 +231,8 @@ def targets(rows: list[dict]) -> list[dict]:
     rate = {(r["path"], r["batch_size"]): r["gb_per_s"] for r in rows}
     checks = []
     for size in sorted({r["batch_size"] for r in rows}):
-        servers = [(f"{p}{s}", p, None) for s in (_GUARD, _AIO) for p in ("shm", "grpc")]
-        for path, peer, goal in (("shm", "memcpy", 0.5), ("grpc", _TODAY, 1.5), (_CEILING, _TODAY, None), *servers):
+        servers = [(f"{p}{s}", p, None) for s in (GUARD, AIO) for p in ("shm", "grpc")]
+        for path, peer, goal in (("shm", "memcpy", 0.5), ("grpc", TODAY, 1.5), (CEILING, TODAY, None), *servers):
             if goal is None:
                 ratio = rate[(path, size)] / rate[(peer, size)]
                 checks.append({"name": f"{path} / {peer} at batch {size} (no target)", "ratio": ratio,

@@ -22,7 +22,7 @@ from core.errors import ConfigError, InvalidArgument
 from protocol.identity import Identity, digest_for
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
 from protocol.request import CropRange, StreamSpec, from_request, to_request
-from protocol.stream_plan import StreamWindow
+from protocol.stream_plan import StreamWindow, stream_window
 
 __all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
 
@@ -156,9 +156,13 @@ class StreamSpecs:
 
     def window(self, spec: StreamSpec) -> StreamWindow:
         """The batches of a stream of ``spec`` (one of these specs), numbered as the
-        daemon numbers them."""
-        return StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch,
-                            self.part_length(spec.epoch), self.samples_per_rank, spec.max_samples)
+        daemon numbers them: by the same function, from the same request.
+
+        Raises:
+            ConfigError: what the daemon would refuse, with its message.
+        """
+        with _refused_as_config():
+            return stream_window(spec, self.split.num_samples)
 
     def check(self, sizes: Sizes, epoch: int | None = None) -> None:
         """Refuse ``sizes`` (from ``epoch`` on) where the daemon would, or where they

@@ -33,19 +33,9 @@ from feeder.shares import FairShares, Member
 from feeder.stream import BatchStream, StreamOutcome
 from feeder.usage import Usage
 from protocol.identity import Identity, check, digest_for
-from protocol.plan import (
-    BatchSlice,
-    RankPart,
-    check_epochs_hold_batches,
-    epoch_order,
-    left_over,
-    plan_length,
-    rank_part,
-    remaining_order,
-    validate_window,
-)
-from protocol.request import AugmentKind, StreamSpec
-from protocol.stream_plan import Skipped, StreamWindow, stream_steps
+from protocol.plan import BatchSlice, RankPart, check_epochs_hold_batches, validate_window
+from protocol.request import StreamSpec
+from protocol.stream_plan import Skipped, plan_stream, rank_part_of
 from shards.ranged import READ_AHEAD_BYTES, RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from transport.base import TransportKind
@@ -196,7 +186,7 @@ class FeederService:
         self._check_identity(spec, split)
         if spec.batch_size > self.config.max_batch_size:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
-        part = self._part(spec, split, spec.epoch)
+        part = rank_part_of(spec, len(split), spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         check_epochs_hold_batches(len(split), spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
                                   f"{clip(spec.dataset)}/{clip(spec.split)}")
@@ -256,29 +246,13 @@ class FeederService:
         parts.callback(self.pool.release, runner)
         return runner
 
-    def _part(self, spec: StreamSpec, split: SplitIndex, epoch: int) -> RankPart:
-        """The rank's part of ``epoch``: of the whole order, or (the request's first
-        epoch of an elastic resume) of what the job's earlier ranks left of it."""
-        shuffle = spec.kind is AugmentKind.TRAIN
-        order = epoch_order(len(split), spec.seed, epoch, shuffle=shuffle)
-        if epoch == spec.epoch and spec.consumed:
-            order = remaining_order(order, spec.consumed, spec.last_batch)
-        return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
-
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
-        """The stream's batches, as :func:`protocol.stream_plan.stream_steps` cuts them
+        """The stream's batches, as :func:`protocol.stream_plan.plan_stream` cuts them
         (every ``batch_stride``-th from ``batch_offset``: a rank's share of a pool of
-        daemons); what ``drop`` skips is counted on the way (the left-over of the
-        split among the ranks by the job's rank 0 alone)."""
-        window = StreamWindow(
-            spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch, len(first),
-            plan_length(len(split), spec.world_size, spec.last_batch), spec.max_samples,
-            left_over(len(split), spec.world_size, spec.last_batch))
-
-        def part_of(epoch: int) -> RankPart:
-            return first if epoch == spec.epoch else self._part(spec, split, epoch)
-
-        for step in stream_steps(window, part_of, spec.batch_stride, spec.batch_offset):
+        daemons; ``first``: the rank's part of the first epoch); what ``drop`` skips
+        is counted on the way (the left-over of the split among the ranks by the
+        job's rank 0 alone)."""
+        for step in plan_stream(spec, len(split), first):
             if isinstance(step, Skipped):
                 self.metrics.samples_skipped(step.tail + (step.left_over if spec.rank == 0 else 0))
             else:

@@ -1,8 +1,11 @@
 """A stream's plan: its batches, numbered from its first across its epochs, and what
-``drop`` skips on the way. Pure functions, no I/O; the daemon cuts a stream's batches
-with :func:`stream_steps` and the client's failover reopens streams and checks every
-batch it receives with :meth:`StreamWindow.place` and :meth:`StreamWindow.from_number`,
-so both sides count batches the same way.
+``drop`` skips on the way. Pure functions, no I/O. Both sides make a request's plan
+here, from the request (:class:`protocol.request.StreamSpec`) and the split's size
+alone: the daemon cuts a stream's batches with :func:`plan_stream` (its window,
+:func:`stream_window`, and each epoch's part of the rank, :func:`rank_part_of`, cut by
+:func:`stream_steps`), and the client's failover reopens streams and checks every
+batch it receives with the same :func:`stream_window`'s :meth:`StreamWindow.place`
+and :meth:`StreamWindow.from_number`, so both sides count batches the same way.
 
 A stream of ``epochs`` epochs starts at ``start_cursor`` of the first epoch's part
 (which may be shorter than the later ones: an elastic resume) and runs the later
@@ -18,9 +21,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from core.errors import InvalidArgument
-from protocol.plan import BatchSlice, LastBatch, RankPart, batch_count, iter_batches, tail_skipped
+from protocol.plan import (
+    BatchSlice,
+    LastBatch,
+    RankPart,
+    batch_count,
+    epoch_order,
+    iter_batches,
+    left_over,
+    plan_length,
+    rank_part,
+    remaining_length,
+    remaining_order,
+    tail_skipped,
+)
+from protocol.request import AugmentKind, StreamSpec
 
-__all__ = ["BatchPlace", "Skipped", "StreamWindow", "stream_steps"]
+__all__ = ["BatchPlace", "Skipped", "StreamWindow", "plan_stream", "rank_part_of", "stream_steps", "stream_window"]
 
 
 @dataclass(frozen=True)
@@ -187,3 +204,55 @@ def _share(batches: Iterator[BatchSlice], number: int, stride: int, offset: int)
     for n, batch in enumerate(batches, start=number):
         if n % stride == offset:
             yield batch
+
+
+def stream_window(spec: StreamSpec, num_samples: int) -> StreamWindow:
+    """The batches of the stream ``spec`` asks for from a split of ``num_samples``
+    (its first epoch's part is of what ``spec.consumed`` left of it: an elastic
+    resume).
+
+    Raises:
+        InvalidArgument: segments that cannot describe the epoch, a cursor past the
+            rank's part (the message names the field).
+    """
+    policy, world = spec.last_batch, spec.world_size
+    rest = remaining_length(num_samples, spec.consumed, policy) if spec.consumed else num_samples
+    return StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, policy,
+                        plan_length(rest, world, policy), plan_length(num_samples, world, policy), spec.max_samples,
+                        left_over(num_samples, world, policy))
+
+
+def rank_part_of(spec: StreamSpec, num_samples: int, epoch: int) -> RankPart:
+    """The rank's part of ``epoch``: of the whole order (shuffled by ``spec.seed`` and
+    ``epoch`` under train augmentation, else in stored order), or, in the request's
+    first epoch, of what the job's earlier ranks left of it (``spec.consumed``).
+
+    Raises:
+        InvalidArgument: segments that cannot describe the epoch.
+    """
+    order = epoch_order(num_samples, spec.seed, epoch, shuffle=spec.kind is AugmentKind.TRAIN)
+    if epoch == spec.epoch and spec.consumed:
+        order = remaining_order(order, spec.consumed, spec.last_batch)
+    return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
+
+
+def plan_stream(spec: StreamSpec, num_samples: int, first: RankPart | None = None) -> Iterator[BatchSlice | Skipped]:
+    """The batches of ``spec``'s share of its stream (every ``batch_stride``-th from
+    ``batch_offset``) and what ``drop`` skips, as :func:`stream_steps` cuts them from
+    :func:`stream_window` and :func:`rank_part_of`.
+
+    Args:
+        spec: the request.
+        num_samples: samples in its split.
+        first: the rank's part of ``spec.epoch`` where the caller has it already
+            (``rank_part_of(spec, num_samples, spec.epoch)``: one shuffle less).
+
+    Raises:
+        InvalidArgument: see :func:`stream_window` and :func:`stream_steps`.
+    """
+    def part_of(epoch: int) -> RankPart:
+        if epoch == spec.epoch and first is not None:
+            return first
+        return rank_part_of(spec, num_samples, epoch)
+
+    return stream_steps(stream_window(spec, num_samples), part_of, spec.batch_stride, spec.batch_offset)

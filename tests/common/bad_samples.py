@@ -12,7 +12,7 @@ from shards.layout import index_path, sample_checksum
 from shards.writers import write_index
 from tests.common.shards import seal_index
 
-__all__ = ["break_scan", "claim_size", "copy_shards", "index_as_stored"]
+__all__ = ["break_scan", "broken_scan", "claim_size", "copy_shards", "index_as_stored"]
 
 _SOS = b"\xff\xda"  # start-of-scan marker
 _UNDEFINED_TABLES = 0x33  # DC and AC Huffman table 3: the sample JPEGs define 0 and 1 only
@@ -21,6 +21,15 @@ _UNDEFINED_TABLES = 0x33  # DC and AC Huffman table 3: the sample JPEGs define 0
 def copy_shards(shards: Path, dest: Path) -> Path:
     """A private copy of a shard directory (tests change it)."""
     return Path(shutil.copytree(shards, dest))
+
+
+def broken_scan(data: bytes) -> bytes:
+    """``data`` (a baseline JPEG) with its scan asking for Huffman tables the file does
+    not define (see :func:`break_scan`): same size and markers, refused by every
+    decoder."""
+    sos = data.index(_SOS)
+    # FFDA, length (2 bytes), component count, then (id, tables) per component.
+    return data[:sos + 6] + bytes([_UNDEFINED_TABLES]) + data[sos + 7:]
 
 
 def break_scan(root: Path, split: str, row: int) -> str:
@@ -36,11 +45,9 @@ def break_scan(root: Path, split: str, row: int) -> str:
     sample = pq.read_table(index_path(root, split)).to_pylist()[row]
     with open(root / sample["shard"], "r+b") as f:
         f.seek(sample["offset"])
-        data = f.read(sample["size"])
-        sos = data.index(_SOS)
-        # FFDA, length (2 bytes), component count, then (id, tables) per component.
-        f.seek(sample["offset"] + sos + 6)
-        f.write(bytes([_UNDEFINED_TABLES]))
+        broken = broken_scan(f.read(sample["size"]))
+        f.seek(sample["offset"])
+        f.write(broken)
     index_as_stored(root, split)
     return str(sample["key"])
 

@@ -1,7 +1,7 @@
 """The shared worker pool: a fixed number of threads, fair shares of their time
 between lanes.
 
-The shares are checked on a clock that counts work, not seconds (``_WorkClock``): an
+The shares are checked on a clock that counts work, not seconds (``WorkClock``): an
 item's measured time is the cost it says it has, however loaded the machine, so the
 checks are exact and fast."""
 
@@ -14,67 +14,12 @@ import time
 import pytest
 
 from core.errors import ConfigError
-from core.workers import FairPool, Lane, PoolClosed
+from core.workers import FairPool, PoolClosed
+from tests.common.work_clock import WorkClock, WorkLog
 
 
 def _threads(name: str) -> int:
     return sum(t.name.startswith(name) for t in threading.enumerate())
-
-
-class _WorkClock:
-    """A clock per worker thread that moves only when an item says it worked
-    (:meth:`spend`): the pool measures each item at exactly its cost."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def __call__(self) -> float:
-        return getattr(self._local, "now", 0.0)
-
-    def spend(self, units: float) -> None:
-        self._local.now = self() + units
-
-
-class _Log:
-    """What ran, in order: (lane name, cost) per item; :meth:`wait` until ``units``
-    of work have run."""
-
-    def __init__(self, units: float) -> None:
-        self.items: list[tuple[str, float]] = []
-        self._lock = threading.Lock()
-        self._spent, self._units = 0.0, units
-        self._enough = threading.Event()
-
-    def work(self, clock: _WorkClock, name: str, cost: float):
-        def work(i: int) -> None:
-            clock.spend(cost)
-            with self._lock:
-                self.items.append((name, cost))
-                self._spent += cost
-                if self._spent >= self._units:
-                    self._enough.set()
-
-        return work
-
-    def reached(self) -> None:
-        """Until ``units`` of work have run (the lanes go on)."""
-        assert self._enough.wait(30)
-
-    def wait(self, lanes: list[Lane]) -> None:
-        self.reached()
-        for lane in lanes:
-            lane.close()
-
-    def shares(self, start: int = 0, units: float | None = None) -> dict[str, float]:
-        """Units each lane ran in the first ``units`` of work from item ``start``
-        (all of it until ``self.units``)."""
-        units = self._units if units is None else units
-        spent: dict[str, float] = {}
-        for name, cost in self.items[start:]:
-            if sum(spent.values()) >= units:
-                break
-            spent[name] = spent.get(name, 0.0) + cost
-        return spent
 
 
 def test_every_item_runs_once():
@@ -225,9 +170,9 @@ def test_the_threads_stop_when_the_pool_is_closed_or_collected():
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_busy_lanes_get_equal_worker_time_whatever_their_items_cost(threads):
-    clock = _WorkClock()
+    clock = WorkClock()
     pool = FairPool(threads, name="t-cost", clock=clock)
-    log = _Log(units=4000)
+    log = WorkLog(units=4000)
     small, big = pool.lane("small"), pool.lane("big")
     small.parallel(log.work(clock, "small", 1.0), 1_000_000)  # always work queued
     big.parallel(log.work(clock, "big", 4.0), 1_000_000)
@@ -242,9 +187,9 @@ def test_busy_lanes_get_equal_worker_time_whatever_their_items_cost(threads):
 
 
 def test_busy_lanes_get_worker_time_in_proportion_to_their_weights():
-    clock = _WorkClock()
+    clock = WorkClock()
     pool = FairPool(2, name="t-weight", clock=clock)
-    log = _Log(units=6000)
+    log = WorkLog(units=6000)
     heavy, light = pool.lane("heavy", weight=2.0), pool.lane("light")
     heavy.parallel(log.work(clock, "heavy", 4.0), 1_000_000)  # the costly items, and twice the share
     light.parallel(log.work(clock, "light", 1.0), 1_000_000)
@@ -255,9 +200,9 @@ def test_busy_lanes_get_worker_time_in_proportion_to_their_weights():
 
 
 def test_a_new_weight_changes_the_shares_from_then_on():
-    clock = _WorkClock()
+    clock = WorkClock()
     pool = FairPool(2, name="t-reweight", clock=clock)
-    log = _Log(units=3000)
+    log = WorkLog(units=3000)
     first, second = pool.lane("first"), pool.lane("second")
     logged, marks = log.work(clock, "second", 1.0), []
 
@@ -289,9 +234,9 @@ def test_a_weight_must_be_a_positive_number(weight):
 
 
 def test_a_lane_back_after_a_long_idle_takes_its_share_not_the_pool():
-    clock = _WorkClock()
+    clock = WorkClock()
     pool = FairPool(2, name="t-idle", clock=clock)
-    log = _Log(units=3000)
+    log = WorkLog(units=3000)
     busy, away = pool.lane("busy"), pool.lane("away")
     away.run(log.work(clock, "away-before", 1.0), 10)  # it had work, then none for 1000 units
     back_at: list[int] = []
@@ -310,7 +255,7 @@ def test_a_lane_back_after_a_long_idle_takes_its_share_not_the_pool():
 
 
 def test_items_running_are_charged_when_claimed_and_corrected_when_done():
-    clock = _WorkClock()
+    clock = WorkClock()
     pool = FairPool(2, name="t-charge", clock=clock)
     lane = pool.lane("x", weight=2.0)
     lane.run(lambda i: clock.spend(1.0), 1)  # its mean item time: 1 unit
@@ -330,113 +275,3 @@ def test_items_running_are_charged_when_claimed_and_corrected_when_done():
     assert lane.virtual_s == pytest.approx(0.5 + 2 * 3.0 / 2.0)  # what they took
     assert lane.busy_s == pytest.approx(7.0)
     pool.close()
-
-
-# -- shares: groups of lanes --------------------------------------------------------
-
-def _busy(pool: FairPool, log: _Log, clock: _WorkClock, name: str, cost: float = 1.0, share=None) -> Lane:
-    lane = pool.lane(name)
-    if share is not None:
-        lane.join(share)
-    lane.parallel(log.work(clock, name, cost), 1_000_000)  # always work queued
-    return lane
-
-
-def _share_of(shares: dict[str, float], prefix: str) -> float:
-    return sum(units for name, units in shares.items() if name.startswith(prefix))
-
-
-def test_a_share_of_eight_busy_lanes_gets_the_time_of_one_lane_beside_it():
-    clock = _WorkClock()
-    pool = FairPool(2, name="t-share", clock=clock)
-    log = _Log(units=6000)
-    job = pool.share("job-8")
-    ranks = [_busy(pool, log, clock, f"rank-{k}", cost=1.0 + k % 3, share=job) for k in range(8)]
-    alone = _busy(pool, log, clock, "alone", cost=2.0)
-    log.wait([*ranks, alone])
-    pool.close()
-    shares = log.shares()
-    assert _share_of(shares, "rank-") / shares["alone"] == pytest.approx(1.0, rel=0.15), shares
-    # Within the share, its lanes are equal whatever their items cost.
-    assert max(shares[f"rank-{k}"] for k in range(8)) / min(shares[f"rank-{k}"] for k in range(8)) < 1.3, shares
-
-
-def test_a_shares_lanes_without_work_leave_its_time_to_its_busy_ones():
-    clock = _WorkClock()
-    pool = FairPool(2, name="t-share-idle", clock=clock)
-    log = _Log(units=3000)
-    job = pool.share("job")
-    for k in range(3):  # open, and with nothing to do (unread streams)
-        pool.lane(f"idle-{k}").join(job)
-    busy = _busy(pool, log, clock, "busy", share=job)
-    alone = _busy(pool, log, clock, "alone")
-    log.wait([busy, alone])
-    pool.close()
-    shares = log.shares()
-    assert shares["busy"] / shares["alone"] == pytest.approx(1.0, rel=0.15), shares
-
-
-def test_busy_shares_get_worker_time_in_proportion_to_their_weights():
-    clock = _WorkClock()
-    pool = FairPool(2, name="t-share-weight", clock=clock)
-    log = _Log(units=6000)
-    heavy, light = pool.share("heavy", weight=2.0), pool.share("light")
-    lanes = [_busy(pool, log, clock, f"heavy-{k}", share=heavy) for k in range(2)]
-    lanes += [_busy(pool, log, clock, f"light-{k}", cost=3.0, share=light) for k in range(3)]
-    log.wait(lanes)
-    pool.close()
-    shares = log.shares()
-    assert _share_of(shares, "heavy-") / _share_of(shares, "light-") == pytest.approx(2.0, rel=0.15), shares
-
-
-def test_a_busy_lane_that_joins_a_share_and_leaves_it_changes_the_shares_from_then_on():
-    clock = _WorkClock()
-    pool = FairPool(2, name="t-join", clock=clock)
-    log = _Log(units=6000)
-    job = pool.share("job")
-    first = _busy(pool, log, clock, "first", share=job)
-    marks: list[int] = []
-    second = pool.lane("second")
-    logged = log.work(clock, "second", 1.0)
-
-    def moving(i: int) -> None:
-        logged(i)
-        if i in (300, 700):  # from a worker, while every lane is busy
-            marks.append(len(log.items))
-            second.join(job if i == 300 else None)
-
-    second.parallel(moving, 1_000_000)
-    third = _busy(pool, log, clock, "third")
-    log.wait([first, second, third])
-    pool.close()
-    apart, together = log.shares(units=800), log.shares(start=marks[0] + 8, units=1200)
-    again = log.shares(start=marks[1] + 8, units=1200)
-    assert apart["second"] / apart["third"] == pytest.approx(1.0, rel=0.15), apart
-    assert together["third"] / (together["first"] + together["second"]) == pytest.approx(1.0, rel=0.15), together
-    assert again["second"] / again["third"] == pytest.approx(1.0, rel=0.15), again
-    assert second.share is not job
-
-
-def test_a_lane_joins_only_a_share_of_its_own_pool():
-    pool, other = FairPool(1, name="t-own"), FairPool(1, name="t-other")
-    lane = pool.lane("x")
-    with pytest.raises(ConfigError, match="another pool"):
-        lane.join(other.share("y"))
-    with pytest.raises(ConfigError, match="weight"):
-        pool.share("z", weight=0.0)
-    pool.close()
-    other.close()
-
-
-def test_a_lane_counts_the_cpu_seconds_of_its_items():
-    pool = FairPool(1, name="t-cpu")
-    lane = pool.lane("x")
-
-    def spin(i: int) -> None:
-        end = time.thread_time() + 0.05
-        while time.thread_time() < end:
-            pass
-
-    lane.run(spin, 4)
-    pool.close()
-    assert 0.2 <= lane.cpu_s <= lane.busy_s + 0.01, (lane.cpu_s, lane.busy_s)

@@ -19,41 +19,31 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import kubernetes_validate
 import pytest
-import typer
-import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from torch.distributed.run import get_args_parser
-from typer.testing import CliRunner
 
 from clients import FeederLoader, channel
 from clients.channel import ADDRESS_ENV, TOKEN_ENV, check_address
 from clients.config import LoaderConfig
-from core.options import command_from_config
 from core.processes import limited
-from feeder.config import ServerConfig, is_loopback
+from feeder.config import is_loopback
 from protos import feeder_pb2, feeder_pb2_grpc
+from tests.common import k8s_manifests as k8s
 from tests.common.env import ROOT, child_env
+from tests.common.k8s_manifests import MANIFESTS, Doc
 from tests.common.shards import build_sample_shards
 from tests.common.tls import make_certificates
 from tests.common.waiting import wait_for
-from trainer.config import TrainConfig
 
-MANIFESTS = ROOT / "deploy" / "kubernetes"
 # Native sidecars (init containers with restartPolicy: Always) are on by default from
 # 1.29 and stable from 1.33.
 KUBERNETES_VERSION = "1.33"
 TOKEN = "k8s-test-token"
 _READY = "feeder: serving on "
 _START_TIMEOUT_S = 120.0  # a loaded machine imports DALI and torch slowly
-_QUANTITY_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-                   "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
-
-Doc = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -70,102 +60,6 @@ def short_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-# --- reading the manifests ---------------------------------------------------------
-
-
-def _documents(name: str) -> list[Doc]:
-    return [doc for doc in yaml.safe_load_all((MANIFESTS / name).read_text()) if doc]
-
-
-def _document(name: str, kind: str) -> Doc:
-    (found,) = [doc for doc in _documents(name) if doc["kind"] == kind]
-    return found
-
-
-def _pod(doc: Doc) -> Doc:
-    return doc["spec"]["template"]["spec"]
-
-
-def _containers(doc: Doc) -> list[Doc]:
-    pod = _pod(doc)
-    return [*pod.get("initContainers", ()), *pod["containers"]]
-
-
-def _daemon(doc: Doc) -> Doc:
-    """The container that runs ``feeder serve``."""
-    (found,) = [c for c in _containers(doc) if c.get("command") == ["feeder"] and c["args"][:1] == ["serve"]]
-    return found
-
-
-def _trainer(doc: Doc) -> Doc:
-    """The container that runs the bundled trainer under torchrun."""
-    (found,) = [c for c in _containers(doc) if c.get("command") == ["torchrun"]]
-    return found
-
-
-def _config(cls: type, args: list[str], env: dict[str, str] | None = None) -> Any:
-    """``cls`` as its command line builds it from ``args`` (the daemon's or the trainer's)."""
-    built: list[Any] = []
-    app = typer.Typer(add_completion=False)
-    app.command()(command_from_config(cls, built.append, doc=""))
-    result = CliRunner().invoke(app, args, env=env)
-    assert result.exit_code == 0 and built, result.output
-    return built[0]
-
-
-def _server_config(container: Doc) -> ServerConfig:
-    return _config(ServerConfig, container["args"][1:])
-
-
-def _train_config(container: Doc) -> TrainConfig:
-    parsed = get_args_parser().parse_args(container["args"])  # torchrun's own command line
-    assert parsed.module and parsed.training_script == "trainer.train", container["args"]
-    return _config(TrainConfig, parsed.training_script_args, env={ADDRESS_ENV: _env(container)[ADDRESS_ENV]["value"]})
-
-
-def _env(container: Doc) -> dict[str, Doc]:
-    return {entry["name"]: entry for entry in container.get("env", ())}
-
-
-def _mount(container: Doc, path: str) -> Doc:
-    """The volume mount ``path`` is on (the deepest one)."""
-    found = [m for m in container.get("volumeMounts", ()) if Path(path).is_relative_to(m["mountPath"])]
-    assert found, f"{container['name']}: {path} is on no volume"
-    return max(found, key=lambda m: len(m["mountPath"]))
-
-
-def _volume(doc: Doc, name: str) -> Doc:
-    (found,) = [v for v in _pod(doc)["volumes"] if v["name"] == name]
-    return found
-
-
-def _where(doc: Doc, container: Doc, path: str) -> tuple[str, Path]:
-    """What ``path`` of ``container`` is: (the volume's place, the path inside it). A
-    place is a host path, or a pod's own volume."""
-    mount = _mount(container, path)
-    volume = _volume(doc, mount["name"])
-    if "hostPath" in volume:
-        place = f"host{volume['hostPath']['path']}"
-    else:
-        place = f"{doc['metadata']['name']}/{mount['name']}"
-    return place, Path(path).relative_to(mount["mountPath"])
-
-
-def _uid(doc: Doc, container: Doc) -> int:
-    return container.get("securityContext", {}).get("runAsUser", _pod(doc)["securityContext"]["runAsUser"])
-
-
-def _quantity(text: str | int) -> float:
-    """A Kubernetes quantity (``26Gi``, ``16``, ``500m``) as a number."""
-    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text)).groups()  # type: ignore[union-attr]
-    return float(number) / 1000 if unit == "m" else float(number) * _QUANTITY_UNITS[unit]
-
-
-def _probe_ports(container: Doc) -> list[int]:
-    probes = [container[p] for p in ("startupProbe", "readinessProbe", "livenessProbe") if p in container]
-    return [probe[kind]["port"] for probe in probes for kind in ("grpc", "tcpSocket") if kind in probe]
-
-
 # --- running them here -------------------------------------------------------------
 
 
@@ -177,13 +71,13 @@ def _here(tmp: Path, place_and_path: tuple[str, Path]) -> Path:
 def _fill_secrets(doc: Doc, container: Doc, tmp: Path, secrets: dict[str, dict[str, str]]) -> None:
     """Writes the files of the Secrets ``container`` mounts where they appear here."""
     for mount in container.get("volumeMounts", ()):
-        secret = _volume(doc, mount["name"]).get("secret")
+        secret = k8s.volume(doc, mount["name"]).get("secret")
         if secret is None:
             continue
         values = secrets[secret["secretName"]]
         items = secret.get("items") or [{"key": key, "path": key} for key in values]
         for item in items:
-            target = _here(tmp, _where(doc, container, f"{mount['mountPath']}/{item['path']}"))
+            target = _here(tmp, k8s.where(doc, container, f"{mount['mountPath']}/{item['path']}"))
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(values[item["key"]])
 
@@ -191,15 +85,15 @@ def _fill_secrets(doc: Doc, container: Doc, tmp: Path, secrets: dict[str, dict[s
 def _daemon_args_here(doc: Doc, tmp: Path, shards: Path, secrets: dict[str, dict[str, str]]) -> list[str]:
     """The daemon's arguments with each path on a volume moved to the volume's folder
     here (the dataset made of ``shards``), on ports 0."""
-    daemon = _daemon(doc)
+    daemon = k8s.daemon(doc)
     for mount in daemon["volumeMounts"]:
-        _here(tmp, _where(doc, daemon, mount["mountPath"])).mkdir(parents=True, exist_ok=True)
+        _here(tmp, k8s.where(doc, daemon, mount["mountPath"])).mkdir(parents=True, exist_ok=True)
     _fill_secrets(doc, daemon, tmp, secrets)
     args = list(daemon["args"])
     for i, arg in enumerate(args):
         name, equals, path = arg.rpartition("=")
         if path.startswith("/"):
-            args[i] = f"{name}{equals}{_here(tmp, _where(doc, daemon, path))}"
+            args[i] = f"{name}{equals}{_here(tmp, k8s.where(doc, daemon, path))}"
             if args[i - 1] == "--dataset":
                 shutil.copytree(shards, args[i].partition("=")[2])
     # Any free ports: the manifest's are checked against its probes and container ports.
@@ -253,7 +147,7 @@ def _scrape(log: Path, token: str | None) -> int:
 
 
 def _secret_env(container: Doc, name: str, secrets: dict[str, dict[str, str]]) -> str:
-    ref = _env(container)[name]["valueFrom"]["secretKeyRef"]
+    ref = k8s.env(container)[name]["valueFrom"]["secretKeyRef"]
     return secrets[ref["name"]][ref["key"]]
 
 
@@ -262,7 +156,7 @@ def _secret_env(container: Doc, name: str, secrets: dict[str, dict[str, str]]) -
 
 @pytest.mark.parametrize("path", sorted(MANIFESTS.glob("*.yaml")), ids=lambda p: p.name)
 def test_every_document_is_a_valid_kubernetes_object(path: Path) -> None:
-    documents = _documents(path.name)
+    documents = k8s.documents(path.name)
     assert documents
     for doc in documents:
         assert kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True) == KUBERNETES_VERSION
@@ -274,14 +168,14 @@ def test_the_manifests_are_the_documented_ones() -> None:
 
 
 def test_a_broken_manifest_fails_validation() -> None:
-    job = _document("train-sidecar.yaml", "Job")
+    job = k8s.document("train-sidecar.yaml", "Job")
     misspelled = copy.deepcopy(job)
-    daemon = _pod(misspelled)["initContainers"][0]
+    daemon = k8s.pod(misspelled)["initContainers"][0]
     daemon["startupProbes"] = daemon.pop("startupProbe")
     with pytest.raises(kubernetes_validate.ValidationError, match="startupProbes"):
         kubernetes_validate.validate(misspelled, KUBERNETES_VERSION, strict=True)
     wrong_type = copy.deepcopy(job)
-    _pod(wrong_type)["initContainers"][0]["startupProbe"]["grpc"]["port"] = "grpc"  # a gRPC probe takes a number
+    k8s.pod(wrong_type)["initContainers"][0]["startupProbe"]["grpc"]["port"] = "grpc"  # a gRPC probe takes a number
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(wrong_type, KUBERNETES_VERSION, strict=True)
 
@@ -299,14 +193,14 @@ def test_the_image_installs_every_package_and_runs_feeder() -> None:
 
 @pytest.mark.parametrize("name", ["train-sidecar.yaml", "daemonset.yaml", "cpu-pool.yaml"])
 def test_each_daemon_fits_its_container_and_is_probed_on_its_port(name: str) -> None:
-    (doc,) = [d for d in _documents(name)
-              if "template" in d["spec"] and any(c.get("command") == ["feeder"] for c in _containers(d))]
-    daemon = _daemon(doc)
-    config = _server_config(daemon)
+    (doc,) = [d for d in k8s.documents(name)
+              if "template" in d["spec"] and any(c.get("command") == ["feeder"] for c in k8s.containers(d))]
+    daemon = k8s.daemon(doc)
+    config = k8s.server_config(daemon)
     resources = daemon["resources"]
-    assert _quantity(resources["limits"]["memory"]) >= config.footprint_bytes  # docs/serving.md's rule
-    assert _quantity(resources["requests"]["cpu"]) >= config.threads
-    assert set(_probe_ports(daemon)) == {config.port}
+    assert k8s.quantity(resources["limits"]["memory"]) >= config.footprint_bytes  # docs/serving.md's rule
+    assert k8s.quantity(resources["requests"]["cpu"]) >= config.threads
+    assert set(k8s.probe_ports(daemon)) == {config.port}
     assert "startupProbe" in daemon
     ports = {p["containerPort"] for p in daemon["ports"]}
     assert {config.port, config.metrics_port} <= ports
@@ -318,46 +212,46 @@ def test_each_daemon_fits_its_container_and_is_probed_on_its_port(name: str) -> 
 
 def _loader_config(trainer: Doc, dataset: str, monkeypatch: pytest.MonkeyPatch) -> LoaderConfig:
     """A loader's configuration in the trainer's environment: what it reads from there."""
-    for name, entry in _env(trainer).items():
+    for name, entry in k8s.env(trainer).items():
         monkeypatch.setenv(name, entry.get("value", TOKEN))  # from a Secret: the test's token
-    return LoaderConfig(_env(trainer)[ADDRESS_ENV]["value"], dataset)
+    return LoaderConfig(k8s.env(trainer)[ADDRESS_ENV]["value"], dataset)
 
 
 def _check_trainer_finds_daemon(doc: Doc, trainer_doc: Doc, monkeypatch: pytest.MonkeyPatch) -> None:
     """What the trainer's container says against what the daemon's says."""
-    daemon, trainer = _daemon(doc), _trainer(trainer_doc)
-    config, train = _server_config(daemon), _train_config(trainer)
+    daemon, trainer = k8s.daemon(doc), k8s.trainer(trainer_doc)
+    config, train = k8s.server_config(daemon), k8s.train_config(trainer)
     read = {value for name, value in vars(channel).items() if name.endswith("_ENV")}  # what the loader reads
-    assert {ADDRESS_ENV, TOKEN_ENV} <= {n for n in _env(trainer) if n.startswith("FEEDER_")} <= read
-    address = _env(trainer)[ADDRESS_ENV]["value"]
+    assert {ADDRESS_ENV, TOKEN_ENV} <= {n for n in k8s.env(trainer) if n.startswith("FEEDER_")} <= read
+    address = k8s.env(trainer)[ADDRESS_ENV]["value"]
     assert train.server == address and address == f"unix:{config.socket_path}"
-    assert _where(trainer_doc, trainer, str(config.socket_path)) == _where(doc, daemon, str(config.socket_path))
+    assert k8s.where(trainer_doc, trainer, str(config.socket_path)) == k8s.where(doc, daemon, str(config.socket_path))
     # The trainer's loaders look for rings where the daemon writes them, on the same volume.
     loader_shm = str(_loader_config(trainer, train.dataset, monkeypatch).shm_dir)
-    assert _where(trainer_doc, trainer, loader_shm) == _where(doc, daemon, str(config.shm_dir))
-    assert _mount(trainer, loader_shm)["mountPath"] == loader_shm
-    token = _env(trainer)[TOKEN_ENV]["valueFrom"]["secretKeyRef"]
-    token_mount = _mount(daemon, str(config.token_file))
-    assert _volume(doc, token_mount["name"])["secret"]["secretName"] == token["name"]
+    assert k8s.where(trainer_doc, trainer, loader_shm) == k8s.where(doc, daemon, str(config.shm_dir))
+    assert k8s.mount(trainer, loader_shm)["mountPath"] == loader_shm
+    token = k8s.env(trainer)[TOKEN_ENV]["valueFrom"]["secretKeyRef"]
+    token_mount = k8s.mount(daemon, str(config.token_file))
+    assert k8s.volume(doc, token_mount["name"])["secret"]["secretName"] == token["name"]
     assert config.token_file == Path(token_mount["mountPath"]) / token["key"]
     assert train.dataset in config.datasets
-    assert _uid(doc, daemon) == _uid(trainer_doc, trainer)  # the socket and the segments are owner-only
+    assert k8s.uid(doc, daemon) == k8s.uid(trainer_doc, trainer)  # the socket and the segments are owner-only
 
 
 def _serves_trainer(doc: Doc, trainer_doc: Doc, tmp: Path, shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Starts the daemon as the manifest says, asks its probe's port and the trainer's
     address for health, and takes a batch as the trainer's loader would."""
     secrets = {"feeder-token": {"token": TOKEN}}
-    trainer = _trainer(trainer_doc)
+    trainer = k8s.trainer(trainer_doc)
     with _serving(_daemon_args_here(doc, tmp, shards, secrets), tmp / "daemon.log") as port:
         assert _health(f"127.0.0.1:{port}") == health_pb2.HealthCheckResponse.SERVING
         assert (_scrape(tmp / "daemon.log", TOKEN), _scrape(tmp / "daemon.log", None)) == (200, 401)
-        address = _env(trainer)[ADDRESS_ENV]["value"]
-        socket_here = f"unix:{_here(tmp, _where(trainer_doc, trainer, address.removeprefix('unix:')))}"
+        address = k8s.env(trainer)[ADDRESS_ENV]["value"]
+        socket_here = f"unix:{_here(tmp, k8s.where(trainer_doc, trainer, address.removeprefix('unix:')))}"
         assert _health(socket_here) == health_pb2.HealthCheckResponse.SERVING
         monkeypatch.setenv(TOKEN_ENV, _secret_env(trainer, TOKEN_ENV, secrets))
-        shm_here = _here(tmp, _where(trainer_doc, trainer, "/dev/shm"))
-        dataset = _train_config(trainer).dataset
+        shm_here = _here(tmp, k8s.where(trainer_doc, trainer, "/dev/shm"))
+        dataset = k8s.train_config(trainer).dataset
         with FeederLoader(socket_here, dataset, batch_size=4, image_size=32, rank=0, world_size=1,
                           shm_dir=shm_here) as loader:
             images, labels = next(iter(loader))
@@ -365,22 +259,23 @@ def _serves_trainer(doc: Doc, trainer_doc: Doc, tmp: Path, shards: Path, monkeyp
 
 
 def test_the_sidecar_job_serves_its_trainer(shards: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    job = _document("train-sidecar.yaml", "Job")
-    sidecar = _daemon(job)
-    assert sidecar in _pod(job)["initContainers"] and sidecar["restartPolicy"] == "Always"
-    assert _pod(job)["restartPolicy"] == "Never"
-    dshm = _volume(job, _mount(sidecar, str(_server_config(sidecar).shm_dir))["name"])
+    job = k8s.document("train-sidecar.yaml", "Job")
+    sidecar = k8s.daemon(job)
+    assert sidecar in k8s.pod(job)["initContainers"] and sidecar["restartPolicy"] == "Always"
+    assert k8s.pod(job)["restartPolicy"] == "Never"
+    dshm = k8s.volume(job, k8s.mount(sidecar, str(k8s.server_config(sidecar).shm_dir))["name"])
     assert dshm["emptyDir"]["medium"] == "Memory"
-    assert _quantity(dshm["emptyDir"]["sizeLimit"]) >= _server_config(sidecar).shm_budget_bytes
+    assert k8s.quantity(dshm["emptyDir"]["sizeLimit"]) >= k8s.server_config(sidecar).shm_budget_bytes
     _check_trainer_finds_daemon(job, job, monkeypatch)
     _serves_trainer(job, job, short_tmp, shards, monkeypatch)
 
 
 def test_the_daemonset_serves_the_training_pods_of_its_node(shards: Path, short_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    daemons, job = _document("daemonset.yaml", "DaemonSet"), _document("daemonset.yaml", "Job")
-    assert _pod(job)["nodeSelector"] == _pod(daemons)["nodeSelector"]
-    shm = _volume(daemons, _mount(_daemon(daemons), str(_server_config(_daemon(daemons)).shm_dir))["name"])
+    daemons, job = k8s.document("daemonset.yaml", "DaemonSet"), k8s.document("daemonset.yaml", "Job")
+    assert k8s.pod(job)["nodeSelector"] == k8s.pod(daemons)["nodeSelector"]
+    daemon = k8s.daemon(daemons)
+    shm = k8s.volume(daemons, k8s.mount(daemon, str(k8s.server_config(daemon).shm_dir))["name"])
     assert shm["hostPath"]["path"] == "/dev/shm"
     _check_trainer_finds_daemon(daemons, job, monkeypatch)
     _serves_trainer(daemons, job, short_tmp, shards, monkeypatch)
@@ -388,10 +283,10 @@ def test_the_daemonset_serves_the_training_pods_of_its_node(shards: Path, short_
 
 def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    pool, service = _document("cpu-pool.yaml", "Deployment"), _document("cpu-pool.yaml", "Service")
-    job = _document("cpu-pool.yaml", "Job")
-    daemon, trainer = _daemon(pool), _trainer(job)
-    config, train = _server_config(daemon), _train_config(trainer)
+    pool, service = k8s.document("cpu-pool.yaml", "Deployment"), k8s.document("cpu-pool.yaml", "Service")
+    job = k8s.document("cpu-pool.yaml", "Job")
+    daemon, trainer = k8s.daemon(pool), k8s.trainer(job)
+    config, train = k8s.server_config(daemon), k8s.train_config(trainer)
     labels = pool["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["selector"].items() <= labels.items()
@@ -400,15 +295,15 @@ def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short
     assert grpc_port["port"] == grpc_port["targetPort"] == config.port
     assert config.tls_cert is not None and config.token_file is not None and not is_loopback(config.bind)
 
-    address = _env(trainer)[ADDRESS_ENV]["value"]
+    address = k8s.env(trainer)[ADDRESS_ENV]["value"]
     check_address(address)
     assert train.server == address and train.tls_root is not None
     assert not address.startswith("dns:")  # a host name with several addresses: a pool of every daemon
     host, _, port = address.rpartition(":")
     assert int(port) == grpc_port["port"] and host.split(".")[0] == service["metadata"]["name"]
-    ca_mount = _mount(trainer, str(train.tls_root))
-    tls_mount = _mount(daemon, str(config.tls_cert))
-    assert _volume(job, ca_mount["name"])["secret"]["secretName"] == _volume(pool, tls_mount["name"])["secret"][
+    ca_mount = k8s.mount(trainer, str(train.tls_root))
+    tls_mount = k8s.mount(daemon, str(config.tls_cert))
+    assert k8s.volume(job, ca_mount["name"])["secret"]["secretName"] == k8s.volume(pool, tls_mount["name"])["secret"][
         "secretName"]
 
     certs = make_certificates(short_tmp / "certs")
@@ -416,7 +311,7 @@ def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short
                "feeder-decode-tls": {"tls.crt": certs.server_cert.read_text(), "tls.key": certs.server_key.read_text(),
                                      "ca.crt": certs.ca.read_text()}}
     _fill_secrets(job, trainer, short_tmp, secrets)
-    tls_root = _here(short_tmp, _where(job, trainer, str(train.tls_root)))
+    tls_root = _here(short_tmp, k8s.where(job, trainer, str(train.tls_root)))
     credentials = grpc.ssl_channel_credentials(tls_root.read_bytes())
     with _serving(_daemon_args_here(pool, short_tmp, shards, secrets), short_tmp / "daemon.log") as port_here:
         target = f"127.0.0.1:{port_here}"

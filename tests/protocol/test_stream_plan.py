@@ -1,9 +1,13 @@
 """A stream's plan: the daemon's cut of a stream (its shares, its epochs passed over,
 what drop skips) is what it was before the plan became one function, and the client's
-reopening at any batch gives exactly the batches from there on."""
+reopening at any batch gives exactly the batches from there on. A request's whole
+plan (:func:`plan_stream`: ranks, elastic resumes, shares) is checked against a
+reference written from the plan's rules alone, sample by sample, and the window both
+sides number batches by (:func:`stream_window`) against the batches cut."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,7 +20,9 @@ from protocol.plan import (
     BatchSlice,
     LastBatch,
     RankPart,
+    Segment,
     batch_count,
+    check_epochs_hold_batches,
     epoch_order,
     iter_batches,
     left_over,
@@ -24,7 +30,8 @@ from protocol.plan import (
     rank_part,
     tail_skipped,
 )
-from protocol.stream_plan import Skipped, StreamWindow, stream_steps
+from protocol.request import StreamSpec
+from protocol.stream_plan import Skipped, StreamWindow, plan_stream, rank_part_of, stream_steps, stream_window
 
 
 def _reference(n: int, world: int, rank: int, batch: int, policy: LastBatch, epoch: int, epochs: int, cursor: int,
@@ -155,3 +162,132 @@ def test_the_first_epoch_of_an_elastic_resume_is_shorter():
     assert window.place(2) == type(window.place(2))(2, 4, 0, 4)
     later = window.from_number(6)
     assert (later.epoch, later.start_cursor, later.epochs, later.first_part) == (5, 0, 1, 16)
+
+
+# -- a request's whole plan, against the rules written out sample by sample ---------
+
+
+def _naive_rest(order: list[int], consumed: tuple[Segment, ...], policy: LastBatch) -> list[int]:
+    """``order`` less what each segment's ranks consumed: rank ``r`` of ``w`` took
+    positions ``r``, ``r + w``, ... of what the segments before left, its first
+    ``cursor`` of them, padding repeats (``pad``: past the order's end; ``drop``: past
+    the last whole round of ``w``) not counted."""
+    for segment in consumed:
+        w = segment.world_size
+        real = len(order) // w * w if policy is LastBatch.DROP else len(order)
+        taken = {r + k * w for r, cursor in enumerate(segment.cursors) for k in range(cursor) if r + k * w < real}
+        order = [sample for position, sample in enumerate(order) if position not in taken]
+    return order
+
+
+def _naive_part(order: list[int], rank: int, world: int, policy: LastBatch) -> tuple[list[int], list[bool], int]:
+    """Rank ``rank``'s samples of ``order`` (every ``world``-th from ``rank``; ``pad``:
+    the order repeated from its start to fill the last round, marked), and the samples
+    no rank gets (``drop``)."""
+    rounds = len(order) // world if policy is LastBatch.DROP else -(-len(order) // world)
+    positions = [rank + k * world for k in range(rounds)]
+    return ([order[p % len(order)] for p in positions], [p >= len(order) for p in positions],
+            len(order) - rounds * world if policy is LastBatch.DROP else 0)
+
+
+def _naive_epoch(spec: StreamSpec, n: int, epoch: int) -> tuple[list[tuple], int]:
+    """(epoch, cursor, indices, padding) of each batch of ``epoch`` in ``spec``'s
+    stream, and what ``drop`` skips of it."""
+    first = epoch == spec.epoch
+    order = [int(i) for i in epoch_order(n, spec.seed, epoch, shuffle=spec.split == "train")]
+    indices, padding, left = _naive_part(_naive_rest(order, spec.consumed if first else (), spec.last_batch),
+                                         spec.rank, spec.world_size, spec.last_batch)
+    start, size = (spec.start_cursor if first else 0), spec.batch_size
+    end = min(len(indices), start + spec.max_samples) if first and spec.max_samples else len(indices)
+    batches, tail = [], 0
+    for lo in range(start, end, size):
+        hi = min(lo + size, end)
+        if hi - lo < size and end == len(indices):  # the part's partial tail
+            if spec.last_batch is LastBatch.DROP:
+                tail = hi - lo
+                break
+            fill = size - (hi - lo)
+            batches.append((epoch, hi, indices[lo:hi] + [indices[k % len(indices)] for k in range(fill)],
+                            padding[lo:hi] + [True] * fill))
+            break
+        batches.append((epoch, hi, indices[lo:hi], padding[lo:hi]))
+    return batches, (tail + (left if start == 0 else 0) if spec.last_batch is LastBatch.DROP else 0)
+
+
+def _naive_stream(spec: StreamSpec, n: int) -> tuple[list[tuple], int]:
+    """The share's batches of the whole stream, and what ``drop`` skips of it (counted
+    by the share of offset 0)."""
+    batches, skipped = [], 0
+    for epoch in range(spec.epoch, spec.epoch + spec.epochs):
+        cut, skips = _naive_epoch(spec, n, epoch)
+        batches += cut
+        skipped += skips
+    share = [b for number, b in enumerate(batches) if number % spec.batch_stride == spec.batch_offset]
+    return share, skipped if spec.batch_offset == 0 else 0
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> tuple[StreamSpec, int]:
+    """A request the daemon opens (every epoch holds a batch), elastic resumes
+    included: up to two segments of what the job read of its first epoch before."""
+    policy, world = draw(st.sampled_from(list(LastBatch))), draw(st.integers(1, 4))
+    n = draw(st.integers(world if policy is LastBatch.DROP else 1, 60))
+    batch = draw(st.integers(1, min(9, plan_length(n, world, policy)) if policy is LastBatch.DROP else 9))
+    check_epochs_hold_batches(n, world, 0, batch, policy, "d/s")  # what the daemon opens
+    consumed, rest = [], n
+    for _ in range(draw(st.integers(0, 2))):
+        w = draw(st.integers(1, 4))
+        cursors = tuple(draw(st.integers(0, plan_length(rest, w, policy))) for _ in range(w))
+        consumed.append(Segment(w, cursors))
+        rest = len(_naive_rest(list(range(rest)), (consumed[-1],), policy))
+    first_part = plan_length(rest, world, policy)
+    stride = draw(st.integers(1, 4))
+    spec = StreamSpec(
+        "d", draw(st.sampled_from(["train", "val"])), rank=draw(st.integers(0, world - 1)), world_size=world,
+        batch_size=batch, image_size=16, seed=draw(st.integers(0, 3)), epoch=draw(st.integers(0, 3)),
+        start_cursor=draw(st.integers(0, first_part)), max_samples=draw(st.sampled_from([0, 0, 1, 5, 13])),
+        epochs=draw(st.integers(1, 5)), last_batch=policy, consumed=tuple(consumed), batch_stride=stride,
+        batch_offset=draw(st.integers(0, stride - 1)))
+    return spec, n
+
+
+def _cut(spec: StreamSpec, n: int, first: RankPart | None = None) -> tuple[list[tuple], int]:
+    batches, skipped = [], 0
+    for step in plan_stream(spec, n, first):
+        if isinstance(step, Skipped):
+            skipped += step.tail + step.left_over
+        else:
+            batches.append((step.epoch, step.cursor, step.indices.tolist(), step.padding.tolist()))
+    return batches, skipped
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests())
+def test_a_requests_plan_is_the_plans_rules_sample_by_sample(request):
+    spec, n = request
+    assert _cut(spec, n) == _naive_stream(spec, n)
+    # The daemon hands in the first epoch's part it made when the stream opened.
+    assert _cut(spec, n, rank_part_of(spec, n, spec.epoch)) == _naive_stream(spec, n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests())
+def test_the_window_both_sides_number_by_places_every_batch_the_daemon_cuts(request):
+    spec, n = request
+    window = stream_window(spec, n)
+    whole = dataclasses.replace(spec, batch_stride=1, batch_offset=0)
+    batches, _ = _cut(whole, n)
+    assert window.first_part == len(rank_part_of(spec, n, spec.epoch))
+    assert len(window) == len(batches)
+    for number, (epoch, cursor, _, _) in enumerate(batches):
+        place = window.place(number)
+        assert (place.epoch, place.end) == (epoch, cursor)
+    # The client reopens its share at the batch it owes: from there, the daemon cuts
+    # exactly the share's batches that were still to come.
+    share, _ = _cut(spec, n)
+    for k, number in enumerate(range(spec.batch_offset, len(window), spec.batch_stride)):
+        again = window.from_number(number)
+        reopened = dataclasses.replace(
+            spec, epoch=again.epoch, epochs=again.epochs, start_cursor=again.start_cursor,
+            max_samples=again.max_samples, batch_offset=0, consumed=spec.consumed if again.epoch == spec.epoch else ())
+        assert _cut(reopened, n)[0] == share[k:]
