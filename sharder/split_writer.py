@@ -159,7 +159,7 @@ def write_split(
         split: the split's inputs (sorted), as found under SRC.
         tar_root: OUT, or a staging folder when tars are not a requested format.
         work_dir: where finished shards are recorded for resume.
-        bar: progress bar to advance by one per input.
+        bar: progress bar to advance by one per input; it shows the shards done.
         pool: worker processes from ``worker_pool``, or Ray tasks from
             ``sharder.ray_run.connect`` (None: work in this process).
 
@@ -178,10 +178,14 @@ def write_split(
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
     names = [f.source for f in remaining]
+    shown_shards = -1
     images = (pool.processed_in_order(options_of(config), split.reader, names) if isinstance(pool, RayTasks)
               else processed_in_order(config, split.reader, names, pool))
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
+            if len(records) != shown_shards:
+                shown_shards = len(records)
+                bar.set_postfix_str(f"{split.name} shards {shown_shards}", refresh=False)
             if image.reject:
                 if config.on_error == "fail":
                     raise DataError(f"{split.reader.shown(source.source)}: {image.reject}")
@@ -191,6 +195,7 @@ def write_split(
             bar.update(1)
         if start < len(order) or not records:
             roller.close(consumed_end=len(order))
+        bar.set_postfix_str(f"{split.name} shards {len(records)}")
     finally:
         roller.abort()
     return records
