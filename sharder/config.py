@@ -159,7 +159,7 @@ class ShardConfig:
             OUT must be where every node can reach them (a shared file system, an
             object store). The output is the same bytes as without. Needs
             ``pip install 'feeder[ray]'``. Default: no Ray (``workers`` processes).
-        ray_tasks_per_node: with ``ray``, tasks in flight per node; default: two per
+        ray_tasks_per_node: with ``ray``, tasks in flight per node; default: four per
             CPU of the cluster.
         on_shard_done: called with (split, shard number) after each shard is durable.
     """
