@@ -7,7 +7,6 @@ very JPEGs the shards hold.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from bench.loaders.store_peers import built_once
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
 from shards.layout import MANIFEST_NAME
+from shards.manifest import read_manifest
 
 __all__ = ["STORE_SHARD_BYTES", "BenchData", "prepare_sample", "prepare_store_sample", "resolve"]
 
@@ -47,8 +47,7 @@ def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
     src, shards = root / "src", root / "shards"
     built_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
     config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
-    manifest = shards / MANIFEST_NAME
-    if manifest.is_file() and json.loads(manifest.read_text()).get("options") != config.options():
+    if (shards / MANIFEST_NAME).is_file() and read_manifest(shards).options != config.options():
         shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
     built_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
@@ -83,6 +82,6 @@ def resolve(shards: Path, source: Path | None) -> BenchData:
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{manifest_path} not found; is {shards} a directory made by 'feeder shard'?")
     if source is None:
-        recorded = json.loads(manifest_path.read_text()).get("source")
+        recorded = read_manifest(shards).source
         source = Path(recorded) if recorded and Path(recorded).is_dir() else None
     return BenchData(shards, source)

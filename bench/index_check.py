@@ -20,6 +20,7 @@ import numpy as np
 from bench.report import git_revision
 from shards.index import read_columns
 from shards.layout import INDEX_VERSION, file_sha256, index_path
+from shards.manifest import SplitEntry
 from shards.writers import write_index
 
 _IMAGENET_TRAIN = 1_281_167
@@ -74,7 +75,9 @@ def main() -> None:
         root = Path(tmp)
         path = _write(root, args.samples)
         digest = file_sha256(path)
-        info = {"num_samples": args.samples, "index_sha256": digest}
+        info = SplitEntry(num_samples=args.samples, accepted=args.samples, rejected=0, ignored=0,
+                          inputs=args.samples, per_class={}, index="train/index.parquet", shards=(), rejects=(),
+                          index_sha256=digest)
         sha_s = _median_s(lambda: file_sha256(path), args.repeats)
         read_s = _median_s(lambda: read_columns(root, "train", info, 1000), args.repeats)
         result = {"revision": git_revision(), "samples": args.samples, "index_bytes": path.stat().st_size,

@@ -6,16 +6,16 @@ whole from them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from sharder.split_writer import ShardRecord
 from shards.layout import LMDB_DIR
+from shards.manifest import LmdbEntry
 from shards.writers import LmdbWriter, Sample, file_sha256
 
 __all__ = ["copy_to_lmdb"]
 
 
-def copy_to_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord]) -> dict[str, Any]:
+def copy_to_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecord]) -> LmdbEntry:
     """Build ``OUT/<split>/lmdb`` from the finished tars (same samples, same order).
 
     Returns:
@@ -32,6 +32,4 @@ def copy_to_lmdb(out: Path, tar_root: Path, split: str, records: list[ShardRecor
         writer.finish()
     data = out / split / LMDB_DIR / "data.mdb"
     samples = sum(len(rec.rows) for rec in records)
-    return {
-        "path": f"{split}/{LMDB_DIR}", "samples": samples, "bytes": data.stat().st_size, "sha256": file_sha256(data),
-    }
+    return LmdbEntry(path=f"{split}/{LMDB_DIR}", samples=samples, bytes=data.stat().st_size, sha256=file_sha256(data))

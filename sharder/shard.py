@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from tqdm import tqdm
 
@@ -21,17 +20,17 @@ from sharder.sources import SourceTree, SplitSource, find_sources
 from sharder.split_writer import ShardRecord, write_split
 from shards import jpeg
 from shards.layout import (
-    FORMAT_VERSION,
     INDEX_VERSION,
     LMDB_DIR,
     MANIFEST_NAME,
     index_path,
 )
-from shards.writers import file_sha256, write_index, write_json_atomic
+from shards.manifest import FORMAT_VERSION, Manifest, ShardEntry, SkippedInput, SplitEntry
+from shards.writers import file_sha256, write_index, write_manifest
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ShardReport", "shard"]
+__all__ = ["ShardReport", "shard", "split_counts"]
 
 @dataclass
 class ShardReport:
@@ -81,46 +80,47 @@ def _write_index(out: Path, split: str, records: list[ShardRecord], lmdb_only: b
     write_index(index_path(out, split), columns)
 
 
-def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRecord], wds: bool) -> dict[str, Any]:
+def _split_manifest(tree: SourceTree, split: SplitSource, records: list[ShardRecord], wds: bool) -> SplitEntry:
     per_class = dict.fromkeys(tree.classes, 0)
     for rec in records:
         for row in rec.rows:
             per_class[tree.classes[row[1]]] += 1
-    rejects = [{"source": s, "reason": r} for s, r in split.rejects]
-    rejects += [{"source": s, "reason": r} for rec in records for s, r in rec.rejects]
+    rejects = [SkippedInput(source=s, reason=r) for s, r in split.rejects]
+    rejects += [SkippedInput(source=s, reason=r) for rec in records for s, r in rec.rejects]
     accepted = sum(per_class.values())
     shards = [
-        {"path": r.path, "index": r.index, "samples": r.samples, "bytes": r.bytes, "sha256": r.sha256}
+        ShardEntry(path=r.path, index=r.index, samples=r.samples, bytes=r.bytes, sha256=r.sha256)
         for r in records
         if r.path
     ]
-    return {
-        "num_samples": accepted,
-        "accepted": accepted,
-        "rejected": len(rejects),
-        "reencoded": sum(rec.reencoded for rec in records),
-        "ignored": split.ignored,
-        "inputs": accepted + len(rejects),
-        "per_class": per_class,
-        "index": f"{split.name}/{index_path(Path(), split.name).name}",
-        "index_version": INDEX_VERSION,
-        "shards": shards if wds else [],
-        "rejects": rejects,
-        "skipped_links": [{"source": s, "reason": r} for s, r in split.skipped_links],
-        "empty_classes": split.empty_classes,
-    }
+    return SplitEntry(
+        num_samples=accepted,
+        accepted=accepted,
+        rejected=len(rejects),
+        reencoded=sum(rec.reencoded for rec in records),
+        ignored=split.ignored,
+        inputs=accepted + len(rejects),
+        per_class=per_class,
+        index=f"{split.name}/{index_path(Path(), split.name).name}",
+        index_version=INDEX_VERSION,
+        shards=tuple(shards) if wds else (),
+        rejects=tuple(rejects),
+        skipped_links=tuple(SkippedInput(source=s, reason=r) for s, r in split.skipped_links),
+        empty_classes=tuple(split.empty_classes),
+    )
 
 
 def _finish_split(
     config: ShardConfig, tree: SourceTree, split: SplitSource, records: list[ShardRecord], tar_root: Path
-) -> dict:
+) -> SplitEntry:
     wds = "wds" in config.formats
     (config.out / split.name).mkdir(parents=True, exist_ok=True)
     _write_index(config.out, split.name, records, lmdb_only=not wds)
     entry = _split_manifest(tree, split, records, wds)
-    entry["index_sha256"] = file_sha256(index_path(config.out, split.name))  # lets verify tell a damaged index
+    # index_sha256 lets verify tell a damaged index
+    entry = replace(entry, index_sha256=file_sha256(index_path(config.out, split.name)))
     if "lmdb" in config.formats:
-        entry["lmdb"] = copy_to_lmdb(config.out, tar_root, split.name, records)
+        entry = replace(entry, lmdb=copy_to_lmdb(config.out, tar_root, split.name, records))
     return entry
 
 
@@ -150,32 +150,31 @@ def shard(config: ShardConfig) -> ShardReport:
         tree = find_sources(config.src, config.on_error, config.store_options)
         prepare_out(config, run_identity(config, tree))
         splits = _write_splits(config, tree)
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "layout": tree.layout,
-            "source": config.source_name,
-            "classes": tree.classes,
-            "splits": splits,
-            "options": config.options(),
-        }
-        write_json_atomic(config.out / MANIFEST_NAME, manifest)
+        manifest = Manifest(format_version=FORMAT_VERSION, layout=tree.layout, source=config.source_name,
+                            classes=tuple(tree.classes), splits=splits, options=config.options())
+        write_manifest(config.out / MANIFEST_NAME, manifest)
         shutil.rmtree(config.out / WORK_DIR)
     report = ShardReport(config.out, seconds=time.monotonic() - started)
-    for name, entry in splits.items():
-        counts = {k: entry[k] for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
-        counts["shards"] = len(entry["shards"])
-        counts["skipped_links"], counts["empty_classes"] = len(entry["skipped_links"]), len(entry["empty_classes"])
-        counts["bytes"] = sum(s["bytes"] for s in entry["shards"]) + entry.get("lmdb", {}).get("bytes", 0)
-        report.splits[name] = counts
+    report.splits = {name: split_counts(entry) for name, entry in splits.items()}
     return report
 
 
-def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
+def split_counts(entry: SplitEntry) -> dict[str, int]:
+    """The counts of a split's manifest entry that a :class:`ShardReport` sums."""
+    return {
+        "inputs": entry.inputs, "accepted": entry.accepted, "rejected": entry.rejected,
+        "reencoded": entry.reencoded or 0, "ignored": entry.ignored, "shards": len(entry.shards),
+        "skipped_links": len(entry.skipped_links or ()), "empty_classes": len(entry.empty_classes or ()),
+        "bytes": sum(s.bytes for s in entry.shards) + (entry.lmdb.bytes if entry.lmdb else 0),
+    }
+
+
+def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, SplitEntry]:
     """Each split's tars (resuming those finished), index and LMDB: its manifest entry."""
     work = config.out / WORK_DIR
     # Tars are always the first stage; without "wds" they are staged under .work.
     tar_root = config.out if "wds" in config.formats else work / "tars"
-    splits: dict[str, Any] = {}
+    splits: dict[str, SplitEntry] = {}
     total = sum(len(s.files) for s in tree.splits)
     shown = progress_shown(config.progress)
     pool_of = (connect(config.ray, config.ray_tasks_per_node) if config.ray is not None

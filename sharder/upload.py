@@ -24,12 +24,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
-from core.errors import ConfigError, DataError
+from core.errors import ConfigError, DataError, NotFound
 from sharder.config import ShardConfig
-from sharder.shard import WORK_DIR, ShardReport, shard
+from sharder.shard import WORK_DIR, ShardReport, shard, split_counts
 from shards.layout import MANIFEST_NAME, shard_name
+from shards.manifest import Manifest, read_manifest
 from shards.objects import ObjectUrl
 from shards.store import ObjectInfo, ObjectStore, StoreOptions
 
@@ -122,17 +122,17 @@ def _store(config: ShardConfig) -> tuple[ObjectStore, ObjectUrl]:
     return ObjectStore(url, StoreOptions(endpoint_url=config.s3_endpoint)), url
 
 
-def _staged_manifest(config: ShardConfig) -> dict[str, Any] | None:
+def _staged_manifest(config: ShardConfig) -> Manifest | None:
     """The manifest of a finished run of the same source and options in the stage
     (its upload was cut short), or None."""
     path = config.out / MANIFEST_NAME
     if not path.is_file() or (config.out / WORK_DIR).exists():
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        manifest = read_manifest(config.out)
+    except (DataError, NotFound):
         return None
-    same = manifest.get("source") == config.source_name and manifest.get("options") == config.options()
+    same = manifest.source == config.source_name and manifest.options == config.options()
     return manifest if same else None
 
 
@@ -185,7 +185,7 @@ def shard_to_store(config: ShardConfig) -> UploadReport:
                         uploaded_files=uploader.files, uploaded_bytes=uploader.bytes)
 
 
-def _run(config: ShardConfig, staged: dict[str, Any] | None, uploader: _Uploader) -> ShardReport:
+def _run(config: ShardConfig, staged: Manifest | None, uploader: _Uploader) -> ShardReport:
     """The sharding run into the stage, uploading shards as they are done (or, where
     it finished before, the report of its manifest)."""
     if staged is not None:
@@ -232,13 +232,5 @@ def _upload_rest(stage: Path, uploader: _Uploader) -> None:
     uploader.put(MANIFEST_NAME)
 
 
-def _report_of(stage: Path, manifest: dict[str, Any]) -> ShardReport:
-    report = ShardReport(stage)
-    for name, entry in manifest["splits"].items():
-        counts = {k: int(entry.get(k, 0)) for k in ("inputs", "accepted", "rejected", "reencoded", "ignored")}
-        counts["shards"] = len(entry.get("shards", []))
-        counts["skipped_links"] = len(entry.get("skipped_links", []))
-        counts["empty_classes"] = len(entry.get("empty_classes", []))
-        counts["bytes"] = sum(s["bytes"] for s in entry.get("shards", [])) + entry.get("lmdb", {}).get("bytes", 0)
-        report.splits[name] = counts
-    return report
+def _report_of(stage: Path, manifest: Manifest) -> ShardReport:
+    return ShardReport(stage, splits={name: split_counts(entry) for name, entry in manifest.splits.items()})

@@ -32,7 +32,7 @@ from sharder.config import VerifyConfig, progress_shown
 from sharder.images import DEFAULT_MAX_PIXELS, decoded_size, parse_jpeg_header
 from shards.index import read_index
 from shards.layout import sample_checksum
-from shards.manifest import Root, read_served_manifest
+from shards.manifest import LmdbEntry, Manifest, Root, ShardEntry, SplitEntry, read_manifest
 from shards.members import TarScan, idx_members, label_offset, read_lmdb_sample, scan_tar
 from shards.objects import ObjectUrl
 from shards.remote_root import RemoteRoot
@@ -89,9 +89,9 @@ def _check_file(result: VerifyResult, path: Root, size: int, sha256: str) -> str
     return "ok" if file_sha256(Path(os.fspath(path))) == sha256 else "sha"  # a store's object: its local copy
 
 
-def _check_shard(result: VerifyResult, root: Root, entry: dict[str, Any]) -> _Shard:
-    shard = _Shard(root / entry["path"])
-    state = _check_file(result, shard.path, entry["bytes"], entry["sha256"])
+def _check_shard(result: VerifyResult, root: Root, entry: ShardEntry) -> _Shard:
+    shard = _Shard(root / entry.path)
+    state = _check_file(result, shard.path, entry.bytes, entry.sha256)
     if state == "bad":
         return shard
     shard.sha_differs = state == "sha"
@@ -102,23 +102,23 @@ def _check_shard(result: VerifyResult, root: Root, entry: dict[str, Any]) -> _Sh
         return shard
     members, damaged = shard.scan.members, shard.scan.damaged
     images = len(members) - sum(name.endswith(_HALF_SUFFIX) for name in members)  # .jpg + .cls per sample
-    if not damaged and images != 2 * entry["samples"]:
-        result.problems.append(f"{shard.path}: {images // 2} samples, manifest says {entry['samples']}")
-    idx_path = root / entry["index"]
+    if not damaged and images != 2 * entry.samples:
+        result.problems.append(f"{shard.path}: {images // 2} samples, manifest says {entry.samples}")
+    idx_path = root / entry.index
     idx = idx_members(idx_path) if idx_path.is_file() else {}
     if any(idx.get(name) != where for name, where in members.items()) or (not damaged and idx != members):
         result.problems.append(f"{idx_path}: missing or does not match the tar members")
     return shard
 
 
-def _check_counts(result: VerifyResult, split: str, rows: list[dict], manifest: dict) -> None:
-    entry = manifest["splits"][split]
-    if entry["accepted"] + entry["rejected"] != entry["inputs"] or len(entry["rejects"]) != entry["rejected"]:
+def _check_counts(result: VerifyResult, split: str, rows: list[dict], manifest: Manifest) -> None:
+    entry = manifest.splits[split]
+    if entry.accepted + entry.rejected != entry.inputs or len(entry.rejects) != entry.rejected:
         result.problems.append(f"{split}: accepted + rejected != inputs, or rejects not all listed")
-    if len(rows) != entry["accepted"]:
-        result.problems.append(f"{split}: index has {len(rows)} rows, manifest says {entry['accepted']} accepted")
-    counts = np.bincount([r["label"] for r in rows], minlength=len(manifest["classes"]))
-    if counts.tolist() != [entry["per_class"].get(c, 0) for c in manifest["classes"]]:
+    if len(rows) != entry.accepted:
+        result.problems.append(f"{split}: index has {len(rows)} rows, manifest says {entry.accepted} accepted")
+    counts = np.bincount([r["label"] for r in rows], minlength=len(manifest.classes))
+    if counts.tolist() != [entry.per_class.get(c, 0) for c in manifest.classes]:
         result.problems.append(f"{split}: per-class counts in the index differ from the manifest")
 
 
@@ -213,25 +213,25 @@ def _decode_lmdb(result: VerifyResult, lmdb_path: Root, rows: list[dict], max_pi
                 result.problems.append(f"{lmdb_path}: sample {row['key']}: {problem}")
 
 
-def _check_lmdb(result: VerifyResult, root: Root, entry: dict[str, Any]) -> None:
-    path = root / entry["path"]
-    state = _check_file(result, path / "data.mdb", entry["bytes"], entry["sha256"])
+def _check_lmdb(result: VerifyResult, root: Root, entry: LmdbEntry) -> None:
+    path = root / entry.path
+    state = _check_file(result, path / "data.mdb", entry.bytes, entry.sha256)
     if state == "sha":
         result.problems.append(f"{path / 'data.mdb'}: sha256 differs from the manifest")
     elif state == "ok":
         with lmdb.open(os.fspath(path), readonly=True, lock=False) as env:
-            if env.stat()["entries"] != entry["samples"]:
-                result.problems.append(f"{path}: {env.stat()['entries']} entries, manifest says {entry['samples']}")
+            if env.stat()["entries"] != entry.samples:
+                result.problems.append(f"{path}: {env.stat()['entries']} entries, manifest says {entry.samples}")
 
 
-def _index_rows(result: VerifyResult, root: Root, split: str, entry: dict[str, Any]) -> list[dict] | None:
+def _index_rows(result: VerifyResult, root: Root, split: str, entry: SplitEntry) -> list[dict] | None:
     """The split's index rows, or None (reported once) when the index is missing,
     unreadable or not the one the manifest records: its rows cannot be trusted."""
-    index_file = root / entry["index"]
+    index_file = root / entry.index
     if not index_file.is_file():
         result.problems.append(f"{index_file}: missing")
         return None
-    if "index_sha256" in entry and file_sha256(Path(os.fspath(index_file))) != entry["index_sha256"]:
+    if entry.index_sha256 is not None and file_sha256(Path(os.fspath(index_file))) != entry.index_sha256:
         result.problems.append(f"{index_file}: sha256 differs from the manifest (damaged; its rows were not checked)")
         return None
     try:
@@ -242,23 +242,24 @@ def _index_rows(result: VerifyResult, root: Root, split: str, entry: dict[str, A
 
 
 def _check_split(
-    result: VerifyResult, root: Root, manifest: dict, split: str, full: bool, seed: int, bar: tqdm
+    result: VerifyResult, root: Root, manifest: Manifest, split: str, full: bool, seed: int, bar: tqdm
 ) -> None:
-    entry = manifest["splits"][split]
+    entry = manifest.splits[split]
     shards = {}
-    for shard_entry in entry["shards"]:
-        shards[shard_entry["path"]] = _check_shard(result, root, shard_entry)
+    for shard_entry in entry.shards:
+        shards[shard_entry.path] = _check_shard(result, root, shard_entry)
         bar.update(1)
-    if "lmdb" in entry:
-        _check_lmdb(result, root, entry["lmdb"])
+    if entry.lmdb is not None:
+        _check_lmdb(result, root, entry.lmdb)
     rows = _index_rows(result, root, split, entry)
     if rows is None:
         return
     _check_counts(result, split, rows, manifest)
     result.samples += len(rows)
-    max_pixels = int(manifest.get("options", {}).get("max_pixels") or DEFAULT_MAX_PIXELS)
-    if not entry["shards"]:
-        _decode_lmdb(result, root / entry["lmdb"]["path"], _sampled(rows, full, seed), max_pixels)
+    max_pixels = int(manifest.options.get("max_pixels") or DEFAULT_MAX_PIXELS)
+    if not entry.shards:
+        if entry.lmdb is not None:
+            _decode_lmdb(result, root / entry.lmdb.path, _sampled(rows, full, seed), max_pixels)
         return
     located = _located(result, rows, shards)
     # Every sample of a tar whose checksum differs is decoded: that names the damaged one.
@@ -302,7 +303,7 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
     Raises:
         NotFound: no manifest in the directory (or no such bucket).
         DataError: the manifest is unreadable, of an unknown version or of the wrong
-            shape (:func:`shards.manifest.read_served_manifest`).
+            shape (:func:`shards.manifest.read_manifest`).
         Unauthenticated, ServiceUnavailable: a store refused the credentials or could
             not be reached.
         TypeError: options given with a VerifyConfig.
@@ -312,10 +313,10 @@ def verify(config: VerifyConfig | Path | str, **options: Any) -> VerifyResult:
     if not isinstance(config, VerifyConfig):
         config = VerifyConfig(config if isinstance(config, str) else Path(config), **options)
     root = _root(config)
-    manifest = read_served_manifest(root)
+    manifest = read_manifest(root)
     result = VerifyResult(root)
-    total = sum(len(entry["shards"]) for entry in manifest["splits"].values())
+    total = sum(len(entry.shards) for entry in manifest.splits.values())
     with tqdm(total=total, unit="shard", desc="verify", disable=not progress_shown(config.progress)) as bar:
-        for split in manifest["splits"]:
+        for split in manifest.splits:
             _check_split(result, root, manifest, split, config.full, config.seed, bar)
     return result

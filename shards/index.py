@@ -1,6 +1,6 @@
 """Reading each split's ``index.parquet`` of a shard directory, with the checks that
 serving needs (:mod:`shards.layout` is the contract; :mod:`shards.manifest` reads the
-manifest, and its two readers are named here too, where they were first).
+manifest, and its reader is named here too, where it was first).
 
 Opening checks what serving needs, so a bad path stops the daemon at start-up with
 one line instead of failing a client later: the manifest parses, has a version this
@@ -16,7 +16,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,7 +33,7 @@ from shards.layout import (
     index_path,
     index_schema,
 )
-from shards.manifest import Root, is_inside, read_manifest, read_served_manifest
+from shards.manifest import Root, SplitEntry, is_inside, read_manifest
 
 __all__ = [
     "IndexColumns",
@@ -43,7 +42,6 @@ __all__ = [
     "read_columns",
     "read_index",
     "read_manifest",
-    "read_served_manifest",
 ]
 
 # The columns the daemon serves from (``source`` stays on disk).
@@ -82,7 +80,7 @@ class IndexColumns:
     sha256: str = ""
 
 
-def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
+def check_split_shards(root: Root, split: str, info: SplitEntry) -> None:
     """The split has WebDataset tars (the daemon reads sample bytes out of them; an
     LMDB-only split, ``feeder shard --formats lmdb``, has none), and each one the
     manifest lists exists with the recorded size (a cheap check; ``feeder verify``
@@ -92,17 +90,17 @@ def check_split_shards(root: Root, split: str, info: dict[str, Any]) -> None:
         ConfigError: an LMDB-only split.
         DataError: a listed tar is missing or of another size.
     """
-    if info.get("num_samples") and not info.get("shards"):
+    if info.num_samples and not info.shards:
         raise ConfigError(
             f"{root}: split {split!r} has no WebDataset tars (sharded with --formats lmdb only); "
             "reshard with --formats wds or wds,lmdb to serve it"
         )
-    for shard in info.get("shards", []):
-        file = root / str(shard["path"])
+    for shard in info.shards:
+        file = root / shard.path
         if not file.is_file():
             raise DataError(f"{file}: listed in the manifest but missing")
-        if "bytes" in shard and file.stat().st_size != int(shard["bytes"]):
-            raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard['bytes']}")
+        if file.stat().st_size != shard.bytes:
+            raise DataError(f"{file}: {file.stat().st_size} bytes, manifest says {shard.bytes}")
 
 
 def index_version(path: Root) -> int:
@@ -172,7 +170,7 @@ def _absent(field: pa.Field, rows: int) -> pa.Array:
     return pa.array(np.full(rows, fill), field.type)
 
 
-def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int | None = None,
+def read_columns(root: Root, split: str, info: SplitEntry, num_classes: int | None = None,
                  allowed_links: tuple[Path, ...] = ()) -> IndexColumns:
     """The index of ``split`` as arrays, checked against the manifest entry ``info``
     and the tars: the row count and format version, every label one of
@@ -185,14 +183,14 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
         DataError: the index is missing, unreadable or disagrees (names the file, and
             the first bad key where there is one).
     """
-    path, expected = index_path(root, split), info.get("num_samples")
+    path = index_path(root, split)
     table = read_index(root, split, _SERVED)
     digest = _checked_digest(path, info)
-    if expected is not None and table.num_rows != expected:
-        raise DataError(f"{path}: {table.num_rows} rows, manifest says {expected}")
+    if table.num_rows != info.num_samples:
+        raise DataError(f"{path}: {table.num_rows} rows, manifest says {info.num_samples}")
     version = int(table.schema.metadata[INDEX_VERSION_KEY])
-    if info.get("index_version", version) != version:
-        raise DataError(f"{path}: index format version {version}, manifest says {info['index_version']!r}")
+    if info.index_version is not None and info.index_version != version:
+        raise DataError(f"{path}: index format version {version}, manifest says {info.index_version!r}")
     shard_col = table.column("shard").dictionary_encode().combine_chunks()
     columns = IndexColumns(
         version=version,
@@ -219,7 +217,7 @@ def read_columns(root: Root, split: str, info: dict[str, Any], num_classes: int 
     return columns
 
 
-def _checked_digest(path: Root, info: dict[str, Any]) -> str:
+def _checked_digest(path: Root, info: SplitEntry) -> str:
     """The sha256 of the index file, checked against the manifest's ``index_sha256``
     where it has one: the samples' checksums cover their bytes, not their labels or
     keys, so an index changed after sharding would otherwise be served as it is.
@@ -228,8 +226,8 @@ def _checked_digest(path: Root, info: dict[str, Any]) -> str:
         DataError: its sha256 differs (names the file).
     """
     digest = file_sha256(path)
-    expected = info.get("index_sha256")
-    if isinstance(expected, str) and expected and digest != expected:
+    expected = info.index_sha256
+    if expected and digest != expected:
         raise DataError(f"{path}: sha256 {digest[:12]}, the manifest's index_sha256 is {expected[:12]} (changed "
                         "after sharding: its keys, labels or offsets are not the dataset's)")
     return digest

@@ -46,25 +46,54 @@ only, in the split's ``index_version``; the two must agree. An index without it
 half-scale copies, else 1. The reader reads every version up to ``INDEX_VERSION``
 (columns a version lacks come as "none": no copy, no checksum, so such samples are
 served unchecked, as before) and refuses a later one, naming the file and both
-versions: its columns may mean what this reader would get wrong. (``FORMAT_VERSION``
-below is the manifest's own, apart from the index's.)
+versions: its columns may mean what this reader would get wrong. (The manifest has a
+version of its own, apart from the index's: ``shards.manifest.FORMAT_VERSION``.)
 
 ``manifest.json`` says what a shard directory holds; it is written last.
 
-Shape (``FORMAT_VERSION`` 1)::
+Shape (``FORMAT_VERSION`` 1), record by record (:mod:`shards.manifest` has one
+frozen dataclass per record, its fields in this order, which is the order written);
+``?`` marks a key that may be absent::
 
-    {"format_version": 1, "layout": "ilsvrc"|"folders", "source": str,
-     "classes": [sorted class names],                # label = index in this list
-     "splits": {"train": {"num_samples", "accepted", "rejected", "reencoded", "ignored", "inputs",
-                          "per_class": {class name: accepted count},
-                          "index": "train/index.parquet", "index_sha256": str (optional),
-                          "index_version": int (optional, see above),
-                          "shards": [{"path", "index", "samples", "bytes", "sha256"}],
-                          "lmdb": {"path", "samples", "bytes", "sha256"} (with lmdb),
-                          "rejects": [{"source", "reason"}],
-                          "skipped_links": [{"source", "reason"}] (optional),
-                          "empty_classes": [class name] (optional)}, ...},
-     "options": {...}}
+    Manifest
+      format_version   int, 1
+      layout           "ilsvrc" | "folders"
+      source           str, SRC as given (a resolved path or a URL)
+      classes          [str], sorted class names; label = index in this list
+      splits           {split name: SplitEntry}, at least one
+      options          {...}, the options that decide the bytes (ShardConfig.options)
+    SplitEntry
+      num_samples      int
+      accepted         int
+      rejected         int
+      reencoded?       int
+      ignored          int
+      inputs           int
+      per_class        {class name: accepted count}
+      index            str, "train/index.parquet"
+      index_version?   int, see above
+      shards           [ShardEntry], empty for an LMDB-only split
+      rejects          [SkippedInput]
+      skipped_links?   [SkippedInput]
+      empty_classes?   [str]
+      index_sha256?    str
+      lmdb?            LmdbEntry, with --formats lmdb only
+    ShardEntry
+      path             str, "train/shard-000000.tar"
+      index            str, its DALI index, "train/shard-000000.idx"
+      samples          int
+      bytes            int
+      sha256           str
+    LmdbEntry
+      path             str, "train/lmdb"
+      samples          int
+      bytes            int, of its data.mdb
+      sha256           str, of its data.mdb
+    SkippedInput
+      source           str, the input's path under SRC
+      reason           str
+
+Keys a record does not declare are kept as they are (read and written back).
 
 ``accepted + rejected == inputs``; ``reencoded`` counts accepted inputs stored as a new
 RGB JPEG (odd formats, ``--max-side-px``, ``--quality``) rather than kept as it came
@@ -75,7 +104,10 @@ they lead to a folder already walked or above one (a loop) or to a file already
 sharded; ``empty_classes`` are the class folders of the split with no image file (the
 class keeps its label, with 0 samples). Both were added without a version change:
 manifests written before them lack the two keys; the reader and ``feeder verify``
-do not use them. So was ``index_version`` (the index's own version is the one read).
+do not use them. So were ``reencoded``, ``index_version`` (the index's own version
+is the one read) and ``index_sha256``; those keys stay optional in version 1, and any
+key added from now on comes with a new ``FORMAT_VERSION`` (``docs/design.md``,
+"Adding a manifest key").
 ``options.half_copies`` says whether half-scale copies were made.
 
 Writers of all of this are in :mod:`shards.writers`; the one reader is :mod:`shards.reader`
@@ -100,7 +132,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKSUM_COLUMNS",
-    "FORMAT_VERSION",
     "HALF_COLUMNS",
     "INDEX_NAME",
     "INDEX_SCHEMA",
@@ -116,7 +147,6 @@ __all__ = [
     "shard_name",
 ]
 
-FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 INDEX_NAME = "index.parquet"
 LMDB_DIR = "lmdb"

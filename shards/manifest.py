@@ -1,153 +1,54 @@
-"""Reading a shard directory's ``manifest.json`` (:mod:`shards.layout` has its shape),
-with the type of every field the reader relies on checked before it is used.
+"""A shard directory's ``manifest.json`` as records (:mod:`shards.layout` has its
+shape in words): one parser, :func:`read_manifest` / :meth:`Manifest.from_json`, that
+checks the type of every field before anything uses it, and one writer,
+:func:`shards.writers.write_manifest`.
 
 A manifest is JSON that people and tools edit; valid JSON of the wrong shape (a list,
 a count written as a string) is refused here with one line naming the file and the
 field, instead of failing later as a Python error deep inside the reader.
+
+Keys the sharder has written since the first version are required; those added
+later without a version change (``reencoded``, ``index_version``, ``index_sha256``,
+``skipped_links``, ``empty_classes``) and ``lmdb`` (with ``--formats lmdb`` only) are
+optional, ``None`` where the manifest lacks them, so older manifests still read and
+write back unchanged. A new key is a new ``FORMAT_VERSION`` (``docs/design.md``,
+"Adding a manifest key").
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from core.errors import DataError, NotFound
-from shards.layout import FORMAT_VERSION, MANIFEST_NAME
+from shards.json_records import JsonRecord, RecordError, spec
+from shards.layout import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from shards.remote_root import ObjectPath
 
-__all__ = ["Root", "is_inside", "read_manifest", "read_served_manifest"]
+__all__ = [
+    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "LmdbEntry",
+    "Manifest",
+    "Root",
+    "ShardEntry",
+    "SkippedInput",
+    "SplitEntry",
+    "is_inside",
+    "parse_manifest",
+    "read_manifest",
+]
 
 # A shard directory: local, or in an object store (read through the same calls).
 Root: TypeAlias = "Path | ObjectPath"
 
-# Counts of a split entry, and of each of its shards, that the reader uses when
-# present (``feeder verify`` reads the others).
-_SPLIT_COUNTS = ("num_samples", "index_version")
-_SHARD_COUNTS = ("samples", "bytes")
-_ABSENT = object()  # a field the manifest lacks, told apart from a JSON null
-
-
-def _json_kind(value: object) -> str:
-    """What ``value`` is in JSON words, for a message: ``an object``, ``a list``, ``a
-    string``, ``a number``, ``true`` / ``false`` or ``null``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    kinds = ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number"))
-    return next((kind for types, kind in kinds if isinstance(value, types)), "null")
-
-
-def _refuse(path: Root, field: str, value: object, expected: str) -> DataError:
-    """``path: field: expected ..., got ...`` (no field: the whole file)."""
-    where = f"{path}: {field}" if field else str(path)
-    if value is _ABSENT:
-        return DataError(f"{where}: missing, expected {expected}")
-    return DataError(f"{where}: expected {expected}, got {_json_kind(value)}")
-
-
-def _object(path: Root, field: str, value: object, expected: str = "an object") -> dict[str, Any]:
-    """``value`` where it is a JSON object.
-
-    Raises:
-        DataError: anything else (names the file, the field and what it holds).
-    """
-    if not isinstance(value, dict):
-        raise _refuse(path, field, value, expected)
-    return value
-
-
-def _list(path: Root, field: str, value: object, expected: str) -> list[Any]:
-    """``value`` where it is a JSON list (raises as :func:`_object`)."""
-    if not isinstance(value, list):
-        raise _refuse(path, field, value, expected)
-    return value
-
-
-def _string(path: Root, field: str, value: object, expected: str) -> str:
-    """``value`` where it is a JSON string (raises as :func:`_object`)."""
-    if not isinstance(value, str):
-        raise _refuse(path, field, value, expected)
-    return value
-
-
-def _count(path: Root, field: str, value: object) -> int:
-    """``value`` where it is an integer of 0 or more (not ``true`` / ``false``;
-    raises as :func:`_object`)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _refuse(path, field, value, "an integer")
-    if value < 0:
-        raise DataError(f"{path}: {field}: expected a count (0 or more), got {value}")
-    return value
-
-
-def read_manifest(root: Root) -> dict[str, Any]:
-    """The manifest of shard directory ``root``: a JSON object of a format version
-    this code reads.
-
-    Raises:
-        NotFound: no manifest (not a shard directory, or an unfinished run).
-        DataError: unreadable JSON, JSON that is not an object, or a format version
-            this code does not know.
-    """
-    path = root / MANIFEST_NAME
-    if not path.is_file():
-        raise NotFound(f"{path} does not exist (not a shard directory, or sharding did not finish)")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: unreadable manifest: {e}") from e
-    manifest = _object(path, "", manifest, "a JSON object")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
-    return manifest
-
-
-def read_served_manifest(root: Root) -> dict[str, Any]:
-    """The manifest of ``root``, with the fields serving reads of the right types:
-    ``classes`` a list of strings, ``splits`` an object of at least one split, each
-    split an object whose counts are integers and whose ``shards`` are objects with a
-    string ``path``.
-
-    Raises:
-        NotFound: ``root`` or its manifest does not exist.
-        DataError: as :func:`read_manifest`, or a field of another type (names the
-            file and the field, e.g. ``splits.train.num_samples``).
-    """
-    if not root.is_dir():
-        raise NotFound(f"{root}: no such shard directory")
-    manifest = read_manifest(root)
-    path = root / MANIFEST_NAME
-    classes = _list(path, "classes", manifest.get("classes", _ABSENT), "a list of class names")
-    for i, name in enumerate(classes):
-        _string(path, f"classes[{i}]", name, "a class name (a string)")
-    splits = _object(path, "splits", manifest.get("splits", _ABSENT), "an object of splits")
-    if not splits:
-        raise DataError(f"{path}: splits: lists no splits")
-    for split, info in splits.items():
-        _check_split(path, f"splits.{split}", info)
-    return manifest
-
-
-def _check_split(path: Root, field: str, value: object) -> None:
-    info = _object(path, field, value)
-    for count in (c for c in _SPLIT_COUNTS if c in info):
-        _count(path, f"{field}.{count}", info[count])
-    for i, item in enumerate(_list(path, f"{field}.shards", info.get("shards", []), "a list of shards")):
-        where = f"{field}.shards[{i}]"
-        shard = _object(path, where, item)
-        _string(path, f"{where}.path", shard.get("path", _ABSENT), "a path (a string)")
-        _inside(path, f"{where}.path", shard["path"])
-        for count in (c for c in _SHARD_COUNTS if c in shard):
-            _count(path, f"{where}.{count}", shard[count])
-
-
-def _inside(path: Root, field: str, value: str) -> None:
-    """A file the manifest names is a relative path inside the shard directory: the
-    daemon opens it under the root, and must not be led to read any other file."""
-    if not is_inside(value):
-        raise DataError(f"{path}: {field}: {value[:200]!r} is not a relative path inside the shard directory")
+FORMAT_VERSION = 1  # the manifest format this code writes (a new key is a new version)
+FORMAT_VERSIONS = (1,)  # the manifest format versions this code reads
 
 
 def is_inside(relative: str) -> bool:
@@ -155,3 +56,127 @@ def is_inside(relative: str) -> bool:
     and without a NUL."""
     parts = PurePosixPath(relative).parts
     return bool(parts) and not relative.startswith("/") and ".." not in parts and "\0" not in relative
+
+
+def _outside(value: str) -> str | None:
+    """A file the manifest names is a relative path inside the shard directory: the
+    daemon opens it under the root, and must not be led to read any other file."""
+    return None if is_inside(value) else f"{value[:200]!r} is not a relative path inside the shard directory"
+
+
+def _no_splits(value: Mapping[str, object]) -> str | None:
+    return None if value else "lists no splits"
+
+
+_PATH = spec(expected="a path (a string)", check=_outside)
+_COUNT = spec(count=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardEntry(JsonRecord):
+    """One WebDataset tar of a split: its path and its DALI ``.idx``'s (relative to
+    the shard directory), its samples, its size in bytes and its hex sha256."""
+
+    path: str = field(metadata=_PATH)
+    index: str
+    samples: int = field(metadata=_COUNT)
+    bytes: int = field(metadata=_COUNT)
+    sha256: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LmdbEntry(JsonRecord):
+    """A split's LMDB (``<split>/lmdb``): its samples, and the size in bytes and hex
+    sha256 of its ``data.mdb``."""
+
+    path: str = field(metadata=_PATH)
+    samples: int = field(metadata=_COUNT)
+    bytes: int = field(metadata=_COUNT)
+    sha256: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkippedInput(JsonRecord):
+    """An input not sharded (a reject, a symbolic link not followed): its path under
+    SRC and why."""
+
+    source: str
+    reason: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitEntry(JsonRecord):
+    """One split: its counts (``accepted + rejected == inputs``), its samples per
+    class name, its index and shards, and the inputs it left out."""
+
+    num_samples: int = field(metadata=_COUNT)
+    accepted: int = field(metadata=_COUNT)
+    rejected: int = field(metadata=_COUNT)
+    reencoded: int | None = field(default=None, metadata=_COUNT)
+    ignored: int = field(metadata=_COUNT)
+    inputs: int = field(metadata=_COUNT)
+    per_class: dict[str, int]
+    index: str = field(metadata=_PATH)
+    index_version: int | None = field(default=None, metadata=_COUNT)
+    shards: tuple[ShardEntry, ...] = field(metadata=spec(expected="a list of shards"))
+    rejects: tuple[SkippedInput, ...]
+    skipped_links: tuple[SkippedInput, ...] | None = None
+    empty_classes: tuple[str, ...] | None = None
+    index_sha256: str | None = None
+    lmdb: LmdbEntry | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest(JsonRecord):
+    """What a shard directory holds (``manifest.json``): the label of a sample is the
+    index of its class in ``classes``; ``options`` are the sharder's, as it recorded
+    them (:meth:`sharder.config.ShardConfig.options`)."""
+
+    format_version: int
+    layout: str
+    source: str
+    classes: tuple[str, ...] = field(metadata=spec(expected="a list of class names", item="a class name (a string)"))
+    splits: dict[str, SplitEntry] = field(metadata=spec(expected="an object of splits", check=_no_splits))
+    options: dict[str, Any]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def parse_manifest(value: object, path: Root | str) -> Manifest:
+    """The manifest held by JSON value ``value`` (read from ``path``, for messages).
+
+    Raises:
+        DataError: not a JSON object, a format version this code does not read, or a
+            field of another type (names ``path`` and the field, e.g.
+            ``splits.train.num_samples``).
+    """
+    if isinstance(value, dict) and value.get("format_version") not in FORMAT_VERSIONS:
+        expected = " or ".join(str(v) for v in FORMAT_VERSIONS)
+        raise DataError(f"{path}: format_version {value.get('format_version')!r}, expected {expected}")
+    try:
+        return Manifest.from_json(value, expected="a JSON object")
+    except RecordError as e:
+        raise DataError(f"{path}: {e}") from e
+
+
+def read_manifest(root: Root) -> Manifest:
+    """The manifest of shard directory ``root``.
+
+    Raises:
+        NotFound: ``root`` or its manifest does not exist (not a shard directory, or an
+            unfinished run).
+        DataError: unreadable JSON, or as :func:`parse_manifest`.
+    """
+    if not root.is_dir():
+        raise NotFound(f"{root}: no such shard directory")
+    path = root / MANIFEST_NAME
+    if not path.is_file():
+        raise NotFound(f"{path} does not exist (not a shard directory, or sharding did not finish)")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: unreadable manifest: {e}") from e
+    return parse_manifest(value, path)

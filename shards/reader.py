@@ -23,7 +23,7 @@ from core.errors import DataError, Located, SampleCorrupt, SamplesUnreadable, Un
 from shards.index import IndexColumns, check_split_shards, read_columns
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
-from shards.manifest import read_served_manifest
+from shards.manifest import Manifest, read_manifest
 from shards.objects import ObjectUrl, is_remote
 from shards.ranged import RemoteAccess, RemoteShards, RequestPool, cache_entries
 from shards.remote_root import RemoteRoot
@@ -326,10 +326,10 @@ class ShardDataset:
             url = root if isinstance(root, ObjectUrl) else ObjectUrl.parse(str(root))
             return cls._open_remote(name, url, remote or RemoteAccess(), recheck_s)
         root = Path(root)
-        manifest = read_served_manifest(root)
-        classes = list(manifest["classes"])
+        manifest = read_manifest(root)
+        classes = list(manifest.classes)
         splits = {}
-        for split, info in manifest["splits"].items():
+        for split, info in manifest.splits.items():
             check_split_shards(root, split, info)
             columns = read_columns(root, split, info, len(classes), allowed_links)
             splits[split] = SplitIndex(root, split, columns, recheck_s, allowed_links=allowed_links)
@@ -341,11 +341,11 @@ class ShardDataset:
         :mod:`shards.remote_root`); one request pool for the dataset's splits."""
         store = ObjectStore(url, remote.options, remote.counters, remote.stopping)
         top = RemoteRoot(store).path()
-        manifest = read_served_manifest(top)
-        classes = list(manifest["classes"])
+        manifest = read_manifest(top)
+        classes = list(manifest.classes)
         pool = RequestPool(remote.max_requests, f"feeder-get-{name}")
         splits = {}
-        for split, info in manifest["splits"].items():
+        for split, info in manifest.splits.items():
             check_split_shards(top, split, info)
             columns = read_columns(top, split, info, len(classes))
             entries = cache_entries(url, info, columns.shards, checked=columns.checksums is not None)
@@ -354,8 +354,10 @@ class ShardDataset:
         return cls._checked(name, url, manifest, splits)
 
     @classmethod
-    def _checked(cls, name: str, root: Path | ObjectUrl, manifest: dict, splits: dict[str, SplitIndex]) -> ShardDataset:
-        """The dataset, with the digest of its manifest as its identity."""
-        identity = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-        return cls(name=name, root=root, classes=list(manifest["classes"]), splits=splits, manifest_sha256=identity)
+    def _checked(cls, name: str, root: Path | ObjectUrl, manifest: Manifest,
+                 splits: dict[str, SplitIndex]) -> ShardDataset:
+        """The dataset, with the digest of its manifest as its identity (its JSON,
+        every key it holds, with sorted keys)."""
+        identity = hashlib.sha256(json.dumps(manifest.to_json(), sort_keys=True).encode()).hexdigest()
+        return cls(name=name, root=root, classes=list(manifest.classes), splits=splits, manifest_sha256=identity)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
+from shards.manifest import SplitEntry
 from shards.objects import ObjectUrl
 from shards.shard_cache import CachedShard, ShardCache
 from shards.store import StoreCounters, StoreOptions
@@ -30,18 +30,18 @@ class RemoteAccess:
     stopping: threading.Event = field(default_factory=threading.Event)  # set at shutdown: no more waits
 
 
-def cache_entries(url: ObjectUrl, info: dict[str, Any], shards: list[str],
+def cache_entries(url: ObjectUrl, info: SplitEntry, shards: list[str],
                   checked: bool = True) -> list[CachedShard | None]:
     """Per tar of ``shards``, what the cache knows it by: its sha256 and size from
-    the split's manifest entry ``info`` (None for a tar listed without them);
+    the split's manifest entry ``info`` (None for a tar the split does not list, or
+    with a sha256 that is not 64 hex digits long);
     ``checked``: the split's index has per-sample checksums."""
-    listed = {str(s["path"]): s for s in info.get("shards", []) if isinstance(s, dict)}
+    listed = {s.path: s for s in info.shards}
     found: list[CachedShard | None] = []
     for shard in shards:
-        entry = listed.get(shard, {})
-        sha256, size = entry.get("sha256"), entry.get("bytes")
-        if isinstance(sha256, str) and len(sha256) == 64 and isinstance(size, int):
-            found.append(CachedShard(sha256, size, str(url / shard), checked))
+        entry = listed.get(shard)
+        if entry is not None and len(entry.sha256) == 64:
+            found.append(CachedShard(entry.sha256, entry.bytes, str(url / shard), checked))
         else:
             found.append(None)
     return found

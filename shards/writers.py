@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from shards.datum import encode_datum
 from shards.layout import INDEX_VERSION, file_sha256, fsync_dir, index_schema, sample_checksum
+from shards.manifest import Manifest
 
 __all__ = [
     "LmdbWriter",
@@ -47,6 +48,7 @@ __all__ = [
     "ustar_header",
     "write_index",
     "write_json_atomic",
+    "write_manifest",
 ]
 
 _BLOCK = 512
@@ -306,6 +308,16 @@ def write_json_atomic(path: Path, obj: Any, *, indent: int | None = 1) -> None:
     """
     text = json.dumps(obj, indent=indent) + "\n"
     _write_durably(path, lambda temp: temp.write_bytes(text.encode("utf-8")))
+
+
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``path`` (``OUT/manifest.json``) as :func:`write_json_atomic`
+    does: the only writer of manifests, read back by :func:`shards.manifest.read_manifest`.
+
+    Raises:
+        OSError: the file cannot be written (names ``path``).
+    """
+    write_json_atomic(path, manifest.to_json())
 
 
 def _write_durably(path: Path, write: Callable[[Path], Any]) -> None:

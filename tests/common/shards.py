@@ -7,12 +7,14 @@ it takes about a second). Calls with the same root and arguments reuse the resul
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
 from shards.layout import MANIFEST_NAME, file_sha256, index_path
+from shards.manifest import read_manifest
+from shards.writers import write_manifest
 
 __all__ = ["build_sample_shards", "build_sample_tree", "seal_index"]
 
@@ -76,6 +78,6 @@ def seal_index(root: Path, split: str) -> None:
     """Record the index of ``split`` as it is now in the manifest's ``index_sha256``, as
     if the dataset had been sharded with it: for tests of what the reader does with an
     index of a given content, past the check that it is the manifest's."""
-    manifest = json.loads((root / MANIFEST_NAME).read_text())
-    manifest["splits"][split]["index_sha256"] = file_sha256(index_path(root, split))
-    (root / MANIFEST_NAME).write_text(json.dumps(manifest))
+    manifest = read_manifest(root)
+    entry = replace(manifest.splits[split], index_sha256=file_sha256(index_path(root, split)))
+    write_manifest(root / MANIFEST_NAME, replace(manifest, splits={**manifest.splits, split: entry}))

@@ -135,7 +135,7 @@ def test_a_damaged_index_is_one_problem_and_exit_1(
 
 @pytest.mark.parametrize(("manifest", "message"), [
     ([], "manifest.json: expected a JSON object, got a list"),
-    ({"format_version": 1, "classes": [], "splits": []},
+    ({"format_version": 1, "layout": "folders", "source": "src", "classes": [], "splits": []},
      "manifest.json: splits: expected an object of splits, got a list"),
 ])
 def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_1(

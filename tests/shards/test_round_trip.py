@@ -11,7 +11,6 @@ import pytest
 
 from shards.index import read_index, read_manifest
 from shards.layout import (
-    FORMAT_VERSION,
     INDEX_VERSION,
     LMDB_DIR,
     MANIFEST_NAME,
@@ -19,9 +18,10 @@ from shards.layout import (
     sample_checksum,
     shard_name,
 )
+from shards.manifest import FORMAT_VERSION, Manifest, ShardEntry, SplitEntry
 from shards.members import idx_members, label_offset, read_lmdb_sample, tar_members
 from shards.reader import ShardDataset
-from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, write_index, write_json_atomic
+from shards.writers import LmdbWriter, Sample, TarShardWriter, file_sha256, write_index, write_manifest
 
 
 def _samples(count: int) -> list[Sample]:
@@ -50,23 +50,26 @@ def _write(root: Path, samples: list[Sample], version: int = INDEX_VERSION) -> N
                                                 stored.half_checksum)):
                     rows[column].append(value)
             writer.finish()
-        shards.append({"path": f"train/{tar.name}", "index": f"train/{tar.with_suffix('.idx').name}",
-                       "samples": len(part), "bytes": tar.stat().st_size, "sha256": file_sha256(tar)})
+        shards.append(ShardEntry(path=f"train/{tar.name}", index=f"train/{tar.with_suffix('.idx').name}",
+                                 samples=len(part), bytes=tar.stat().st_size, sha256=file_sha256(tar)))
     with LmdbWriter(split / LMDB_DIR, map_size_bytes=1 << 24) as lmdb_writer:
         for sample in samples:
             lmdb_writer.write(sample)
         lmdb_writer.finish()
     write_index(index_path(root, "train"), rows, version)
-    write_json_atomic(root / MANIFEST_NAME, {
-        "format_version": FORMAT_VERSION, "classes": [str(c) for c in range(7)],
-        "splits": {"train": {"num_samples": len(samples), "shards": shards}}})
+    n = len(samples)
+    entry = SplitEntry(num_samples=n, accepted=n, rejected=0, ignored=0, inputs=n, per_class={},
+                       index="train/index.parquet", shards=tuple(shards), rejects=())
+    write_manifest(root / MANIFEST_NAME, Manifest(format_version=FORMAT_VERSION, layout="folders", source="src",
+                                                  classes=tuple(str(c) for c in range(7)),
+                                                  splits={"train": entry}, options={}))
 
 
 def test_written_samples_read_back_unchanged(tmp_path: Path) -> None:
     samples = _samples(12)
     _write(tmp_path, samples)
 
-    assert read_manifest(tmp_path)["splits"]["train"]["num_samples"] == 12
+    assert read_manifest(tmp_path).splits["train"].num_samples == 12
     split = ShardDataset.open("t", tmp_path).splits["train"]
     assert split.keys == [s.key for s in samples]
     assert split.labels.tolist() == [s.label for s in samples]
