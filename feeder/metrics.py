@@ -167,10 +167,13 @@ class ServerMetrics:
         self._queued.dec()
         self._queued_bytes.dec(nbytes)
 
-    def memory_reserved(self, reserved_bytes: int, budget_bytes: int) -> None:
-        """What the open streams are estimated to hold now, against ``--max-memory-bytes``."""
-        self._reserved.set(reserved_bytes)
+    def memory_budget_set(self, budget_bytes: int) -> None:
+        """The ``--max-memory-bytes`` budget the open streams are admitted against."""
         self._memory_budget.set(budget_bytes)
+
+    def memory_reserved(self, reserved_bytes: int) -> None:
+        """What the open streams are estimated to hold now."""
+        self._reserved.set(reserved_bytes)
 
     def stream_refused(self, reason: str) -> None:
         self.refused.labels(reason=reason).inc()

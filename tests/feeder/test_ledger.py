@@ -97,6 +97,8 @@ def test_a_served_stream_is_counted_alike_in_the_three_places(private_server):
     stats = server.metrics.stats()
     assert (stats.images_served, stats.batches_served, stats.streams_opened) == (8, 2, 1)
     assert stats.bytes_sent == 8 * 16 * 16 * 3
+    value = server.metrics.registry.get_sample_value
+    assert (value("feeder_queued_batches"), value("feeder_queued_bytes")) == (0, 0), "a batch queued was never taken"
 
 
 def test_a_total_counted_without_its_labels_is_refused_by_name():
