@@ -148,7 +148,7 @@ class Admission(Generic[Stream]):
         self._accepting = True
         self._refused_s: float | None = None  # when a shared resource last ran out
         self._lock = threading.Lock()
-        metrics.memory_budget.set(config.max_memory_bytes)
+        metrics.memory_budget_set(config.max_memory_bytes)
 
     def check(self, client: Client, job: str, need_bytes: int) -> None:
         """Raise what :meth:`admit` would raise now (to refuse before building)."""
@@ -171,7 +171,7 @@ class Admission(Generic[Stream]):
             self._per_address[ticket.client.address] += 1
             self._per_job[ticket.job] += 1
             self._reserved_bytes += ticket.need_bytes
-            self._metrics.reserved.set(self._reserved_bytes)
+            self._metrics.memory_reserved(self._reserved_bytes)
 
     def release(self, stream: Stream) -> Ticket | None:
         """Forget ``stream`` and give back what it reserved; its ticket, if it had one."""
@@ -182,7 +182,7 @@ class Admission(Generic[Stream]):
                 self._per_address -= Counter({ticket.client.address: 1})
                 self._per_job -= Counter({ticket.job: 1})
                 self._reserved_bytes -= ticket.need_bytes
-                self._metrics.reserved.set(self._reserved_bytes)
+                self._metrics.memory_reserved(self._reserved_bytes)
             return ticket
 
     def ran_out(self, reason: str) -> None:

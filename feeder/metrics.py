@@ -1,13 +1,12 @@
 """Counters of one daemon: exported to Prometheus (a registry per server, so several
-servers in one process do not collide) and summarised for the ``GetStats`` RPC."""
+servers in one process do not collide). The totals ``GetStats`` reports are declared
+once, in :mod:`feeder.ledger`; callers count through the methods here."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -16,7 +15,8 @@ from prometheus_client import (
     Gauge,
     Histogram,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from feeder.ledger import Ledger, Stats
 
 if TYPE_CHECKING:
     from feeder.decoded_cache import CacheUsage
@@ -29,77 +29,18 @@ _FAILED_NAMED = 16  # bad samples GetStats names (the latest found)
 _STAGE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 
 
-@dataclass(frozen=True)
-class Stats:
-    """Totals since the daemon started (``GetStats``)."""
-
-    images_served: int
-    batches_served: int
-    bytes_sent: int
-    open_streams: int
-    streams_opened: int
-    errors: int
-    uptime_s: float
-    samples_skipped: int
-    samples_failed: int = 0
-    failed_keys: tuple[str, ...] = ()
-    pipelines: int = 0
-    decoded_cache_hits: int = 0
-    decoded_cache_misses: int = 0
-    decoded_cache_bypassed: int = 0
-    decoded_cache_entries: int = 0
-    decoded_cache_bytes: int = 0
-    decoded_cache_budget_bytes: int = 0
-    gpu_batches: int = 0
-    gpu_host_copies: int = 0
-    store_requests: int = 0
-    store_retries: int = 0
-    store_failures: int = 0
-    store_bytes_fetched: int = 0
-    shard_cache_hits: int = 0
-    shard_cache_misses: int = 0
-    shard_cache_downloads: int = 0
-    shard_cache_download_failures: int = 0
-    shard_cache_evictions: int = 0
-    shard_cache_shards: int = 0
-    shard_cache_bytes: int = 0
-    shard_cache_budget_bytes: int = 0
-
-
-class _RemoteCollector:
-    """The store's and the shard cache's counters, read when Prometheus scrapes."""
-
-    def __init__(self, counters: StoreCounters, cache: ShardCache | None) -> None:
-        self._counters, self._cache = counters, cache
-
-    def describe(self) -> list[Metric]:
-        return []  # collected on each scrape, not at registration
-
-    def collect(self) -> Iterator[Metric]:
-        store = self._counters.snapshot()
-        for name, key, text in (
-            ("feeder_store_requests", "requests", "Requests made to object stores (ranged GETs, downloads, lists)."),
-            ("feeder_store_retries", "retries", "Requests to object stores retried after a transient failure."),
-            ("feeder_store_failures", "failures", "Requests to object stores that failed for good, or gave up."),
-            ("feeder_store_bytes_fetched", "bytes", "Bytes read from (or written to) object stores."),
-        ):
-            yield CounterMetricFamily(name, text, value=store[key])
-        if self._cache is None:
-            return
-        usage = self._cache.usage()
-        samples = CounterMetricFamily("feeder_shard_cache_samples", "Samples of remote datasets by where they "
-                                      "were read: hit (the node-local copy), miss (ranged GETs).", labels=["outcome"])
-        samples.add_metric(["hit"], usage.hits)
-        samples.add_metric(["miss"], usage.misses)
-        yield samples
-        yield CounterMetricFamily("feeder_shard_cache_downloads", "Shards fetched whole and cached.",
-                                  value=usage.downloads)
-        yield CounterMetricFamily("feeder_shard_cache_evictions", "Cached shards evicted past --cache-bytes.",
-                                  value=usage.evictions)
-        yield GaugeMetricFamily("feeder_shard_cache_bytes", "Bytes of shards in the node-local cache.",
-                                value=usage.cached_bytes)
-        yield GaugeMetricFamily("feeder_shard_cache_budget_bytes", "The shard cache's budget (--cache-bytes; "
-                                "lowered to what it holds when its disk is full).", value=usage.budget_bytes)
+def _remote_totals(counters: StoreCounters, cache: ShardCache | None) -> dict[str, float]:
+    """The object stores' counters and the shard cache's, by their ``TOTALS`` names."""
+    store = counters.snapshot()
+    found: dict[str, float] = {"store_requests": store["requests"], "store_retries": store["retries"],
+                               "store_failures": store["failures"], "store_bytes_fetched": store["bytes"]}
+    if cache is not None:
+        usage = cache.usage()
+        found |= {"shard_cache_hits": usage.hits, "shard_cache_misses": usage.misses,
+                  "shard_cache_downloads": usage.downloads, "shard_cache_download_failures": usage.download_failures,
+                  "shard_cache_evictions": usage.evictions, "shard_cache_shards": usage.cached_shards,
+                  "shard_cache_bytes": usage.cached_bytes, "shard_cache_budget_bytes": usage.budget_bytes}
+    return found
 
 
 class ServerMetrics:
@@ -109,40 +50,20 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         self._started_s = time.monotonic()
         self._lock = threading.Lock()
-        self._totals = dict(
-            images=0, batches=0, bytes=0, open=0, opened=0, errors=0, skipped=0, failed=0, pipelines=0,
-            gpu_batches=0, gpu_host_copies=0,
-        )
         self._failed_names: deque[str] = deque(maxlen=_FAILED_NAMED)
-        self._cache = dict(hits=0, misses=0, bypassed=0, entries=0, bytes=0, budget_bytes=0)
-        self._remote: tuple[StoreCounters, ShardCache | None] | None = None
+        self.ledger = Ledger()  # the totals of GetStats, exported under their TOTALS rows' families
+        self.registry.register(self.ledger)
+        self.ledger.read_from(lambda: {"uptime_s": time.monotonic() - self._started_s})
         r = self.registry
-        self.images = Counter("feeder_images", "Images sent to clients.", registry=r)
-        self.batches = Counter("feeder_batches", "Batches sent to clients.", registry=r)
-        self.bytes = Counter("feeder_bytes_sent", "Image bytes sent to clients.", registry=r)
-        self.errors = Counter("feeder_errors", "Streams ended by an error.", ["kind"], registry=r)
-        self.skipped = Counter(
-            "feeder_samples_skipped", "Samples skipped by the drop policy.", registry=r
-        )
-        self.failed = Counter(
-            "feeder_samples_failed", "Samples that could not be served (undecodable or over --max-pixels) "
-            "and were replaced by a repeat of another sample.", ["dataset", "split"], registry=r,
-        )
         self.retries = Counter(
             "feeder_decode_retries", "Pipeline runs repeated after samples failed to decode.", registry=r
         )
-        self.gpu_outputs = Counter(
-            "feeder_gpu_batches", "Batches decoded on a GPU, by where they went: 'device' (straight into "
-            "the client's CUDA IPC slot) or 'host' (copied through host memory).", ["to"], registry=r,
-        )
-        self.pipelines = Gauge("feeder_pipelines", "Built pipelines, lent to streams or idle.", registry=r)
-        self.open_streams = Gauge("feeder_open_streams", "Streams open now.", registry=r)
-        self.queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
-        self.queued_bytes = Gauge("feeder_queued_bytes", "Bytes of ready batches in stream queues.", registry=r)
-        self.reserved = Gauge(
+        self._queued = Gauge("feeder_queued_batches", "Ready batches waiting in stream queues.", registry=r)
+        self._queued_bytes = Gauge("feeder_queued_bytes", "Bytes of ready batches in stream queues.", registry=r)
+        self._reserved = Gauge(
             "feeder_reserved_bytes", "Estimated memory of the open streams (see --max-memory-bytes).", registry=r
         )
-        self.memory_budget = Gauge("feeder_memory_budget_bytes", "The --max-memory-bytes budget.", registry=r)
+        self._memory_budget = Gauge("feeder_memory_budget_bytes", "The --max-memory-bytes budget.", registry=r)
         self.refused = Counter(
             "feeder_streams_refused", "Streams refused by a limit.", ["reason"], registry=r
         )
@@ -165,13 +86,6 @@ class ServerMetrics:
         self.idle_cancelled = Counter(
             "feeder_streams_idle_cancelled", "Streams cancelled after --idle-timeout-s unread.", registry=r
         )
-        self.cache_lookups = Counter(
-            "feeder_decoded_cache_samples", "Samples by what the decoded cache did: hit, miss "
-            "(decoded from JPEG), bypassed (image size above the cached side).", ["outcome"], registry=r,
-        )
-        self.cache_entries = Gauge("feeder_decoded_cache_entries", "Images in the decoded cache.", registry=r)
-        self.cache_bytes = Gauge("feeder_decoded_cache_bytes", "Bytes the decoded cache holds.", registry=r)
-        self.cache_budget = Gauge("feeder_decoded_cache_budget_bytes", "Decoded cache budget.", registry=r)
         self.stream_threads = Gauge(
             "feeder_stream_threads", "Decode threads each open stream kept busy over the last interval: its "
             "share of --threads (DALI's own threads not counted).", ["stream"], registry=r,
@@ -237,18 +151,29 @@ class ServerMetrics:
             except KeyError:
                 pass  # never reported
 
-    def _add(self, **amounts: int) -> None:
-        with self._lock:
-            for name, amount in amounts.items():
-                self._totals[name] += amount
-
     def stream_opened(self) -> None:
-        self._add(open=1, opened=1)
-        self.open_streams.inc()
+        self.ledger.add({"open_streams": 1, "streams_opened": 1})
 
     def stream_closed(self) -> None:
-        self._add(open=-1)
-        self.open_streams.dec()
+        self.ledger.add({"open_streams": -1})
+
+    def batch_queued(self, nbytes: int) -> None:
+        """A ready batch of ``nbytes`` image bytes entered a stream's queue."""
+        self._queued.inc()
+        self._queued_bytes.inc(nbytes)
+
+    def batch_dequeued(self, nbytes: int) -> None:
+        """A ready batch of ``nbytes`` image bytes left a stream's queue (sent or dropped)."""
+        self._queued.dec()
+        self._queued_bytes.dec(nbytes)
+
+    def memory_budget_set(self, budget_bytes: int) -> None:
+        """The ``--max-memory-bytes`` budget the open streams are admitted against."""
+        self._memory_budget.set(budget_bytes)
+
+    def memory_reserved(self, reserved_bytes: int) -> None:
+        """What the open streams are estimated to hold now."""
+        self._reserved.set(reserved_bytes)
 
     def stream_refused(self, reason: str) -> None:
         self.refused.labels(reason=reason).inc()
@@ -270,23 +195,17 @@ class ServerMetrics:
         self.idle_cancelled.inc()
 
     def batch_sent(self, images: int, nbytes: int) -> None:
-        self._add(images=images, batches=1, bytes=nbytes)
-        self.images.inc(images)
-        self.batches.inc()
-        self.bytes.inc(nbytes)
+        self.ledger.add({"images_served": images, "batches_served": 1, "bytes_sent": nbytes})
 
     def error(self, kind: str) -> None:
-        self._add(errors=1)
-        self.errors.labels(kind=kind).inc()
+        self.ledger.add({"errors": 1}, kind=kind)
 
     def samples_skipped(self, count: int) -> None:
-        self._add(skipped=count)
-        self.skipped.inc(count)
+        self.ledger.add({"samples_skipped": count})
 
     def samples_failed(self, dataset: str, split: str, count: int) -> None:
         """``count`` samples of a batch were replaced (``--on-error skip``)."""
-        self._add(failed=count)
-        self.failed.labels(dataset=dataset, split=split).inc(count)
+        self.ledger.add({"samples_failed": count}, dataset=dataset, split=split)
 
     def bad_sample_found(self, name: str) -> None:
         """A sample found bad for the first time (``dataset/split/key: reason``)."""
@@ -295,15 +214,12 @@ class ServerMetrics:
 
     def pipelines_held(self, count: int) -> None:
         """Pipelines built and not yet dropped, now."""
-        with self._lock:
-            self._totals["pipelines"] = count
-        self.pipelines.set(count)
+        self.ledger.set({"pipelines": count})
 
     def gpu_batches(self, count: int, via_host: int) -> None:
         """``count`` batches decoded on a GPU, ``via_host`` of them copied to host memory."""
-        self._add(gpu_batches=count, gpu_host_copies=via_host)
-        self.gpu_outputs.labels(to="device").inc(count - via_host)
-        self.gpu_outputs.labels(to="host").inc(via_host)
+        self.ledger.add({"gpu_batches": count - via_host}, to="device")
+        self.ledger.add({"gpu_host_copies": via_host})
 
     def decode_retried(self) -> None:
         self.retries.inc()
@@ -327,58 +243,20 @@ class ServerMetrics:
     def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None:
         """Samples a batch found, missed or bypassed in the decoded cache, and what it
         holds now."""
-        with self._lock:
-            c = self._cache
-            c["hits"], c["misses"], c["bypassed"] = c["hits"] + hits, c["misses"] + misses, c["bypassed"] + bypassed
-            c["entries"], c["bytes"], c["budget_bytes"] = usage.entries, usage.used_bytes, usage.budget_bytes
-        for outcome, count in (("hit", hits), ("miss", misses), ("bypassed", bypassed)):
-            if count:
-                self.cache_lookups.labels(outcome=outcome).inc(count)
-        self.cache_entries.set(usage.entries)
-        self.cache_bytes.set(usage.used_bytes)
-        self.cache_budget.set(usage.budget_bytes)
+        self.ledger.add({"decoded_cache_hits": hits, "decoded_cache_misses": misses,
+                         "decoded_cache_bypassed": bypassed})
+        self.ledger.set({"decoded_cache_entries": usage.entries, "decoded_cache_bytes": usage.used_bytes,
+                         "decoded_cache_budget_bytes": usage.budget_bytes})
 
     def watch_remote(self, counters: StoreCounters, cache: ShardCache | None) -> None:
         """Report the object stores' counters and the shard cache (``GetStats``, and
         the ``feeder_store_*`` and ``feeder_shard_cache_*`` metrics)."""
-        self._remote = (counters, cache)
-        self.registry.register(_RemoteCollector(counters, cache))
-
-    def _remote_stats(self) -> dict[str, int]:
-        if self._remote is None:
-            return {}
-        counters, cache = self._remote
-        found = {f"store_{name}": value for name, value in counters.snapshot().items()}
-        found["store_bytes_fetched"] = found.pop("store_bytes")
-        if cache is not None:
-            usage = cache.usage()
-            found |= {f"shard_cache_{name}": value for name, value in usage._asdict().items()}
-            found["shard_cache_shards"] = found.pop("shard_cache_cached_shards")
-            found["shard_cache_bytes"] = found.pop("shard_cache_cached_bytes")
-        return found
+        self.ledger.read_from(lambda: _remote_totals(counters, cache))
 
     def stage(self, name: str, seconds: float) -> None:
         self.stage_s.labels(stage=name).observe(seconds)
 
     def stats(self) -> Stats:
         with self._lock:
-            t = dict(self._totals)
             failed_names = tuple(self._failed_names)
-            cache = {f"decoded_cache_{name}": value for name, value in self._cache.items()}
-        return Stats(
-            images_served=t["images"],
-            batches_served=t["batches"],
-            bytes_sent=t["bytes"],
-            open_streams=t["open"],
-            streams_opened=t["opened"],
-            errors=t["errors"],
-            uptime_s=time.monotonic() - self._started_s,
-            samples_skipped=t["skipped"],
-            samples_failed=t["failed"],
-            failed_keys=failed_names,
-            pipelines=t["pipelines"],
-            **cache,
-            gpu_batches=t["gpu_batches"],
-            gpu_host_copies=t["gpu_host_copies"],
-            **self._remote_stats(),
-        )
+        return Stats(self.ledger.values(), failed_names)

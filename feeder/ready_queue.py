@@ -12,17 +12,10 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Protocol
 
 import numpy as np
 
 __all__ = ["ReadyQueue", "item_bytes"]
-
-
-class _Gauge(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-    def dec(self, amount: float = 1) -> None: ...
 
 
 def item_bytes(item: object) -> int:
@@ -37,14 +30,12 @@ class ReadyQueue:
     Args:
         max_items: bound in items (>= 1).
         max_bytes: bound in bytes, as counted by :func:`item_bytes`.
-        bytes_gauge: kept equal to the bytes queued across queues sharing it.
     """
 
-    def __init__(self, max_items: int, max_bytes: int, bytes_gauge: _Gauge | None = None) -> None:
+    def __init__(self, max_items: int, max_bytes: int) -> None:
         self._max_items, self._max_bytes = max_items, max_bytes
         self._items: deque[tuple[object, int]] = deque()
         self._bytes = 0
-        self._gauge = bytes_gauge
         self._changed = threading.Condition()
 
     @property
@@ -74,8 +65,6 @@ class ReadyQueue:
             self._items.append((item, size))
             self._bytes += size
             self._changed.notify_all()
-        if self._gauge is not None:
-            self._gauge.inc(size)
 
     def get(self, timeout: float | None = None) -> object:
         """Take the oldest item, waiting up to ``timeout`` seconds for one.
@@ -93,8 +82,6 @@ class ReadyQueue:
             item, size = self._items.popleft()
             self._bytes -= size
             self._changed.notify_all()
-        if self._gauge is not None:
-            self._gauge.dec(size)
         return item
 
     def get_nowait(self) -> object:

@@ -3,7 +3,6 @@ No decisions are made here; errors map through ``core.errors``."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import NoReturn
@@ -74,7 +73,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
         return feeder_pb2.ReleaseResponse(released=released)
 
     def GetStats(self, request, context):  # noqa: N802
-        return feeder_pb2.StatsResponse(**dataclasses.asdict(self.service.metrics.stats()))
+        return feeder_pb2.StatsResponse(**self.service.metrics.stats().fields())
 
 
 def add_to_server(servicer: FeederServicer, server: grpc.Server) -> None:

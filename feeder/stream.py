@@ -21,7 +21,7 @@ from core.errors import FeederError
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
 from feeder.producer import Producer, ReadyBatch, StreamContext
-from feeder.ready_queue import ReadyQueue
+from feeder.ready_queue import ReadyQueue, item_bytes
 from protocol.plan import BatchSlice
 from transport.base import BatchSender, Slot, TransportClosed
 
@@ -71,7 +71,7 @@ class BatchStream:
         self._slices = slices
         self._metrics = metrics
         self._resources = ExitStack()  # what the stream owns (see own())
-        self._queue = ReadyQueue(context.queue_batches, context.queue_bytes, metrics.queued_bytes)
+        self._queue = ReadyQueue(context.queue_batches, context.queue_bytes)
         self._stop = threading.Event()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -186,8 +186,7 @@ class BatchStream:
                 item = self._queue.get(timeout=_POLL_S)
             except queue.Empty:
                 continue
-            if isinstance(item, ReadyBatch):
-                self._metrics.queued.dec()
+            self._dequeued(item)
             return item
         return _END
 
@@ -198,7 +197,7 @@ class BatchStream:
             except queue.Full:
                 continue
             if isinstance(item, ReadyBatch):
-                self._metrics.queued.inc()
+                self._metrics.batch_queued(item_bytes(item))
             return True
         return False
 
@@ -208,8 +207,11 @@ class BatchStream:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, ReadyBatch):
-                self._metrics.queued.dec()
+            self._dequeued(item)
+
+    def _dequeued(self, item: object) -> None:
+        if isinstance(item, ReadyBatch):
+            self._metrics.batch_dequeued(item_bytes(item))
 
     def _slot_for(self, shape: tuple[int, ...]) -> Slot:
         """A slot of the stream's transport (waits while its ring is full: the
