@@ -78,7 +78,10 @@ def test_memory_is_flat_after_a_thousand_abandoned_streams(private_server):
         baseline = _rss_bytes()
         _open_and_abandon(stub, 1000)
         assert wait_for(lambda: server.service.open_streams() == 0)
-        assert _rss_bytes() - baseline < 16 << 20  # measured: about 3 MiB
+        # Measured every 250 streams, the growth is a sawtooth of 5 to 22 MiB that drops
+        # back every 750-1000 (something bounded filling and emptying), not a slope; 32
+        # MiB still fails a leak of 32 KiB a stream, far less than a stream's queue.
+        assert _rss_bytes() - baseline < 32 << 20
 
 
 def test_a_slow_client_fills_only_its_own_bounded_queue(private_server):
