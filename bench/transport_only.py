@@ -52,7 +52,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -66,34 +66,11 @@ import grpc  # noqa: E402
 import torch  # noqa: E402
 
 from bench.report import write_json  # noqa: E402
-from bench.transport_server import AIO, CEILING, GUARD, TODAY, UNLIMITED, premade, serve  # noqa: E402
+from bench.transport_server import AIO, CEILING, GUARD, TODAY, UNLIMITED, BenchConfig, premade, serve  # noqa: E402
 from protos import feeder_pb2  # noqa: E402
 from transport.heap import fit_messages  # noqa: E402
 
 _PATHS = ("memcpy", "shm", "grpc", TODAY, CEILING, *(f"{p}{s}" for s in (GUARD, AIO) for p in ("shm", "grpc")))
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """What to measure.
-
-    Attributes:
-        batch_sizes: Images per batch.
-        side_px: Image side (pixels), 3 channels, uint8.
-        batches: Batches per timed repeat.
-        warmup_batches: Batches received and discarded before timing: more than
-            ``ring_slots``, so every slot of a stream's new ring has been written once
-            (as memcpy's buffers are touched before it is timed).
-        repeats: Timed repeats per path and size (the median is reported).
-        ring_slots: Shared-memory ring depth.
-    """
-
-    batch_sizes: tuple[int, ...] = (64, 256)
-    side_px: int = 224
-    batches: int = 24
-    warmup_batches: int = 6
-    repeats: int = 5
-    ring_slots: int = 4
 
 
 def _to_host_before(message: feeder_pb2.Batch) -> torch.Tensor:

@@ -12,8 +12,9 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import numpy as np
@@ -21,10 +22,33 @@ import numpy as np
 from protos import feeder_pb2
 from transport.heap import fit_messages
 
-if TYPE_CHECKING:
-    from bench.transport_only import BenchConfig
+__all__ = [
+    "AIO", "CEILING", "GUARD", "TODAY", "UNLIMITED", "BenchConfig", "encode_before", "premade", "produced", "serve",
+]
 
-__all__ = ["AIO", "CEILING", "GUARD", "TODAY", "UNLIMITED", "encode_before", "premade", "produced", "serve"]
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure.
+
+    Attributes:
+        batch_sizes: Images per batch.
+        side_px: Image side (pixels), 3 channels, uint8.
+        batches: Batches per timed repeat.
+        warmup_batches: Batches received and discarded before timing: more than
+            ``ring_slots``, so every slot of a stream's new ring has been written once
+            (as memcpy's buffers are touched before it is timed).
+        repeats: Timed repeats per path and size (the median is reported).
+        ring_slots: Shared-memory ring depth.
+    """
+
+    batch_sizes: tuple[int, ...] = (64, 256)
+    side_px: int = 224
+    batches: int = 24
+    warmup_batches: int = 6
+    repeats: int = 5
+    ring_slots: int = 4
+
 
 _Batch = TypeVar("_Batch")
 UNLIMITED = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
