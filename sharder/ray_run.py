@@ -75,17 +75,30 @@ class RayTasks:
         wanted = _TASKS_PER_CPU * cpus if tasks_per_node is None else tasks_per_node * self.nodes
         self.in_flight = max(1, wanted)
 
-    def processed_in_order(self, options: tuple, source: Source, names: list[str]) -> Iterator[ProcessedImage]:
-        """The outcome for each input of ``names``, in the same order (see
-        ``sharder.normalise.processed_in_order``)."""
-        pending: deque[Any] = deque()
-        for start in range(0, len(names), _PER_TASK):
-            run = names[start:start + _PER_TASK]
-            pending.append(self._task.remote(source.for_names(run), run, options))
-            if len(pending) >= self.in_flight:
-                yield from self._ray.get(pending.popleft())
-        while pending:
-            yield from self._ray.get(pending.popleft())
+    def outcomes(self, options: tuple, splits: list[tuple[Source, list[str]]]) -> list[Iterator[ProcessedImage]]:
+        """Per split of ``splits`` (its reader, its input names), the outcome of each
+        input, in order; take the splits' outcomes one split after another. One
+        window of tasks runs over them all, so the next split's tasks start while the
+        last ones of a split still run (``options``: ``sharder.normalise.options_of``)."""
+        window: deque[tuple[int, Any]] = deque()
+        sent = self._sent(options, splits)
+        return [self._taken(number, window, sent) for number in range(len(splits))]
+
+    def _sent(self, options: tuple, splits: list[tuple[Source, list[str]]]) -> Iterator[tuple[int, Any]]:
+        """(split number, task) for each run of inputs, sent as it is asked for."""
+        for number, (source, names) in enumerate(splits):
+            for start in range(0, len(names), _PER_TASK):
+                run = names[start:start + _PER_TASK]
+                yield number, self._task.remote(source.for_names(run), run, options)  # its offsets only
+
+    def _taken(self, number: int, window: deque[tuple[int, Any]],
+               sent: Iterator[tuple[int, Any]]) -> Iterator[ProcessedImage]:
+        while True:
+            while len(window) < self.in_flight and (task := next(sent, None)) is not None:
+                window.append(task)
+            if not window or window[0][0] != number:
+                return
+            yield from self._ray.get(window.popleft()[1])
 
 
 # How long a cluster's address may take to accept a connection: Ray itself waits

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from pathlib import Path
@@ -24,13 +25,12 @@ from tqdm import tqdm
 from core.errors import DataError
 from sharder.config import ShardConfig
 from sharder.images import ProcessedImage
-from sharder.normalise import options_of, processed_in_order
-from sharder.ray_run import RayTasks
+from sharder.normalise import processed_in_order
 from sharder.sources import SourceFile, SplitSource
 from shards.layout import sample_checksum, shard_name
 from shards.writers import Sample, TarShardWriter, write_json_atomic
 
-__all__ = ["ShardRecord", "load_records", "sample_key", "shuffled", "write_split"]
+__all__ = ["ShardRecord", "load_records", "remaining_names", "sample_key", "shuffled", "write_split"]
 
 _KEY_STEM_CHARS = 48  # keep tar member names far below the 100-byte ustar limit
 _CHECKSUM_ROW = 9  # where a record's row has its checksums (see ShardRecord.rows)
@@ -149,8 +149,23 @@ class _RollingTarWriter:
             self.writer.abort()
 
 
+def _resume_point(config: ShardConfig, split: SplitSource, tar_root: Path,
+                  work_dir: Path) -> tuple[list[SourceFile], list[ShardRecord], int]:
+    """The split's write order, its finished shards, and where the next shard starts."""
+    order = shuffled(split.files, config.seed)
+    records = load_records(work_dir, tar_root)
+    return order, records, records[-1].consumed_end if records else 0
+
+
+def remaining_names(config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path) -> list[str]:
+    """The source names ``write_split`` has still to take from ``split``, in order."""
+    order, _, start = _resume_point(config, split, tar_root, work_dir)
+    return [f.source for f in order[start:]]
+
+
 def write_split(
-    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | RayTasks | None
+    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | None,
+    outcomes: Iterator[ProcessedImage] | None = None,
 ) -> list[ShardRecord]:
     """Write (or finish writing) the tars of ``split`` under ``tar_root/<split>/``.
 
@@ -160,8 +175,9 @@ def write_split(
         tar_root: OUT, or a staging folder when tars are not a requested format.
         work_dir: where finished shards are recorded for resume.
         bar: progress bar to advance by one per input; it shows the shards done.
-        pool: worker processes from ``worker_pool``, or Ray tasks from
-            ``sharder.ray_run.connect`` (None: work in this process).
+        pool: worker processes from ``worker_pool`` (None: work in this process).
+        outcomes: the outcome of each input of ``remaining_names``, in order, made
+            elsewhere (Ray tasks); None: made here, with ``pool``.
 
     Returns:
         The records of all shards of the split, in order.
@@ -171,16 +187,13 @@ def write_split(
     """
     (tar_root / split.name).mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
-    order = shuffled(split.files, config.seed)
-    records = load_records(work_dir, tar_root)
-    start = records[-1].consumed_end if records else 0
+    order, records, start = _resume_point(config, split, tar_root, work_dir)
     bar.update(start)
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
-    names = [f.source for f in remaining]
     shown_shards = -1
-    images = (pool.processed_in_order(options_of(config), split.reader, names) if isinstance(pool, RayTasks)
-              else processed_in_order(config, split.reader, names, pool))
+    images = (outcomes if outcomes is not None
+              else processed_in_order(config, split.reader, [f.source for f in remaining], pool))
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
             if len(records) != shown_shards:
