@@ -118,7 +118,10 @@ def _entry(header: bytes, at: int) -> Entry | None:
     kind_flag = header[156:157]
     if kind_flag not in _REGULAR and kind_flag != _DIRECTORY and kind_flag not in _OTHER:
         return None
-    name, prefix = _text(header[:100]), _text(header[345:500]) if header[257:262] == b"ustar" else ""
+    # The name prefix is POSIX ustar's ("ustar\0"); a GNU header ("ustar  \0") keeps
+    # other fields there (access and change times), as GNU tar reads it (tarfile
+    # would take them for a prefix).
+    name, prefix = _text(header[:100]), _text(header[345:500]) if header[257:263] == b"ustar\0" else ""
     name = f"{prefix}/{name}" if prefix else name
     kind = "dir" if kind_flag == _DIRECTORY or (kind_flag in _REGULAR and name.endswith("/")) else \
         "file" if kind_flag in _REGULAR else "other"

@@ -64,3 +64,18 @@ def test_garbage_is_not_a_tar(tmp_path: Path) -> None:
     path.write_bytes(b"PK\3\4 a zip file, say" * 100)
     with pytest.raises(TarDamaged, match="^not a tar file"):
         tar_entries(_window(path))
+
+
+def test_a_gnu_headers_times_are_not_taken_for_a_name_prefix(tmp_path: Path) -> None:
+    path = tmp_path / "gnu.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("n01440764_10026.JPEG")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"jpeg!"))
+    raw = bytearray(path.read_bytes())
+    raw[345:357] = b"14177242531\0"  # atime, where ustar keeps its name prefix (GNU tar --incremental)
+    raw[148:156] = b" " * 8
+    raw[148:155] = b"%06o\0" % sum(raw[:512])
+    path.write_bytes(bytes(raw))
+    # As GNU tar reads it (Python's tarfile takes the times for a prefix).
+    assert tar_entries(_window(path)) == [Entry("n01440764_10026.JPEG", "file", 512, 5)]
