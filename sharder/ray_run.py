@@ -1,11 +1,21 @@
-"""``feeder shard SRC OUT --ray ADDRESS``: the connection to a Ray cluster whose nodes
-read, normalise and write the shards (``sharder.ray_shards``).
+"""``feeder shard SRC OUT --ray ADDRESS``: the images read and normalised by Ray tasks
+spread over a cluster's nodes.
 
 This process (the driver) lists SRC and makes the seeded global order once, as a
-local run does; the tasks read their inputs where they lie (a shared file system,
-the image-net.org tars, an object store) and write OUT, which every node must reach.
-The output is byte-identical to a one-machine run with the same seed, whatever the
-number of nodes and tasks.
+local run does. Runs of consecutive inputs in that order become Ray tasks; each
+carries a reader of its own inputs only (their names and, for tars, their offsets),
+reads them where they lie (a shared file system, the image-net.org tars, an object
+store) and returns their outcomes. The driver takes the outcomes in order and rolls
+them into tars exactly as ``--workers`` does, so the output is byte-identical to a
+one-machine run with the same seed, whatever the number of nodes and tasks.
+
+A node that dies costs only the tasks it held: Ray runs them again on another node
+(and rebuilds an outcome it lost from the task that made it). A driver that dies is
+rerun with the same command and resumes from the shards it finished, as a local run.
+
+The driver's work per image is what a ``--workers`` run's writing process does less
+the normalising: receive the outcome, write it into the tar, hash it
+(``bench/shard.py --ray-nodes`` reports its CPU time per image).
 """
 
 from __future__ import annotations
@@ -13,21 +23,31 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from core.errors import ConfigError
+from sharder.images import ProcessedImage
+from sharder.normalise import process_files
+from sharder.source_reads import Source
 
 __all__ = ["RayTasks", "connect"]
 
 log = logging.getLogger(__name__)
 
-# Tasks of each kind in flight per CPU of the cluster when ``--ray-tasks-per-node`` is
-# not given. Sizes are taken in order, so a node done with its tasks while the oldest
-# one still runs elsewhere idles until it is taken; four keep the nodes' queues from
-# running dry behind a slow task.
+# Inputs per task: a task costs Ray about a millisecond to place and return (an
+# image's normalising); fewer per task leave less idle at a split's end.
+_PER_TASK = 32
+# Tasks in flight per CPU of the cluster when ``--ray-tasks-per-node`` is not given.
+# Outcomes are taken in order, so a node done with its tasks while the oldest one
+# still runs elsewhere idles until it is taken; four (about 1 MB each at 32 inputs
+# of ImageNet's size) keep the nodes' queues from running dry behind a slow task.
 _TASKS_PER_CPU = 4
+# Task retries when a node dies under a task (Ray's own default is 3): a run on a
+# cluster losing nodes one by one should still end.
+_MAX_RETRIES = 8
 
 
 def _ray() -> Any:
@@ -39,7 +59,7 @@ def _ray() -> Any:
 
 
 class RayTasks:
-    """A connected Ray cluster and how many tasks to keep in flight on it.
+    """Normalises inputs on a Ray cluster, ``tasks_per_node`` tasks in flight per node.
 
     Args:
         ray: the ``ray`` module, connected.
@@ -48,11 +68,37 @@ class RayTasks:
     """
 
     def __init__(self, ray: Any, tasks_per_node: int | None) -> None:
-        self.ray = ray
+        self._ray = ray
+        self._task = ray.remote(num_cpus=1, max_retries=_MAX_RETRIES)(process_files)
         self.nodes = sum(1 for node in ray.nodes() if node.get("Alive"))
         cpus = int(ray.cluster_resources().get("CPU", 1))
         wanted = _TASKS_PER_CPU * cpus if tasks_per_node is None else tasks_per_node * self.nodes
         self.in_flight = max(1, wanted)
+
+    def outcomes(self, options: tuple, splits: list[tuple[Source, list[str]]]) -> list[Iterator[ProcessedImage]]:
+        """Per split of ``splits`` (its reader, its input names), the outcome of each
+        input, in order; take the splits' outcomes one split after another. One
+        window of tasks runs over them all, so the next split's tasks start while the
+        last ones of a split still run (``options``: ``sharder.normalise.options_of``)."""
+        window: deque[tuple[int, Any]] = deque()
+        sent = self._sent(options, splits)
+        return [self._taken(number, window, sent) for number in range(len(splits))]
+
+    def _sent(self, options: tuple, splits: list[tuple[Source, list[str]]]) -> Iterator[tuple[int, Any]]:
+        """(split number, task) for each run of inputs, sent as it is asked for."""
+        for number, (source, names) in enumerate(splits):
+            for start in range(0, len(names), _PER_TASK):
+                run = names[start:start + _PER_TASK]
+                yield number, self._task.remote(source.for_names(run), run, options)  # its offsets only
+
+    def _taken(self, number: int, window: deque[tuple[int, Any]],
+               sent: Iterator[tuple[int, Any]]) -> Iterator[ProcessedImage]:
+        while True:
+            while len(window) < self.in_flight and (task := next(sent, None)) is not None:
+                window.append(task)
+            if not window or window[0][0] != number:
+                return
+            yield from self._ray.get(window.popleft()[1])
 
 
 # How long a cluster's address may take to accept a connection: Ray itself waits

@@ -5,20 +5,21 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm import tqdm
 
 from sharder.config import ShardConfig, progress_shown
+from sharder.images import ProcessedImage
 from sharder.lmdb_copy import copy_to_lmdb
-from sharder.normalise import worker_pool
+from sharder.normalise import options_of, worker_pool
 from sharder.out_dir import WORK_DIR, check_out_path, prepare_out, run_identity, write_errors_named
 from sharder.out_lock import OutLock
 from sharder.ray_run import RayTasks, connect
-from sharder.ray_shards import write_split_on_ray
 from sharder.sources import SourceTree, SplitSource, find_sources
-from sharder.split_writer import ShardRecord, write_split
+from sharder.split_writer import ShardRecord, remaining_names, write_split
 from shards import jpeg
 from shards.layout import (
     INDEX_VERSION,
@@ -181,10 +182,12 @@ def _write_splits(config: ShardConfig, tree: SourceTree) -> dict[str, SplitEntry
     pool_of = (connect(config.ray, config.ray_tasks_per_node) if config.ray is not None
                else worker_pool(config.workers, [split.reader for split in tree.splits]))
     with pool_of as pool, tqdm(total=total, unit="img", desc="shard", disable=not shown) as bar:
-        for split in tree.splits:
-            if isinstance(pool, RayTasks):
-                records = write_split_on_ray(pool.ray, pool.in_flight, config, split, tar_root, work / split.name, bar)
-            else:
-                records = write_split(config, split, tar_root, work / split.name, bar, pool)
+        outcomes: list[Iterator[ProcessedImage] | None] = [None] * len(tree.splits)
+        if isinstance(pool, RayTasks):  # one window of tasks over every split: none drains at a split's end
+            outcomes = list(pool.outcomes(options_of(config), [
+                (split.reader, remaining_names(config, split, tar_root, work / split.name)) for split in tree.splits]))
+        for split, images in zip(tree.splits, outcomes):
+            records = write_split(config, split, tar_root, work / split.name, bar,
+                                  None if isinstance(pool, RayTasks) else pool, images)
             splits[split.name] = _finish_split(config, tree, split, records, tar_root)
     return splits

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.pool import Pool
 from pathlib import Path
@@ -29,7 +30,7 @@ from sharder.sources import SourceFile, SplitSource
 from shards.layout import sample_checksum, shard_name
 from shards.writers import Sample, TarShardWriter, write_json_atomic
 
-__all__ = ["ShardRecord", "load_records", "sample_key", "shuffled", "write_split"]
+__all__ = ["ShardRecord", "load_records", "remaining_names", "sample_key", "shuffled", "write_split"]
 
 _KEY_STEM_CHARS = 48  # keep tar member names far below the 100-byte ustar limit
 _CHECKSUM_ROW = 9  # where a record's row has its checksums (see ShardRecord.rows)
@@ -156,8 +157,15 @@ def _resume_point(config: ShardConfig, split: SplitSource, tar_root: Path,
     return order, records, records[-1].consumed_end if records else 0
 
 
+def remaining_names(config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path) -> list[str]:
+    """The source names ``write_split`` has still to take from ``split``, in order."""
+    order, _, start = _resume_point(config, split, tar_root, work_dir)
+    return [f.source for f in order[start:]]
+
+
 def write_split(
-    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | None
+    config: ShardConfig, split: SplitSource, tar_root: Path, work_dir: Path, bar: tqdm, pool: Pool | None,
+    outcomes: Iterator[ProcessedImage] | None = None,
 ) -> list[ShardRecord]:
     """Write (or finish writing) the tars of ``split`` under ``tar_root/<split>/``.
 
@@ -168,6 +176,8 @@ def write_split(
         work_dir: where finished shards are recorded for resume.
         bar: progress bar to advance by one per input; it shows the shards done.
         pool: worker processes from ``worker_pool`` (None: work in this process).
+        outcomes: the outcome of each input of ``remaining_names``, in order, made
+            elsewhere (Ray tasks); None: made here, with ``pool``.
 
     Returns:
         The records of all shards of the split, in order.
@@ -182,7 +192,8 @@ def write_split(
     roller = _RollingTarWriter(config, split.name, tar_root, work_dir, records)
     remaining = order[start:]
     shown_shards = -1
-    images = processed_in_order(config, split.reader, [f.source for f in remaining], pool)
+    images = (outcomes if outcomes is not None
+              else processed_in_order(config, split.reader, [f.source for f in remaining], pool))
     try:
         for position, (source, image) in enumerate(zip(remaining, images), start):
             if len(records) != shown_shards:

@@ -44,8 +44,6 @@ __all__ = [
     "file_sha256",
     "fsync_dir",
     "naming_errors",
-    "sample_tar_bytes",
-    "tar_bytes_after",
     "tar_member_bytes",
     "ustar_header",
     "write_index",
@@ -146,21 +144,6 @@ def tar_member_bytes(data_size: int) -> int:
     return _BLOCK + _padded(data_size)
 
 
-def sample_tar_bytes(data_size: int, label_size: int, half_size: int = 0) -> int:
-    """Bytes a sample's members take in a tar: its JPEG of ``data_size``, its label of
-    ``label_size`` ASCII digits, its half-scale copy of ``half_size`` (0: none)."""
-    half = tar_member_bytes(half_size) if half_size else 0
-    return tar_member_bytes(data_size) + tar_member_bytes(label_size) + half
-
-
-def tar_bytes_after(bytes_written: int, data_size: int, half_size: int = 0) -> int:
-    """Size of a finished tar of ``bytes_written`` so far if a sample of ``data_size``
-    JPEG bytes (and a half-scale copy of ``half_size``) were added: what
-    ``TarShardWriter`` decides a tar's end by."""
-    label_size = 8  # generous: a label is at most a few ASCII digits
-    return bytes_written + sample_tar_bytes(data_size, label_size, half_size) + len(_END_OF_ARCHIVE)
-
-
 class ShardWriter(ABC):
     """Base of the formats: temporary output until ``finish()``."""
 
@@ -211,7 +194,10 @@ class TarShardWriter(ShardWriter):
     def bytes_after(self, data_size: int, half_size: int = 0) -> int:
         """Size of the finished tar if a sample of ``data_size`` JPEG bytes (and a
         half-scale copy of ``half_size``, 0: none) were added."""
-        return tar_bytes_after(self.bytes_written, data_size, half_size)
+        label_size = 8  # generous: a label is at most a few ASCII digits
+        half = tar_member_bytes(half_size) if half_size else 0
+        return (self.bytes_written + tar_member_bytes(data_size) + tar_member_bytes(label_size) + half
+                + len(_END_OF_ARCHIVE))
 
     def _member(self, name: str, data: bytes) -> tuple[int, int]:
         header = ustar_header(name, len(data))
