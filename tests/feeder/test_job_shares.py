@@ -31,6 +31,7 @@ from feeder.launcher import DaemonProcess
 from shards import jpeg
 from tests.common.shards import build_sample_shards
 from tests.common.stream_readers import reader_command
+from tests.common.waiting import wait_for
 
 pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason())),
               pytest.mark.serial, pytest.mark.slow]
@@ -59,7 +60,8 @@ def _daemon(shards: Path, policy: str) -> Iterator[tuple[str, str]]:
     options = ("--threads", "2", "--device", "cpu", "--fair-share", policy, "--metrics-port", "0",
                "--max-batch-size", "64")
     with DaemonProcess({"sample": shards}, options, echo=echo) as daemon:
-        assert metrics, "the daemon says where its metrics are"
+        # Its log is read by a thread of its own, which may be behind its readiness.
+        assert wait_for(lambda: bool(metrics)), "the daemon says where its metrics are"
         yield daemon.address, metrics[0]
 
 
