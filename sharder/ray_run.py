@@ -109,7 +109,7 @@ _ANSWER_TIMEOUT_S = 10.0
 def _check_answers(address: str) -> None:
     """Raises ConfigError where ``address`` (HOST:PORT) accepts no connection."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if "://" in address or not host or not port.isdigit():
         return  # ``auto``, ``local``, a ray:// client address: Ray resolves them, failing fast
     try:
         socket.create_connection((host, int(port)), timeout=_ANSWER_TIMEOUT_S).close()
