@@ -95,16 +95,19 @@ class TurboDecoder:
 
     def finish(self, started: tuple[Job, jpeg.BatchDecode], allocate: Allocate | None) -> Slot | None:
         job, decoding = started
-        windows, failed = decoding.result()
-        if failed:
-            first = min(failed)
-            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-            raise SampleDecodeError(f"{failed[first]}{more}", dict(failed))
-        if allocate is None:
-            return None
-        slot = allocate(_shape(job))
-        self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
-        return slot
+        try:
+            windows, failed = decoding.result()
+            if failed:
+                first = min(failed)
+                more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+                raise SampleDecodeError(f"{failed[first]}{more}", dict(failed))
+            if allocate is None:
+                return None
+            slot = allocate(_shape(job))
+            self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
+            return slot
+        finally:
+            self._windows.recycle(decoding)
 
     def release_buffers(self) -> None:
         self._windows.release_buffers()

@@ -49,6 +49,9 @@ class PipelineRunner:
         self.lane = lane
         self._decoder = make_decoder(spec, lane)
         self._in_flight: deque[tuple[Job, Any]] = deque()  # oldest first
+        # Runs kept in flight: the spec's to begin with; may be changed between
+        # runs (it takes effect at the next one started).
+        self.prefetch = spec.prefetch
         # Set when a run failed for another reason than its samples, or the decoder
         # raised: the pool builds a new runner rather than trust this one again.
         self.broken = False
@@ -78,7 +81,7 @@ class PipelineRunner:
         return outcome.slot.array
 
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
-        """One outcome per job, in order, keeping up to ``spec.prefetch`` in flight.
+        """One outcome per job, in order, keeping up to ``prefetch`` in flight.
         Nothing is in flight when a :class:`Failed` is handed out.
 
         Args:
@@ -114,7 +117,7 @@ class PipelineRunner:
         return self._outcome(job, self._finish_oldest(allocate)[1])
 
     def _fill(self, pending: Iterator[Job]) -> None:
-        while len(self._in_flight) < self.spec.prefetch:
+        while len(self._in_flight) < max(1, self.prefetch):
             job = next(pending, None)
             if job is None:
                 return

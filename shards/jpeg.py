@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
-import itertools
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -249,6 +249,7 @@ class BatchDecode:
     windows: list[np.ndarray | None]
     errors: dict[int, str] = field(default_factory=dict)
     loop: Loop | None = None
+    arena: list[np.ndarray] | None = None  # the buffers the windows are in (None: their own)
 
     def result(self) -> tuple[list[np.ndarray], dict[int, str]]:
         """The windows (in batch order) and the failures (position -> reason); a
@@ -264,40 +265,66 @@ class WindowDecoder:
     with other decoders: see :mod:`core.workers`), each worker taking the next sample
     when it is free (samples differ in cost), into buffers reused from batch to batch.
 
+    A batch's buffers are its arena's, taken when it is submitted and given back by
+    :meth:`recycle` once its windows have been used: however many batches are in
+    flight (the number may change from batch to batch), none shares buffers with
+    another.
+
     Args:
         lane: where the work runs.
-        arenas: batches whose buffers may be in use at once (decoding or waiting to
-            be resized); a batch's buffers are reused by the batch ``arenas`` later.
+        arenas: arenas kept for reuse (batches' buffers given back beyond these are
+            dropped).
     """
 
     def __init__(self, lane: Lane, arenas: int) -> None:
         if not available():
             raise RuntimeError(unavailable_reason())
         self._lane = lane
-        self._arenas: list[list[np.ndarray]] = [[] for _ in range(max(1, arenas))]
-        self._next_arena = itertools.cycle(range(len(self._arenas)))
+        self._keep = max(1, arenas)
+        self._free: list[list[np.ndarray]] = []
+        self._lock = threading.Lock()
 
-    def submit(self, jpegs: Sequence[np.ndarray], boxes: np.ndarray, denominators: np.ndarray) -> BatchDecode:
-        """Start decoding ``jpegs[i]``'s window ``boxes[i]`` at 1/``denominators[i]``."""
+    def submit(self, jpegs: Sequence[np.ndarray], boxes: np.ndarray, denominators: np.ndarray,
+               positions: Sequence[int] | None = None) -> BatchDecode:
+        """Start decoding ``jpegs[i]``'s window ``boxes[i]`` at 1/``denominators[i]``,
+        for each ``i`` in ``positions`` (None: every one). A subset is decoded into
+        buffers of its own, not an arena's."""
         n = len(jpegs)
-        arena = self._arenas[next(self._next_arena)]
-        arena.extend(np.empty(0, dtype=np.uint8) for _ in range(n - len(arena)))
-        batch = BatchDecode(windows=[None] * n)
+        arena: list[np.ndarray] | None = None
+        if positions is None:
+            with self._lock:
+                arena = self._free.pop() if self._free else []
+            arena.extend(np.empty(0, dtype=np.uint8) for _ in range(n - len(arena)))
+        batch = BatchDecode(windows=[None] * n, arena=arena)
+        todo = list(range(n)) if positions is None else list(positions)
 
-        def work(i: int) -> None:
+        def work(k: int) -> None:
+            i = todo[k]
             box = boxes[i]
             d = int(denominators[i])
-            need = _capacity(int(box[2]), int(box[3]), d)
-            if arena[i].size < need:
-                arena[i] = np.empty(need + need // 4, dtype=np.uint8)
+            scratch = None
+            if arena is not None:
+                need = _capacity(int(box[2]), int(box[3]), d)
+                if arena[i].size < need:
+                    arena[i] = np.empty(need + need // 4, dtype=np.uint8)
+                scratch = arena[i]
             try:
-                batch.windows[i] = decode_window(jpegs[i], box, d, arena[i])
+                batch.windows[i] = decode_window(jpegs[i], box, d, scratch)
             except WindowDecodeError as e:
                 batch.errors[i] = str(e)
 
-        batch.loop = self._lane.parallel(work, n)
+        batch.loop = self._lane.parallel(work, len(todo))
         return batch
 
+    def recycle(self, batch: BatchDecode) -> None:
+        """``batch``'s windows are no longer used: its arena may be reused."""
+        arena, batch.arena = batch.arena, None
+        if arena is not None:
+            with self._lock:
+                if len(self._free) < self._keep:
+                    self._free.append(arena)
+
     def release_buffers(self) -> None:
-        """Drop the buffers kept for the next batches (none may be in flight)."""
-        self._arenas = [[] for _ in self._arenas]
+        """Drop the buffers kept for the next batches."""
+        with self._lock:
+            self._free = []

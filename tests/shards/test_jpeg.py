@@ -146,6 +146,27 @@ def test_a_batch_reports_its_failures_by_position_and_decodes_the_rest() -> None
         workers.close()
 
 
+def test_batches_in_flight_never_share_buffers_and_given_back_ones_are_reused() -> None:
+    samples = [_encode(_photo_like(64, 48, i)) for i in range(4)]
+    boxes = np.array([[0, 0, 64, 48]] * len(samples))
+    workers = FairPool(2)
+    decoder = jpeg.WindowDecoder(workers.lane(), arenas=1)
+    try:
+        batches = [decoder.submit(samples, boxes, np.ones(len(samples), int)) for _ in range(3)]  # more than kept
+        buffers = [{w.base.ctypes.data for w in b.result()[0]} for b in batches]
+        assert not (buffers[0] & buffers[1]) and not (buffers[1] & buffers[2]) and not (buffers[0] & buffers[2])
+        for b in batches:
+            decoder.recycle(b)
+        again = decoder.submit(samples, boxes, np.ones(len(samples), int))
+        assert {w.base.ctypes.data for w in again.result()[0]} in buffers  # one arena kept, and reused
+        part = decoder.submit(samples, boxes, np.ones(len(samples), int), positions=[2])
+        windows, failed = part.result()
+        assert not failed and part.arena is None
+        assert np.array_equal(windows[2], _full_decode(samples[2])) and windows[0].size == 0
+    finally:
+        workers.close()
+
+
 # --- restart markers ------------------------------------------------------------
 
 
