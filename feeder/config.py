@@ -22,6 +22,7 @@ from feeder.config_values import (
     physical_memory_bytes,
     usable_cpus,
 )
+from feeder.look_ahead import DEFAULT_LOOKAHEAD
 from protocol.identity import pixel_options
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ _BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
     (("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
       "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
       "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
-    (("store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads"), lambda v: v >= 0, ">= 0"),
+    (("store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads", "lookahead"), lambda v: v >= 0, ">= 0"),
     (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
       "metrics_timeout_s"), lambda v: v > 0, "> 0"),
     (("max_failed_batch_fraction", "max_failed_epoch_fraction"), lambda v: 0 <= v <= 1, "in 0..1"),
@@ -97,6 +98,11 @@ class ServerConfig:
             names share one share (see ``max_streams_per_peer`` for what a client
             is).
         prefetch: pipeline runs kept in flight per stream.
+        lookahead: batches after those in flight whose slow samples are decoded
+            ahead of them (CPU window decoder): a window several times its batch's
+            median area, such as a crop of a 12 MP photo, starts decoding up to this
+            many batches early, spread over the runs between, so no batch waits for
+            it. Batches still come out in plan order. 0: none.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
             ``queue_batches`` (one batch is always let through, however large).
@@ -260,6 +266,7 @@ class ServerConfig:
     threads: int = field(default_factory=_default_threads)
     fair_share: str = "per-stream"
     prefetch: int = 2
+    lookahead: int = DEFAULT_LOOKAHEAD
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
     max_batch_size: int = 1024

@@ -29,6 +29,7 @@ import numpy as np
 from core.errors import FeederError
 from core.workers import Lane
 from feeder.jobs import Allocate, Job, SampleDecodeError
+from feeder.look_ahead import LookAhead
 from feeder.pipeline import ANCHORS, FLIPS, JPEGS, SHAPES, SIZES, PipelineSpec, build_dali, dali_decode_error
 from feeder.resize import BatchResizer
 from shards import jpeg
@@ -42,6 +43,12 @@ class Decoder(Protocol):
 
     device_copies: int  # GPU outputs written into a device slot
     host_copies: int  # GPU outputs copied through host memory
+
+    looks_ahead: bool  # whether :meth:`ahead` does anything
+
+    def ahead(self, job: Job) -> None:
+        """``job`` will be started after those in flight: slow samples of it may be
+        decoded ahead (:mod:`feeder.look_ahead`)."""
 
     def start(self, job: Job) -> Any:
         """Starts decoding ``job``; returns what :meth:`finish` takes."""
@@ -82,21 +89,40 @@ class TurboDecoder:
 
     device_copies = host_copies = 0
 
+    looks_ahead = True
+
     def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         # Buffers of the runs in flight and of the one being resized.
         self._windows = jpeg.WindowDecoder(lane, arenas=spec.prefetch + 1)
         self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
+        self._ahead = LookAhead(self._submit_early)
 
-    def start(self, job: Job) -> tuple[Job, jpeg.BatchDecode]:
-        boxes = job.crops.boxes
-        scales = np.array([jpeg.dct_denominator(int(w), int(h), job.image_size) for w, h in boxes[:, 2:]])
-        return job, self._windows.submit(job.jpegs, boxes, scales)
+    @property
+    def decoded_early(self) -> int:
+        """Windows decoded ahead of their batches, in all."""
+        return self._ahead.submitted
 
-    def finish(self, started: tuple[Job, jpeg.BatchDecode], allocate: Allocate | None) -> Slot | None:
-        job, decoding = started
+    def ahead(self, job: Job) -> None:
+        self._ahead.add(job)
+
+    def start(self, job: Job) -> _Started:
+        early = self._ahead.take(job)
+        self._ahead.tick()
+        rest = None if not early else [i for i in range(len(job)) if i not in early]
+        return job, self._windows.submit(job.jpegs, job.crops.boxes, _scales(job), positions=rest), early
+
+    def _submit_early(self, job: Job, position: int) -> jpeg.BatchDecode:
+        return self._windows.submit(job.jpegs, job.crops.boxes, _scales(job), positions=[position], own_buffers=True)
+
+    def finish(self, started: _Started, allocate: Allocate | None) -> Slot | None:
+        job, decoding, early = started
         try:
             windows, failed = decoding.result()
+            for position, ahead in early.items():
+                ahead_windows, ahead_failed = ahead.result()
+                windows[position] = ahead_windows[position]
+                failed.update(ahead_failed)
             if failed:
                 first = min(failed)
                 more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
@@ -110,10 +136,21 @@ class TurboDecoder:
             self._windows.recycle(decoding)
 
     def release_buffers(self) -> None:
+        self._ahead.drop()
         self._windows.release_buffers()
 
     def close(self) -> None:
         self.release_buffers()  # the threads are the lane's
+
+
+# A started run of the window decoder: its job, its batch's decoding, and its windows
+# decoded ahead of it (position -> their decoding).
+_Started = tuple[Job, jpeg.BatchDecode, dict[int, jpeg.BatchDecode]]
+
+
+def _scales(job: Job) -> np.ndarray:
+    """Each window's DCT scale denominator (:func:`shards.jpeg.dct_denominator`)."""
+    return np.array([jpeg.dct_denominator(int(w), int(h), job.image_size) for w, h in job.crops.boxes[:, 2:]])
 
 
 def _feed(pipe: Any, job: Job, gpu: bool) -> None:
@@ -145,6 +182,10 @@ class _DaliDecoder:
     """What both DALI decoders share: feeding a run, collecting it in order."""
 
     gpu = False
+    looks_ahead = False  # a DALI run decodes its batch as one
+
+    def ahead(self, job: Job) -> None:
+        pass
 
     def __init__(self, spec: PipelineSpec) -> None:
         self._pipe = build_dali(spec)

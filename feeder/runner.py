@@ -21,6 +21,7 @@ from core.errors import ConfigError
 from core.workers import FairPool, Lane
 from feeder.decoders import make_decoder
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
+from feeder.look_ahead import DEFAULT_LOOKAHEAD
 from feeder.pipeline import PipelineSpec
 from transport.base import Slot, TransportClosed, host_slot
 
@@ -52,6 +53,10 @@ class PipelineRunner:
         # Runs kept in flight: the spec's to begin with; may be changed between
         # runs (it takes effect at the next one started).
         self.prefetch = spec.prefetch
+        # Jobs taken beyond those in flight, whose slow samples the decoder may
+        # decode early (:mod:`feeder.look_ahead`); 0: none.
+        self.lookahead = DEFAULT_LOOKAHEAD
+        self._coming: deque[Job] = deque()  # taken, not yet started, oldest first
         # Set when a run failed for another reason than its samples, or the decoder
         # raised: the pool builds a new runner rather than trust this one again.
         self.broken = False
@@ -65,6 +70,12 @@ class PipelineRunner:
     def host_copies(self) -> int:
         """GPU outputs copied through host memory."""
         return self._decoder.host_copies
+
+    @property
+    def jobs_ahead(self) -> int:
+        """Jobs it takes beyond the one it finishes next: those in flight and those
+        it looks ahead at (where its decoder decodes slow samples early)."""
+        return max(1, self.prefetch) + (self.lookahead if self._decoder.looks_ahead else 0)
 
     def run(self, job: Job) -> np.ndarray:
         """Decode and augment one job into host memory.
@@ -96,6 +107,9 @@ class PipelineRunner:
                 alone (nothing to blame on a sample).
         """
         pending = iter(jobs)
+        if self._coming:  # taken by a run_many left unfinished: not wanted any more
+            self._coming.clear()
+            self._decoder.release_buffers()
         while True:
             self._fill(pending)
             if not self._in_flight:
@@ -118,16 +132,28 @@ class PipelineRunner:
 
     def _fill(self, pending: Iterator[Job]) -> None:
         while len(self._in_flight) < max(1, self.prefetch):
-            job = next(pending, None)
+            job = self._coming.popleft() if self._coming else next(pending, None)
             if job is None:
                 return
             self._start(job)
+        if not self._decoder.looks_ahead:
+            return
+        while len(self._coming) < self.lookahead:
+            job = next(pending, None)
+            if job is None:
+                return
+            self._check(job)
+            self._coming.append(job)
+            self._decoder.ahead(job)
 
-    def _start(self, job: Job) -> None:
+    def _check(self, job: Job) -> None:
         if not 1 <= len(job) <= self.spec.max_batch_size:
             raise ConfigError(f"batch of {len(job)} outside 1..{self.spec.max_batch_size}")
         if len(job.crops) != len(job):
             raise ConfigError(f"crops: {len(job.crops)} windows for {len(job)} samples")
+
+    def _start(self, job: Job) -> None:
+        self._check(job)
         self._in_flight.append((job, self._decoder.start(job)))
 
     def _finish_oldest(self, allocate: Allocate | None) -> tuple[Any, Slot | SampleDecodeError | None]:
@@ -164,7 +190,8 @@ class PipelineRunner:
         grows with its batches."""
         while self._in_flight:
             self._finish_oldest(None)
-        self._decoder.release_buffers()
+        self._coming.clear()
+        self._decoder.release_buffers()  # and forgets the samples it was decoding early
 
     def close(self) -> None:
         """Release the decoder's threads and buffers now, not whenever the runner is

@@ -244,6 +244,7 @@ class FeederService:
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         parts.callback(self.pool.release, runner)
+        runner.lookahead = self.config.lookahead
         return runner
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:

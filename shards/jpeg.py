@@ -285,13 +285,14 @@ class WindowDecoder:
         self._lock = threading.Lock()
 
     def submit(self, jpegs: Sequence[np.ndarray], boxes: np.ndarray, denominators: np.ndarray,
-               positions: Sequence[int] | None = None) -> BatchDecode:
+               positions: Sequence[int] | None = None, own_buffers: bool = False) -> BatchDecode:
         """Start decoding ``jpegs[i]``'s window ``boxes[i]`` at 1/``denominators[i]``,
-        for each ``i`` in ``positions`` (None: every one). A subset is decoded into
-        buffers of its own, not an arena's."""
+        for each ``i`` in ``positions`` (None: every one), into an arena's buffers
+        (``own_buffers``: into buffers of their own, for windows decoded ahead of
+        their batch)."""
         n = len(jpegs)
         arena: list[np.ndarray] | None = None
-        if positions is None:
+        if not own_buffers:
             with self._lock:
                 arena = self._free.pop() if self._free else []
             arena.extend(np.empty(0, dtype=np.uint8) for _ in range(n - len(arena)))

@@ -159,7 +159,7 @@ def test_batches_in_flight_never_share_buffers_and_given_back_ones_are_reused() 
             decoder.recycle(b)
         again = decoder.submit(samples, boxes, np.ones(len(samples), int))
         assert {w.base.ctypes.data for w in again.result()[0]} in buffers  # one arena kept, and reused
-        part = decoder.submit(samples, boxes, np.ones(len(samples), int), positions=[2])
+        part = decoder.submit(samples, boxes, np.ones(len(samples), int), positions=[2], own_buffers=True)
         windows, failed = part.result()
         assert not failed and part.arena is None
         assert np.array_equal(windows[2], _full_decode(samples[2])) and windows[0].size == 0
