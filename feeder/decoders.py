@@ -44,7 +44,11 @@ class Decoder(Protocol):
     device_copies: int  # GPU outputs written into a device slot
     host_copies: int  # GPU outputs copied through host memory
 
-    looks_ahead: bool  # whether :meth:`ahead` does anything
+    can_look_ahead: bool  # whether :meth:`ahead` may do anything
+
+    @property
+    def looks_ahead(self) -> bool:
+        """Whether it wants the jobs after those in flight now (:meth:`ahead`)."""
 
     def ahead(self, job: Job) -> None:
         """``job`` will be started after those in flight: slow samples of it may be
@@ -89,7 +93,7 @@ class TurboDecoder:
 
     device_copies = host_copies = 0
 
-    looks_ahead = True
+    can_look_ahead = True
 
     def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         # Buffers of the runs in flight and of the one being resized.
@@ -102,6 +106,10 @@ class TurboDecoder:
     def decoded_early(self) -> int:
         """Windows decoded ahead of their batches, in all."""
         return self._ahead.submitted
+
+    @property
+    def looks_ahead(self) -> bool:
+        return self._ahead.wanted  # while slow samples come
 
     def ahead(self, job: Job) -> None:
         self._ahead.add(job)
@@ -182,7 +190,7 @@ class _DaliDecoder:
     """What both DALI decoders share: feeding a run, collecting it in order."""
 
     gpu = False
-    looks_ahead = False  # a DALI run decodes its batch as one
+    can_look_ahead = looks_ahead = False  # a DALI run decodes its batch as one
 
     def ahead(self, job: Job) -> None:
         pass

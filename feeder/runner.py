@@ -73,9 +73,10 @@ class PipelineRunner:
 
     @property
     def jobs_ahead(self) -> int:
-        """Jobs it takes beyond the one it finishes next: those in flight and those
-        it looks ahead at (where its decoder decodes slow samples early)."""
-        return max(1, self.prefetch) + (self.lookahead if self._decoder.looks_ahead else 0)
+        """At most how many jobs it takes beyond the one it finishes next: those in
+        flight and those it may look ahead at (where its decoder decodes slow samples
+        early, while they come)."""
+        return max(1, self.prefetch) + (self.lookahead if self._decoder.can_look_ahead else 0)
 
     def run(self, job: Job) -> np.ndarray:
         """Decode and augment one job into host memory.

@@ -106,7 +106,7 @@ def test_the_look_ahead_gives_the_same_pixels_in_the_same_order() -> None:
 
 
 def test_a_slow_window_that_fails_early_fails_its_own_batch_by_position() -> None:
-    jobs = _batches(8, slow=set())
+    jobs = _batches(8, slow={1})  # the look-ahead starts with the first slow window seen
     broken = bytearray(jpeg_bytes(640, 480, 7).tobytes())
     broken[broken.index(b"\xff\xda") + 6] = 0x33  # a scan that asks for tables the file lacks
     bad = np.frombuffer(bytes(broken), np.uint8)
@@ -120,3 +120,25 @@ def test_a_slow_window_that_fails_early_fails_its_own_batch_by_position() -> Non
     failed = [i for i, o in enumerate(outcomes) if isinstance(o, Failed)]
     assert failed == [5] and sorted(outcomes[5].error.failures) == [3]
     assert all(o.job is j for o, j in zip(outcomes, jobs, strict=True))
+
+
+def test_without_slow_windows_the_runner_takes_no_batch_beyond_those_in_flight() -> None:
+    jobs = _batches(20, slow={12})
+    taken = []
+
+    def counted():
+        for i, job in enumerate(jobs):
+            taken.append(i)
+            yield job
+
+    runner = PipelineRunner(PipelineSpec(cpu_decoder="libjpeg-turbo", max_batch_size=8, threads=2, prefetch=2))
+    try:
+        outcomes = runner.run_many(counted())
+        for i in range(11):
+            next(outcomes)
+            assert len(taken) <= i + 1 + 2  # the one handed out and those in flight, no more
+        next(outcomes)  # batch 12 starts before batch 11 is handed out
+        assert len(taken) == 13 + 4  # its slow window seen: the look-ahead takes 4 more
+        list(outcomes)
+    finally:
+        runner.close()
