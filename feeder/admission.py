@@ -33,11 +33,16 @@ from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
 from feeder.peers import PeerProcesses, parse_endpoint
 
-__all__ = ["DECODED_SAMPLE_BYTES", "Admission", "Client", "Ticket", "client_of", "stream_need_bytes"]
+__all__ = [
+    "DECODED_SAMPLE_BYTES", "ENCODED_SAMPLE_BYTES", "Admission", "Client", "Ticket", "client_of", "stream_need_bytes",
+]
 
 # One source photo decoded to RGB before it is cropped and resized: 500 x 400 px,
 # a little above ImageNet's mean (about 400 x 350), so typical batches fit.
 DECODED_SAMPLE_BYTES = 500 * 400 * 3
+# One sample's JPEG bytes, as a batch taken ahead of those in flight holds them
+# (``--lookahead``): ImageNet's mean file is about 110 KB.
+ENCODED_SAMPLE_BYTES = 128 << 10
 # Batches a stream holds besides its ready queue: the one its producer waits to
 # queue, the one being sent, and that one's serialized copy.
 _HELD_BATCHES = 3
@@ -58,13 +63,17 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
       source photo (``DECODED_SAMPLE_BYTES``) and two output-sized images (DALI's
       resize and crop/flip output). The CPU window decoder holds instead ``prefetch +
       1`` batches of decoded windows, each at most a photo: at 224 px and the default
-      prefetch of 2 the two come to the same bytes (1.80 MB a sample).
+      prefetch of 2 the two come to the same bytes (1.80 MB a sample);
+    - the batches taken ahead of those (``lookahead``), each holding its samples'
+      JPEG bytes (``ENCODED_SAMPLE_BYTES``; its few slow windows decoded early are
+      reduced-scale windows, each at most a photo).
     """
     image = image_size * image_size * 3
     batch = batch_size * image
     queued = min(config.queue_batches, max(1, config.queue_bytes // batch))
     pipeline = config.prefetch * batch_size * (DECODED_SAMPLE_BYTES + 2 * image)
-    return (queued + _HELD_BATCHES) * batch + pipeline
+    ahead = config.lookahead * batch_size * ENCODED_SAMPLE_BYTES
+    return (queued + _HELD_BATCHES) * batch + pipeline + ahead
 
 
 @dataclass(frozen=True)

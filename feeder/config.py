@@ -14,6 +14,7 @@ from core.errors import ConfigError
 from core.fields import cli
 from feeder.config_values import (
     CPU_DECODERS,
+    DEFAULT_LOOKAHEAD,
     LIBRARY_BYTES,
     check_cpu_decoder,
     cpu_decoder_in_use,
@@ -22,14 +23,12 @@ from feeder.config_values import (
     physical_memory_bytes,
     usable_cpus,
 )
-from feeder.look_ahead import DEFAULT_LOOKAHEAD
 from protocol.identity import pixel_options
 
 if TYPE_CHECKING:
     from transport.base import TransportConfig
 
-# The modules behind the checks (OpenCV, the JPEG library, torch) are imported where
-# they are used: ``feeder --help`` builds its options from this module.
+# OpenCV, the JPEG library and torch are imported where used: ``feeder --help`` builds its options from here.
 
 __all__ = [
     "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR",
@@ -98,11 +97,9 @@ class ServerConfig:
             names share one share (see ``max_streams_per_peer`` for what a client
             is).
         prefetch: pipeline runs kept in flight per stream.
-        lookahead: batches after those in flight whose slow samples are decoded
-            ahead of them (CPU window decoder): a window several times its batch's
-            median area, such as a crop of a 12 MP photo, starts decoding up to this
-            many batches early, spread over the runs between, so no batch waits for
-            it. Batches still come out in plan order. 0: none.
+        lookahead: batches after those in flight whose slow samples (windows many
+            times their batch's median area, as of a 12 MP photo) are decoded early,
+            spread over the runs between (CPU window decoder); order unchanged. 0: none.
         queue_batches: ready batches buffered per stream (backpressure bound).
         queue_bytes: bytes of ready batches buffered per stream, a second bound beside
             ``queue_batches`` (one batch is always let through, however large).

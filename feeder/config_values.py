@@ -14,6 +14,7 @@ from core.errors import ConfigError
 
 __all__ = [
     "CPU_DECODERS",
+    "DEFAULT_LOOKAHEAD",
     "LIBRARY_BYTES",
     "cgroup_memory_bytes",
     "check_cpu_decoder",
@@ -25,6 +26,8 @@ __all__ = [
 ]
 
 CGROUP = Path("/sys/fs/cgroup")
+# Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
+DEFAULT_LOOKAHEAD = 4
 
 
 def is_loopback(host: str) -> bool:

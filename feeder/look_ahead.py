@@ -31,10 +31,7 @@ import numpy as np
 from feeder.jobs import Job
 from shards.jpeg import BatchDecode
 
-__all__ = ["DEFAULT_LOOKAHEAD", "LookAhead", "slow_positions"]
-
-# Batches after those in flight whose slow windows may be decoded early.
-DEFAULT_LOOKAHEAD = 4
+__all__ = ["LookAhead", "slow_positions"]
 
 # A window this many times its batch's median area is slow.
 SLOW_FACTOR = 6.0

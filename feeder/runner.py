@@ -19,9 +19,9 @@ import numpy as np
 
 from core.errors import ConfigError
 from core.workers import FairPool, Lane
+from feeder.config_values import DEFAULT_LOOKAHEAD
 from feeder.decoders import make_decoder
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
-from feeder.look_ahead import DEFAULT_LOOKAHEAD
 from feeder.pipeline import PipelineSpec
 from transport.base import Slot, TransportClosed, host_slot
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from core.errors import ResourceExhausted
-from feeder.admission import DECODED_SAMPLE_BYTES, Client, client_of, stream_need_bytes
+from feeder.admission import DECODED_SAMPLE_BYTES, ENCODED_SAMPLE_BYTES, Client, client_of, stream_need_bytes
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.producer import ReadyBatch
@@ -38,14 +38,14 @@ def _config(shards, **options) -> ServerConfig:
 
 # -- the estimate -------------------------------------------------------------
 
-def test_need_estimate_counts_queue_send_and_pipeline_buffers(shards):
+def test_need_estimate_counts_queue_send_pipeline_and_look_ahead_buffers(shards):
     batch = 4 * 32 * 32 * 3
-    pipeline = 2 * 4 * (DECODED_SAMPLE_BYTES + 2 * 32 * 32 * 3)
-    config = _config(shards, prefetch=2, queue_batches=4, queue_bytes=1 << 30)
+    pipeline = 2 * 4 * (DECODED_SAMPLE_BYTES + 2 * 32 * 32 * 3) + 3 * 4 * ENCODED_SAMPLE_BYTES
+    config = _config(shards, prefetch=2, lookahead=3, queue_batches=4, queue_bytes=1 << 30)
     assert stream_need_bytes(config, batch_size=4, image_size=32) == (4 + 3) * batch + pipeline
-    fewer = _config(shards, prefetch=2, queue_batches=4, queue_bytes=2 * batch + 1)
+    fewer = _config(shards, prefetch=2, lookahead=3, queue_batches=4, queue_bytes=2 * batch + 1)
     assert stream_need_bytes(fewer, batch_size=4, image_size=32) == (2 + 3) * batch + pipeline
-    tiny = _config(shards, prefetch=2, queue_batches=4, queue_bytes=1)
+    tiny = _config(shards, prefetch=2, lookahead=3, queue_batches=4, queue_bytes=1)
     assert stream_need_bytes(tiny, batch_size=4, image_size=32) == (1 + 3) * batch + pipeline
 
 
