@@ -27,6 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import statistics
@@ -34,6 +35,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -61,11 +63,11 @@ DEFAULT_CACHE = Path(__file__).resolve().parents[1] / ".bench"
 
 def _large(path: Path, rng: np.random.Generator, megapixels: tuple[float, float]) -> bytes:
     """``path``'s photo upscaled to a random area in ``megapixels``, as a JPEG."""
-    with Image.open(path) as image:
-        image = image.convert("RGB")
-        area = rng.uniform(*megapixels) * 1e6
-        scale = (area / (image.width * image.height)) ** 0.5
-        big = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
+    with Image.open(path) as opened:
+        image = opened.convert("RGB")
+    area = rng.uniform(*megapixels) * 1e6
+    scale = (area / (image.width * image.height)) ** 0.5
+    big = image.resize((round(image.width * scale), round(image.height * scale)), Image.Resampling.BICUBIC)
     pixels = np.asarray(big, dtype=np.int16)
     noisy = np.clip(pixels + rng.normal(0, 3, pixels.shape), 0, 255).astype(np.uint8)
     out = io.BytesIO()
@@ -93,23 +95,28 @@ def _datasets(args: argparse.Namespace) -> dict[str, Path]:
     """The sample shards, and those of the tree with large images (made once), both
     with half-scale copies or both without (``args.half_copies``)."""
     plain = prepare_sample(args.cache, args.seed)
-    if plain.source is None:
+    source = plain.source
+    if source is None:
         raise SystemExit("slow_samples: the sample data has no source tree")
     lo, hi = args.large_mp
     root = args.cache / f"slow-{args.large_fraction:g}-{lo:g}-{hi:g}-{args.seed}"
     root.mkdir(parents=True, exist_ok=True)
-    built_once(root / "src", lambda tmp: enlarge(plain.source, tmp, args.large_fraction, (lo, hi), args.seed))
+    built_once(root / "src", lambda tmp: enlarge(source, tmp, args.large_fraction, (lo, hi), args.seed))
     made = {}
     copies = "half-copies" if args.half_copies else "no-copies"
-    for name, src in (("plain", plain.source), ("large", root / "src")):
+    for name, src in (("plain", source), ("large", root / "src")):
         if name == "plain" and args.half_copies:
             made[name] = plain.shards  # the bench's own sample shards: the same options
             continue
         shards = root / f"{name}-{copies}"
         config = ShardConfig(src, shards, seed=args.seed, half_copies=args.half_copies, progress=True)
-        built_once(shards, lambda tmp, config=config: shard(replace(config, out=tmp)))
+        built_once(shards, functools.partial(_shard_into, config))
         made[name] = shards
     return made
+
+
+def _shard_into(config: ShardConfig, out: Path) -> None:
+    shard(replace(config, out=out))
 
 
 def decode_cost_ms(shards: Path, args: argparse.Namespace) -> float:
@@ -168,7 +175,7 @@ def _run(shards: Path, lookahead: int, args: argparse.Namespace) -> dict:
 
 def _summary(runs: dict[tuple[str, int], list[dict]], costs: dict[str, list[float]]) -> list[dict]:
     """Medians over rounds per configuration, and the large data's scaled ratio."""
-    rows = {}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
     cost = {data: statistics.median(values) for data, values in costs.items()}
     for (data, lookahead), results in runs.items():
         row = {"data": data, "lookahead": lookahead, "rounds": len(results),
