@@ -173,3 +173,7 @@ class CachedRunner:
     @property
     def host_copies(self) -> int:
         return self.inner.host_copies
+
+    @property
+    def decoded_early(self) -> int:
+        return self.inner.decoded_early

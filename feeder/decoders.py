@@ -44,6 +44,10 @@ class Decoder(Protocol):
     device_copies: int  # GPU outputs written into a device slot
     host_copies: int  # GPU outputs copied through host memory
 
+    @property
+    def decoded_early(self) -> int:
+        """Slow samples whose decoding started ahead of their batch."""
+
     can_look_ahead: bool  # whether :meth:`ahead` may do anything
 
     @property
@@ -191,6 +195,7 @@ class _DaliDecoder:
 
     gpu = False
     can_look_ahead = looks_ahead = False  # a DALI run decodes its batch as one
+    decoded_early = 0
 
     def ahead(self, job: Job) -> None:
         pass

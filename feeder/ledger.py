@@ -79,6 +79,8 @@ TOTALS: tuple[Total, ...] = (
     Total("samples_skipped", "counter", "samples", "Samples skipped by the drop policy."),
     Total("samples_failed", "counter", "samples", "Samples that could not be served (undecodable or over "
           "--max-pixels) and were replaced by a repeat of another sample.", by=("dataset", "split")),
+    Total("samples_decoded_early", "counter", "samples", "Slow samples (windows many times their batch's median "
+          "area) whose decoding started ahead of their batch (--lookahead)."),
     Total("pipelines", "gauge", "pipelines", "Built pipelines, lent to streams or idle."),
     Total("gpu_batches", "counter", "batches", _GPU, by=("to",)),
     Total("gpu_host_copies", "counter", "batches", _GPU, metric="feeder_gpu_batches", labels={"to": "host"}),

@@ -221,6 +221,10 @@ class ServerMetrics:
         self.ledger.add({"gpu_batches": count - via_host}, to="device")
         self.ledger.add({"gpu_host_copies": via_host})
 
+    def decoded_early(self, count: int) -> None:
+        """``count`` slow samples started decoding ahead of their batches."""
+        self.ledger.add({"samples_decoded_early": count})
+
     def decode_retried(self) -> None:
         self.retries.inc()
 

@@ -80,6 +80,9 @@ class BatchRunner(Protocol):
     @property
     def host_copies(self) -> int: ...  # GPU outputs copied through host memory
 
+    @property
+    def decoded_early(self) -> int: ...  # slow samples whose decoding started ahead of their batch
+
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate) -> Iterator[Outcome[JobT]]: ...
 
     def run_alone(self, job: JobT, allocate: Allocate) -> Outcome[JobT]: ...
@@ -124,6 +127,7 @@ class Producer:
         self._reads_from_disk = True
         # The runner's (device_copies, host_copies) when last reported: it is pooled, so counts start anywhere.
         self._copies = (context.runner.device_copies, context.runner.host_copies)
+        self._early = context.runner.decoded_early  # likewise
 
     def batches(self, slices: Iterator[BatchSlice], allocate: Allocate) -> Iterator[ReadyBatch]:
         """One ready batch per slice; pixels written into ``allocate``'s slots.
@@ -274,8 +278,12 @@ class Producer:
 
     def _count_copies(self) -> None:
         """Reports the GPU outputs the runner has copied since the last call, by
-        where they went (device to device, or through host memory)."""
+        where they went (device to device, or through host memory), and the slow
+        samples it started decoding early."""
         runner = self._ctx.runner
+        if runner.decoded_early != self._early:
+            self._metrics.decoded_early(runner.decoded_early - self._early)
+            self._early = runner.decoded_early
         device, host = runner.device_copies - self._copies[0], runner.host_copies - self._copies[1]
         if device or host:
             self._metrics.gpu_batches(device + host, host)

@@ -72,6 +72,11 @@ class PipelineRunner:
         return self._decoder.host_copies
 
     @property
+    def decoded_early(self) -> int:
+        """Slow samples whose decoding started ahead of their batch (:mod:`feeder.look_ahead`)."""
+        return self._decoder.decoded_early
+
+    @property
     def jobs_ahead(self) -> int:
         """At most how many jobs it takes beyond the one it finishes next: those in
         flight and those it may look ahead at (where its decoder decodes slow samples
