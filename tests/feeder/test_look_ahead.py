@@ -142,3 +142,21 @@ def test_without_slow_windows_the_runner_takes_no_batch_beyond_those_in_flight()
         list(outcomes)
     finally:
         runner.close()
+
+
+def test_a_runner_left_with_windows_decoding_early_serves_the_next_stream_alike() -> None:
+    jobs = _batches(12, slow={1, 2, 4, 5, 6, 8})
+    runner = PipelineRunner(PipelineSpec(cpu_decoder="libjpeg-turbo", max_batch_size=8, threads=2, prefetch=1))
+    try:
+        outcomes = runner.run_many(jobs)
+        for _ in range(3):
+            next(outcomes)
+        assert runner._decoder.decoded_early > 0  # noqa: SLF001 - windows of later batches were decoding
+        outcomes.close()  # the consumer went away
+        runner.drain()  # what the pipeline pool does before lending the runner again
+        again = [o.slot.array for o in runner.run_many(jobs[6:])]
+    finally:
+        runner.close()
+    fresh, _ = _run(jobs[6:], lookahead=4)
+    assert len(again) == len(fresh) == 6
+    assert all(np.array_equal(a, f.slot.array) for a, f in zip(again, fresh, strict=True))
