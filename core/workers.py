@@ -17,8 +17,9 @@ by its measured time when it finishes: a lane with items running on several work
 has paid for them all already. A lane that had no work and gets some is placed at
 the least virtual time of the lanes that are busy (the way CFS places a waking task):
 time it was away is not owed to it, so it cannot take the pool alone to catch up.
-The number of threads is the pool's, fixed when it is made: however many lanes there
-are, no more threads work.
+The number of threads is the pool's, set when it is made and changed only by
+:meth:`FairPool.resize` (the daemon's tuner): however many lanes there are, no more
+threads work.
 
 Lanes may be grouped in a :class:`Share` (a job's streams): then the pool shares its
 time first among the shares with work, in proportion to the shares' weights, and each
@@ -64,11 +65,24 @@ class FairPool:
 
     def __init__(self, threads: int, name: str = "feeder-decode",
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.threads = max(1, threads)
-        self._state = _Shared(self.threads, clock)
-        for i in range(self.threads):  # the threads hold the shared state, not the pool
-            threading.Thread(target=self._state.serve, name=f"{name}_{i}", daemon=True).start()
+        self._state = _Shared(name, clock)
+        self._state.resize(threads)
         weakref.finalize(self, self._state.close)
+
+    @property
+    def threads(self) -> int:
+        """Worker threads now (those told to stop after their item no longer count)."""
+        return self._state.threads
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the workers have spent on items, all together (items finished)."""
+        return self._state.busy_s
+
+    def resize(self, threads: int) -> None:
+        """Work on ``threads`` worker threads (at least 1) from now on: new ones start
+        at once; those beyond stop once their item in hand has run (none is cut short)."""
+        self._state.resize(threads)
 
     def lane(self, name: str = "", weight: float = 1.0) -> Lane:
         """A new lane on this pool, in a share of its own.
@@ -124,8 +138,11 @@ class _Shared:
     """What the workers share: the shares with work or items running, their virtual
     times, and the lock over every lane's loops and every share's lanes."""
 
-    def __init__(self, threads: int, clock: Callable[[], float]) -> None:
-        self.threads = threads
+    def __init__(self, name: str, clock: Callable[[], float]) -> None:
+        self.threads = 0
+        self._name = name
+        self._started = 0  # threads ever started, for their names
+        self._retiring = 0  # workers to stop at their next claim (a smaller pool)
         self._clock = clock
         self._ready: list[Share] = []  # shares with a lane with items not yet claimed, least recently served first
         self._running: set[Share] = set()  # shares with items claimed and not finished
@@ -133,6 +150,7 @@ class _Shared:
         # (CFS' min_vruntime): where a share that comes back with work is placed.
         self._floor_s = 0.0
         self._item_s = 0.0  # mean seconds per item over every lane: the charge of a lane's first
+        self.busy_s = 0.0  # every finished item's time
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
 
@@ -145,6 +163,23 @@ class _Shared:
             self._cond.notify_all()
         for lane in lanes:
             self.close_lane(lane)
+
+    def resize(self, threads: int) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            threads = max(1, threads)
+            change, self.threads = threads - self.threads, threads
+            if change < 0:
+                self._retiring, start = self._retiring - change, 0
+            else:  # workers told to stop and not stopped yet stay instead of new ones
+                kept = min(self._retiring, change)
+                self._retiring, start = self._retiring - kept, change - kept
+            names = [f"{self._name}_{self._started + i}" for i in range(start)]
+            self._started += start
+            self._cond.notify_all()
+        for name in names:  # the threads hold the shared state, not the pool
+            threading.Thread(target=self.serve, name=name, daemon=True).start()
 
     def schedule(self, lane: Lane, loop: Loop, first: bool) -> Loop:
         if loop.count == 0:
@@ -235,8 +270,11 @@ class _Shared:
         """The next item: of the share with work whose virtual time is least, of its
         lane with work whose virtual time is least, each the one served longest ago
         among equals (lock held). Charges both their mean item time at once."""
-        while not self._ready:
+        while not self._ready or self._retiring:
             if self._closed:
+                return None
+            if self._retiring:  # the pool was made smaller: this worker stops
+                self._retiring -= 1
                 return None
             self._cond.wait()
         share = min(self._ready, key=_virtual_s)
@@ -265,6 +303,7 @@ class _Shared:
         its lane's and share's virtual times corrected from the charge, the mean
         item times."""
         lane, share = item.lane, item.share
+        self.busy_s += took_s
         lane.busy_s += took_s
         lane.cpu_s += cpu_s
         lane.virtual_s += (took_s - item.charged_s) / item.lane_weight

@@ -244,8 +244,10 @@ def test_a_lane_back_after_a_long_idle_takes_its_share_not_the_pool():
     def busy_work(i: int) -> None:
         log.work(clock, "busy", 1.0)(i)
         if i == 1000:  # the idle lane gets work again while this one keeps the pool busy
-            back_at.append(len(log.items))
             away.parallel(log.work(clock, "away", 1.0), 1_000_000)
+            # Counted from once it has work: a worker held up before handing it over
+            # would see the other run the busy lane's items alone meanwhile.
+            back_at.append(len(log.items))
 
     busy.parallel(busy_work, 1_000_000)
     log.wait([busy, away])
@@ -274,4 +276,50 @@ def test_items_running_are_charged_when_claimed_and_corrected_when_done():
     loop.wait()
     assert lane.virtual_s == pytest.approx(0.5 + 2 * 3.0 / 2.0)  # what they took
     assert lane.busy_s == pytest.approx(7.0)
+    pool.close()
+
+
+def _working_at_once(pool: FairPool, items: int = 24) -> int:
+    """How many of ``pool``'s workers run items at the same moment, at most."""
+    lock, now = threading.Lock(), [0]
+    most = [0]
+
+    def work(i: int) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.02)
+        with lock:
+            now[0] -= 1
+
+    pool.lane().run(work, items)
+    return most[0]
+
+
+def test_a_resized_pool_works_on_its_new_number_of_threads_and_lets_the_others_go():
+    pool = FairPool(2, name="t-resize")
+    assert _working_at_once(pool) == 2
+    pool.resize(4)
+    assert pool.threads == 4 and _working_at_once(pool) == 4 and _threads("t-resize") == 4
+    pool.resize(1)
+    assert pool.threads == 1 and _working_at_once(pool) == 1
+    deadline = time.monotonic() + 5
+    while _threads("t-resize") > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads("t-resize") == 1  # the others stopped once their items had run
+    pool.resize(3)  # grows again while none is stopping: new threads
+    assert _working_at_once(pool) == 3
+    assert pool.busy_s > 0
+    pool.close()
+
+
+def test_a_pool_grown_again_while_letting_workers_go_ends_with_its_new_number():
+    pool = FairPool(4, name="t-regrow")
+    pool.resize(1)
+    pool.resize(4)  # those told to stop and not stopped yet stay; the others are replaced
+    assert _working_at_once(pool) == 4
+    deadline = time.monotonic() + 1
+    while time.monotonic() < deadline and _threads("t-regrow") > 4:
+        time.sleep(0.01)
+    assert _threads("t-regrow") == 4
     pool.close()
