@@ -24,7 +24,7 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from core.errors import ResourceExhausted, ServiceUnavailable
@@ -34,7 +34,8 @@ from feeder.metrics import ServerMetrics
 from feeder.peers import PeerProcesses, parse_endpoint
 
 __all__ = [
-    "DECODED_SAMPLE_BYTES", "ENCODED_SAMPLE_BYTES", "Admission", "Client", "Ticket", "client_of", "stream_need_bytes",
+    "DECODED_SAMPLE_BYTES", "ENCODED_SAMPLE_BYTES", "Admission", "Client", "Ticket", "client_of", "run_bytes",
+    "stream_need_bytes",
 ]
 
 # One source photo decoded to RGB before it is cropped and resized: 500 x 400 px,
@@ -71,9 +72,14 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
     image = image_size * image_size * 3
     batch = batch_size * image
     queued = min(config.queue_batches, max(1, config.queue_bytes // batch))
-    pipeline = config.prefetch * batch_size * (DECODED_SAMPLE_BYTES + 2 * image)
+    pipeline = config.stream_prefetch * run_bytes(batch_size, image_size)
     ahead = config.lookahead * batch_size * ENCODED_SAMPLE_BYTES
     return (queued + _HELD_BATCHES) * batch + pipeline + ahead
+
+
+def run_bytes(batch_size: int, image_size: int) -> int:
+    """What one pipeline run in flight holds (see :func:`stream_need_bytes`)."""
+    return batch_size * (DECODED_SAMPLE_BYTES + 2 * image_size * image_size * 3)
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ class Ticket:
         job: its job (the request's ``job_id``; its client when it names none).
         need_bytes: its reserved memory estimate.
         cancel: ends the stream's call from the daemon's side (idle timeout).
+        run_bytes: what each of its pipeline runs in flight holds, in
+            ``need_bytes`` (see :meth:`Admission.set_runs`).
     """
 
     name: str
@@ -134,6 +142,7 @@ class Ticket:
     job: str
     need_bytes: int
     cancel: Callable[[], None]
+    run_bytes: int = 0
 
 
 class Admission(Generic[Stream]):
@@ -193,6 +202,21 @@ class Admission(Generic[Stream]):
                 self._reserved_bytes -= ticket.need_bytes
                 self._metrics.memory_reserved(self._reserved_bytes)
             return ticket
+
+    def set_runs(self, stream: Stream, change: int) -> bool:
+        """Reserve (or give back) what ``change`` more pipeline runs in flight of
+        ``stream`` hold; False where the memory budget has no room (nothing changes)."""
+        with self._lock:
+            ticket = self._open.get(stream)
+            if ticket is None:
+                return False
+            extra = change * ticket.run_bytes
+            if extra > 0 and self._reserved_bytes + extra > self._config.max_memory_bytes:
+                return False
+            self._open[stream] = replace(ticket, need_bytes=ticket.need_bytes + extra)
+            self._reserved_bytes += extra
+            self._metrics.memory_reserved(self._reserved_bytes)
+            return True
 
     def ran_out(self, reason: str) -> None:
         """A stream was refused because a resource every client shares ran out

@@ -84,6 +84,15 @@ class CachedRunner:
         self.lane = inner.lane  # the stream's share of the daemon's workers
         self._resizer = BatchResizer(self.lane)
 
+    @property
+    def prefetch(self) -> int:
+        """The inner runner's runs in flight (its misses run one job at a time)."""
+        return self.inner.prefetch
+
+    @prefetch.setter
+    def prefetch(self, runs: int) -> None:
+        self.inner.prefetch = runs
+
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
         """One outcome per job, in order (as :meth:`PipelineRunner.run_many`)."""
         for job in jobs:

@@ -3,7 +3,7 @@ passed down."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,8 +13,10 @@ from core.cli import parse_bytes
 from core.errors import ConfigError
 from core.fields import cli
 from feeder.config_values import (
+    BOUNDS,
     CPU_DECODERS,
     DEFAULT_LOOKAHEAD,
+    DEFAULT_PREFETCH,
     LIBRARY_BYTES,
     check_cpu_decoder,
     cpu_decoder_in_use,
@@ -40,26 +42,9 @@ FAIR_SHARES = ("per-job", "per-stream")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _default_threads() -> int:
-    """The CPUs this process may use (its container's or job's), at most 8."""
-    return min(8, usable_cpus())
-
-
 def _default_memory_bytes() -> int:
     """Half of this machine's (or its container's) memory: the rest is the training job's."""
     return physical_memory_bytes() // 2
-
-
-# The numeric options' bounds: (options, test, what the error says they must be).
-_BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
-    (("threads", "prefetch", "queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
-      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
-      "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
-    (("store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads", "lookahead"), lambda v: v >= 0, ">= 0"),
-    (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
-      "metrics_timeout_s"), lambda v: v > 0, "> 0"),
-    (("max_failed_batch_fraction", "max_failed_epoch_fraction"), lambda v: 0 <= v <= 1, "in 0..1"),
-)
 
 
 @dataclass(frozen=True)
@@ -78,16 +63,14 @@ class ServerConfig:
             a loopback address needs TLS and a token (``tls_cert``, ``tls_key``,
             ``token_file``) or ``insecure``. The metrics endpoint binds here too.
         device: ``auto`` (GPU when CUDA is available), ``cpu`` or ``gpu``.
-        threads: DALI CPU worker threads of all pipelines together (the node's CPU
-            budget): a new stream's pipeline gets an equal share of it among the open
-            streams, itself included, and on a GPU node, for a GPU rank, among at
-            least one pipeline per GPU; at least 1 (see
-            ``feeder.devices.thread_share``). The default CPU decoder runs on one
-            shared pool of this many worker threads, shared by worker time among
-            the streams with work (``core.workers.FairPool``: a 448 px stream gets
-            as much CPU as a 224 px one beside it, not four times as much), as
-            ``fair_share`` says. Default: the CPUs this process may use (its
-            affinity, its container's CPU limit), at most 8.
+        threads: the node's decode budget: the default CPU decoder's one pool of
+            this many worker threads, shared by worker time among the streams with
+            work as ``fair_share`` says (``core.workers.FairPool``); where DALI
+            decodes, a new pipeline's equal share of it among the open streams and,
+            for a GPU rank, at least one pipeline per GPU (at least 1; see
+            ``feeder.devices.thread_share``). 0 (the default): tuned while streams
+            run (``autotune``), from the CPUs this process may use (its affinity, its
+            container's CPU limit, at most 8) up to twice as many.
         fair_share: how the decode threads' time is shared among streams with work:
             ``per-stream`` (each stream, that is each rank, an equal share: a job of
             8 ranks gets 8 times a job of 1; right for one job per node) or
@@ -96,7 +79,10 @@ class ServerConfig:
             process counts as one job whatever it names: the jobs one client process
             names share one share (see ``max_streams_per_peer`` for what a client
             is).
-        prefetch: pipeline runs kept in flight per stream.
+        prefetch: pipeline runs kept in flight per stream. 0 (the default): tuned
+            per stream (``autotune``), from 2 up to 4.
+        autotune: tune the options left at 0 (``threads``, ``prefetch``) from what
+            the streams measure (``feeder.autotune``); off: 0 means their defaults.
         lookahead: batches after those in flight whose slow samples (windows many
             times their batch's median area, as of a 12 MP photo) are decoded early,
             spread over the runs between (CPU window decoder); order unchanged. 0: none.
@@ -260,9 +246,10 @@ class ServerConfig:
     port: int = 50051
     bind: str = "127.0.0.1"
     device: str = "auto"
-    threads: int = field(default_factory=_default_threads)
+    threads: int = 0
     fair_share: str = "per-stream"
-    prefetch: int = 2
+    prefetch: int = 0
+    autotune: bool = True
     lookahead: int = DEFAULT_LOOKAHEAD
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
@@ -325,7 +312,7 @@ class ServerConfig:
             port = getattr(self, port_name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
-        for names, holds, rule in _BOUNDS:
+        for names, holds, rule in BOUNDS:
             for name in names:
                 if not holds(getattr(self, name)):  # NaN fails each
                     raise ConfigError(f"{name}: must be {rule}, got {getattr(self, name)}")
@@ -392,6 +379,16 @@ class ServerConfig:
         Idle pipelines kept for reuse give their batch buffers back, so they add
         nothing that grows with batch size."""
         return self.max_memory_bytes + self.shm_budget_bytes + self.decoded_cache_bytes + LIBRARY_BYTES
+
+    @property
+    def decode_threads(self) -> int:
+        """Decode threads to start with: ``threads``, or the CPUs this process may use, at most 8."""
+        return self.threads or min(8, usable_cpus())
+
+    @property
+    def stream_prefetch(self) -> int:
+        """Runs in flight a stream starts with: ``prefetch``, or 2."""
+        return self.prefetch or DEFAULT_PREFETCH
 
     @property
     def worker_threads(self) -> int:

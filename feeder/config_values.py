@@ -8,13 +8,16 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import ConfigError
 
 __all__ = [
+    "BOUNDS",
     "CPU_DECODERS",
     "DEFAULT_LOOKAHEAD",
+    "DEFAULT_PREFETCH",
     "LIBRARY_BYTES",
     "cgroup_memory_bytes",
     "check_cpu_decoder",
@@ -28,6 +31,20 @@ __all__ = [
 CGROUP = Path("/sys/fs/cgroup")
 # Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
 DEFAULT_LOOKAHEAD = 4
+# Pipeline runs in flight per stream where ``--prefetch`` is not given (where the tuner starts).
+DEFAULT_PREFETCH = 2
+
+# The numeric options' bounds: (options, test, what the error says they must be).
+BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
+    (("queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
+      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
+      "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
+    (("threads", "prefetch", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads", "lookahead"),
+     lambda v: v >= 0, ">= 0"),
+    (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
+      "metrics_timeout_s"), lambda v: v > 0, "> 0"),
+    (("max_failed_batch_fraction", "max_failed_epoch_fraction"), lambda v: 0 <= v <= 1, "in 0..1"),
+)
 
 
 def is_loopback(host: str) -> bool:

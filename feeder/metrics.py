@@ -99,6 +99,10 @@ class ServerMetrics:
             "decode threads since the stream opened.", ["stream"], registry=r,
         )
         self._job_metrics(r)
+        self._tuned_threads = Gauge("feeder_tuned_threads", "Decode threads as the tuner set them (--threads not "
+                                    "given).", registry=r)
+        self._tuned_prefetch = Gauge("feeder_tuned_prefetch", "Pipeline runs in flight each open stream has, as "
+                                     "the tuner set them (--prefetch not given).", ["stream"], registry=r)
         self.stream_consumer_wait = Gauge(
             "feeder_stream_consumer_wait_seconds", "Seconds each open stream's consumer has waited for a "
             "batch since the stream opened.", ["stream"], registry=r,
@@ -236,9 +240,16 @@ class ServerMetrics:
         self.stream_queue_fill.labels(stream=stream).set(queue_fill)
         self.stream_consumer_wait.labels(stream=stream).set(consumer_wait_s)
 
+    def tuned_threads(self, threads: int) -> None:
+        self._tuned_threads.set(threads)
+
+    def tuned_prefetch(self, stream: str, runs: int) -> None:
+        self._tuned_prefetch.labels(stream=stream).set(runs)
+
     def stream_gone(self, stream: str) -> None:
         """Stream ``stream`` closed: its gauges go."""
-        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait, self.stream_cpu):
+        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait, self.stream_cpu,
+                      self._tuned_prefetch):
             try:
                 gauge.remove(stream)
             except KeyError:

@@ -73,6 +73,7 @@ class BatchRunner(Protocol):
     # (a pipeline decoding windows); False: the images themselves (the decoded cache
     # keeps whole images, and maps windows in the image's own pixels).
     decodes_half_copies: bool
+    prefetch: int  # runs kept in flight (may change between runs)
 
     @property
     def device_copies(self) -> int: ...  # GPU outputs copied device to device

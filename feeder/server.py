@@ -213,11 +213,11 @@ def serve(config: ServerConfig) -> None:
         log.info("CPU pipelines decode JPEG windows with libjpeg-turbo")
     if server.metrics_port is not None:
         log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
-    log.info("gRPC port: %s, %s; budget %.1f GiB, %d streams per peer, idle timeout %g s, %d decode threads "
+    log.info("gRPC port: %s, %s; budget %.1f GiB, %d streams per peer, idle timeout %g s, %d decode threads%s "
              "shared %s", "TLS" + (" with client certificates" if config.tls_client_ca else "")
              if config.tls_cert else "plaintext", "token required" if config.token_file else "no token",
-             config.max_memory_bytes / (1 << 30), config.max_streams_per_peer, config.idle_timeout_s, config.threads,
-             config.fair_share)
+             config.max_memory_bytes / (1 << 30), config.max_streams_per_peer, config.idle_timeout_s,
+             config.decode_threads, " (tuned)" if config.autotune and not config.threads else "", config.fair_share)
     if config.socket_path is not None:
         log.info("also serving on unix:%s (mode 0600)", config.socket_path)
     stop = threading.Event()

@@ -15,10 +15,12 @@ from core.bad_input import OnError
 from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
 from core.gpus import GpuInventory
 from core.workers import FairPool
-from feeder.admission import Admission, Ticket, client_of, stream_need_bytes
+from feeder.admission import Admission, Ticket, client_of, run_bytes, stream_need_bytes
+from feeder.autotune import Tunable, Tuner
 from feeder.bad_samples import BadSamples, FailureLimits, SampleFilter
 from feeder.cached_runner import CachedRunner
 from feeder.config import LIBRARY_BYTES, ServerConfig, cpu_decoder_in_use, physical_memory_bytes
+from feeder.config_values import usable_cpus
 from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.log_lines import clip
@@ -130,7 +132,7 @@ class FeederService:
         self.devices = DevicePlacer.of_this_process(self.device, gpus)
         # The node's decode threads (``--threads``), shared fairly by every stream
         # (``--fair-share``: by stream, or by job).
-        self.workers = FairPool(config.threads)
+        self.workers = FairPool(config.decode_threads)
         self.shares = FairShares(self.workers, config.fair_share)
         self._peers = PeerProcesses()
         self._usage = Usage(metrics)
@@ -143,6 +145,10 @@ class FeederService:
             for split, index in dataset.splits.items()
         }
         self._admission: Admission[BatchStream] = Admission(config, metrics)
+        # What is not given is tuned while streams run (--threads, --prefetch left at 0).
+        self.tuner = Tuner(lambda: [stream for stream, _ in self._admission.open()], metrics, usable_cpus(),
+                           self.workers, tune_threads=config.autotune and not config.threads,
+                           grant=self._grant_prefetch if config.autotune and not config.prefetch else None)
         self.decoded_cache: DecodedCache | None = None
         if config.decoded_cache_bytes:  # one cache for every stream and job of this daemon
             self.decoded_cache = DecodedCache(config.decoded_cache_bytes, config.decoded_cache_side)
@@ -209,7 +215,8 @@ class FeederService:
                 self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
             stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics, str(number))
-            self._admission.admit(stream, Ticket(name, client, job, need, cancel))
+            self._admission.admit(stream, Ticket(name, client, job, need, cancel,
+                                                 run_bytes(spec.batch_size, spec.image_size)))
             parts.callback(self._ended, stream)
             self.shares.join(stream, Member(runner.lane, job, client.key))
             parts.callback(self.shares.leave, stream)
@@ -234,6 +241,14 @@ class FeederService:
             with self._lock:
                 self._opening -= 1
 
+    def _grant_prefetch(self, stream: Tunable, runs: int) -> bool:
+        """Set ``stream``'s runs in flight to ``runs`` where the memory budget has
+        room for them (the tuner's ask)."""
+        if not isinstance(stream, BatchStream) or not self._admission.set_runs(stream, runs - stream.prefetch):
+            return False
+        stream.prefetch = runs
+        return True
+
     def _lend_runner(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
         """A pooled runner for ``spec``, given back when ``parts`` closes."""
         try:
@@ -244,7 +259,7 @@ class FeederService:
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         parts.callback(self.pool.release, runner)
-        runner.lookahead = self.config.lookahead
+        runner.lookahead, runner.prefetch = self.config.lookahead, spec.prefetch  # a pooled one may have been tuned
         return runner
 
     def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
@@ -291,13 +306,13 @@ class FeederService:
             pipelines = max(self.open_streams() + self._opening, spec.local_world_size)
             if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
                 pipelines = max(pipelines, self.devices.gpu_count)
-            threads = thread_share(self.config.threads, pipelines)
+            threads = thread_share(self.config.decode_threads, pipelines)
         return PipelineSpec(
             device=placement.device,
             device_id=placement.device_id,
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
             threads=threads,
-            prefetch=self.config.prefetch,
+            prefetch=self.config.stream_prefetch,
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
             cpu_decoder=self.config.cpu_decoder,
         )
@@ -338,6 +353,7 @@ class FeederService:
                     ticket.cancel()
                     stream.close()
             self._usage.tick()
+            self.tuner.tick()
             self.transports.collect()  # device rings of ended streams, once their clients let go
 
     def open_streams(self) -> int:

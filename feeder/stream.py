@@ -128,6 +128,15 @@ class BatchStream:
             self._metrics.stage("send", time.perf_counter() - waited)
 
     @property
+    def prefetch(self) -> int:
+        """Pipeline runs its runner keeps in flight; set between runs (the tuner)."""
+        return self.context.runner.prefetch
+
+    @prefetch.setter
+    def prefetch(self, runs: int) -> None:
+        self.context.runner.prefetch = runs
+
+    @property
     def queue_fill(self) -> float:
         """Share of the ready queue filled now (by batches)."""
         return len(self._queue) / self.context.queue_batches

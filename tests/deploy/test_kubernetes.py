@@ -199,7 +199,7 @@ def test_each_daemon_fits_its_container_and_is_probed_on_its_port(name: str) -> 
     config = k8s.server_config(daemon)
     resources = daemon["resources"]
     assert k8s.quantity(resources["limits"]["memory"]) >= config.footprint_bytes  # docs/serving.md's rule
-    assert k8s.quantity(resources["requests"]["cpu"]) >= config.threads
+    assert k8s.quantity(resources["requests"]["cpu"]) >= config.decode_threads
     assert set(k8s.probe_ports(daemon)) == {config.port}
     assert "startupProbe" in daemon
     ports = {p["containerPort"] for p in daemon["ports"]}

@@ -10,6 +10,7 @@ from core.cli import parse_bytes
 from core.errors import ConfigError
 from feeder.commands import parse_datasets
 from feeder.config import ServerConfig
+from feeder.config_values import usable_cpus
 
 OK = {"datasets": {"d": Path("/x")}}
 
@@ -22,7 +23,8 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"device": "tpu"}, "device"),
         ({"port": 70000}, "port"),
         ({"metrics_port": -1}, "metrics_port"),
-        ({"threads": 0}, "threads"),
+        ({"threads": -1}, "threads"),
+        ({"prefetch": -1}, "prefetch"),
         ({"queue_batches": 0}, "queue_batches"),
         ({"max_batch_size": 0}, "max_batch_size"),
         ({"grace_s": -1.0}, "grace_s"),
@@ -154,3 +156,11 @@ def test_the_transport_and_the_daemon_have_one_ring_size_by_default(tmp_path):
 
     daemon = ServerConfig(datasets={"d": tmp_path})
     assert daemon.transport.ring_slots == TransportConfig().ring_slots == daemon.ring_slots
+
+
+def test_threads_and_prefetch_left_at_0_are_tuned_from_their_defaults_and_given_ones_are_kept():
+    tuned = ServerConfig(**OK)
+    assert (tuned.threads, tuned.prefetch, tuned.autotune) == (0, 0, True)
+    assert tuned.decode_threads == min(8, usable_cpus()) and tuned.stream_prefetch == 2
+    given = ServerConfig(**(OK | {"threads": 5, "prefetch": 3}))
+    assert (given.decode_threads, given.stream_prefetch) == (5, 3)

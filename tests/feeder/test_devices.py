@@ -107,7 +107,7 @@ def test_window_decoder_streams_work_on_the_daemons_threads_alone(service):
         for stream in streams:
             next(iter(stream))
         workers = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(workers) == service.config.threads
+        assert len(workers) == service.config.decode_threads
     finally:
         for stream in streams:
             stream.close()

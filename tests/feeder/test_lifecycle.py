@@ -64,7 +64,7 @@ def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
         # (--threads, however many pipelines are idle).
         assert server.service.pool.idle_count() <= 2
         decoding = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(decoding) <= server.config.threads
+        assert len(decoding) <= server.config.decode_threads
         assert threading.active_count() - len(decoding) <= before + 8 + 1 + 3 + 1
 
 

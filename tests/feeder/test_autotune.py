@@ -1,0 +1,192 @@
+"""The tuner's decisions (feeder.autotune.Tuner) on streams and a pool whose counters
+the test moves: what it tries, what it keeps, what it undoes and when it waits."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from feeder.autotune import BACKOFF_S, MAX_PREFETCH, Tuner, idle_cpu_s
+
+INTERVAL_S = 3.0
+
+
+@dataclass(eq=False)
+class FakeStream:
+    label: str
+    samples_sent: int = 0
+    consumer_wait_s: float = 0.0
+    prefetch: int = 2
+
+
+@dataclass
+class FakePool:
+    threads: int = 2
+    busy_s: float = 0.0
+
+    def resize(self, threads: int) -> None:
+        self.threads = threads
+
+
+@dataclass
+class Gauges:
+    threads: list[int] = field(default_factory=list)
+    prefetch: list[tuple[str, int]] = field(default_factory=list)
+
+    def tuned_threads(self, threads: int) -> None:
+        self.threads.append(threads)
+
+    def tuned_prefetch(self, stream: str, runs: int) -> None:
+        self.prefetch.append((stream, runs))
+
+
+class Node:
+    """Two CPUs, a pool, streams; :meth:`run` moves their counters one interval at a
+    time at the rate ``rate(pool, streams)`` says."""
+
+    def __init__(self, streams: int = 1, threads: int | None = 2, prefetch: bool = True, room: bool = True) -> None:
+        self.now = self.cpu = self.idle = 0.0
+        self.pool = FakePool(threads or 2)
+        self.streams = [FakeStream(str(i)) for i in range(streams)]
+        self.gauges = Gauges()
+        self.room = room
+        self.tuner = Tuner(lambda: list(self.streams), self.gauges, cpus=2, pool=self.pool,
+                           tune_threads=threads is not None, grant=self._grant if prefetch else None,
+                           interval_s=INTERVAL_S,
+                           clock=lambda: self.now, cpu_clock=lambda: self.cpu, idle_clock=lambda: self.idle)
+
+    def _grant(self, stream: FakeStream, runs: int) -> bool:  # type: ignore[override]
+        if self.room:
+            stream.prefetch = runs
+        return self.room
+
+    def run(self, intervals: int, rate: Callable[[Node], float], busy: float = 0.95, waiting: float = 0.5,
+            cpus_used: float = 1.2) -> None:
+        for _ in range(intervals):
+            self.now += INTERVAL_S
+            self.cpu += cpus_used * INTERVAL_S
+            self.idle += max(0.0, 2 - cpus_used) * INTERVAL_S  # nothing else runs on the node
+            self.pool.busy_s += busy * self.pool.threads * INTERVAL_S
+            for stream in self.streams:
+                stream.samples_sent += int(rate(self) * INTERVAL_S / len(self.streams))
+                stream.consumer_wait_s += waiting * INTERVAL_S
+            self.tuner.tick()
+
+
+def threads_help(node: Node) -> float:
+    """Each thread adds 500 images/s up to 4 (items that wait on reads)."""
+    return 500.0 * min(node.pool.threads, 4)
+
+
+def flat(node: Node) -> float:
+    return 1000.0
+
+
+def test_the_idle_cpu_time_is_read_from_the_kernel_for_this_process_cpus(tmp_path) -> None:
+    stat = tmp_path / "stat"
+    cpus = sorted(os.sched_getaffinity(0))
+    lines = ["cpu  1 2 3 400 50 6 7 8 9 10"]
+    lines += [f"cpu{c} 1 2 3 {100 * (i + 1)} 10 6 7 8 9 10" for i, c in enumerate(cpus)]
+    stat.write_text("\n".join(lines) + "\nintr 5\n")
+    ticks = sum(100 * (i + 1) + 10 for i in range(len(cpus)))
+    assert idle_cpu_s(str(stat)) == pytest.approx(ticks / os.sysconf("SC_CLK_TCK"))
+    assert idle_cpu_s(str(tmp_path / "missing")) == 0.0
+    assert idle_cpu_s() > 0  # this machine's
+
+
+def test_a_daemon_whose_consumers_never_wait_is_left_as_it_is() -> None:
+    node = Node()
+    node.run(20, threads_help, waiting=0.0)
+    assert node.pool.threads == 2 and node.streams[0].prefetch == 2
+
+
+def test_threads_are_added_while_each_one_more_lifts_the_rate_and_the_one_that_does_not_is_undone() -> None:
+    node = Node()
+    node.run(20, threads_help)
+    # 3 and 4 lift the rate by 50 % and 33 %, each kept; nothing above 2 x CPUs is tried.
+    assert node.gauges.threads == [2, 3, 4] and node.pool.threads == 4
+
+
+def test_a_move_that_did_not_pay_waits_its_back_off_which_doubles() -> None:
+    node = Node()
+    node.run(3, flat)  # two intervals' rates, then the trial: 2 -> 3
+    assert node.pool.threads == 3
+    node.run(1, flat)  # no gain: undone
+    assert node.pool.threads == 2
+    tried = len(node.gauges.threads)
+    node.run(int(BACKOFF_S // INTERVAL_S) - 1, flat)
+    assert len(node.gauges.threads) == tried  # not within its back-off
+    node.run(4, flat)
+    assert len(node.gauges.threads) == tried + 2  # tried and undone once more
+    node.run(int(BACKOFF_S // INTERVAL_S) + 2, flat)
+    assert len(node.gauges.threads) == tried + 2  # the back-off is now twice as long
+
+
+def test_an_interval_without_a_batch_delivered_judges_nothing_and_changes_nothing() -> None:
+    node = Node()
+    node.run(10, lambda n: 0.0, waiting=1.0)  # streams starting up: consumers wait, nothing comes
+    assert node.gauges.threads == [2] and node.pool.threads == 2
+
+
+def test_a_stream_opening_undoes_the_trial_under_way_and_the_rates_start_over() -> None:
+    node = Node()
+    node.run(3, flat)
+    assert node.pool.threads == 3
+    node.streams.append(FakeStream("new"))
+    node.run(1, flat)
+    assert node.pool.threads == 2  # undone, not judged against a rate of other streams
+    node.run(1, flat)
+    assert node.pool.threads == 2  # two fresh intervals measured first
+    node.run(1, flat)
+    assert node.pool.threads == 3  # back-offs cleared: tried again for the new streams
+
+
+def test_an_idle_pool_gives_the_stream_waiting_longest_a_run_more_in_flight() -> None:
+    node = Node(streams=2)
+    first, second = node.streams
+
+    def rate(n: Node) -> float:
+        return 400.0 * (first.prefetch + second.prefetch)
+
+    node.now += INTERVAL_S
+    node.tuner.tick()  # both streams seen once
+    first.consumer_wait_s += 1.0  # the first waited more than the second
+    node.run(3, rate, busy=0.5)
+    assert (first.prefetch, second.prefetch) == (3, 2)
+    node.run(40, rate, busy=0.5)
+    assert (first.prefetch, second.prefetch) == (MAX_PREFETCH, MAX_PREFETCH)
+    assert ("0", 3) in node.gauges.prefetch
+
+
+def test_a_run_more_without_room_in_the_memory_budget_is_not_set() -> None:
+    node = Node(room=False)
+    node.run(10, flat, busy=0.5)
+    assert node.streams[0].prefetch == 2 and node.gauges.prefetch == []
+
+
+def test_more_threads_than_cpus_on_saturated_cpus_are_taken_back() -> None:
+    node = Node(threads=4)
+    node.run(3, flat, cpus_used=1.95)
+    assert node.pool.threads == 3
+    node.run(1, lambda n: 1100.0, cpus_used=1.95)
+    assert node.pool.threads == 3  # kept: it paid
+    node.run(8, lambda n: 1100.0 if n.pool.threads >= 3 else 600.0, cpus_used=1.95)
+    assert node.pool.threads == 3  # 2 does not: undone, and never below the CPUs by this move
+
+
+def test_knobs_given_by_hand_are_not_tuned() -> None:
+    node = Node(threads=None, prefetch=False)
+    assert not node.tuner.tuning
+    node.run(20, threads_help, busy=0.5)
+    assert node.pool.threads == 2 and node.streams[0].prefetch == 2 and node.gauges.threads == []
+
+
+def test_threads_given_by_hand_leave_the_prefetch_tuned() -> None:
+    node = Node(threads=None)
+    node.run(20, lambda n: 500.0 * n.streams[0].prefetch, busy=0.95)
+    assert node.pool.threads == 2 and node.streams[0].prefetch == 2  # busy pool: prefetch is not what holds it
+    node.run(20, lambda n: 500.0 * n.streams[0].prefetch, busy=0.5)
+    assert node.streams[0].prefetch == MAX_PREFETCH and node.gauges.threads == []
