@@ -17,8 +17,10 @@ changes nothing. Where one did, it tries, the first that applies:
   between batches is), if the memory budget has room for it;
 - no CPU to spare, with more threads than CPUs: a thread less.
 
-Each change is a trial: kept when the next interval's rate beats the rate before it
-(the mean of the last two intervals) by ``GAIN``, undone otherwise; a move undone is
+Each change is a trial: kept when the next ``TRIAL_INTERVALS`` intervals' rate beats
+the rate before it (of as many intervals) by ``GAIN``, undone otherwise (a rate over
+a few seconds moves by some 10 % on a busy node, so one interval would keep a change
+that did nothing as often as not); a move undone is
 not tried again for a back-off that doubles each time (``BACKOFF_S``, at most
 ``MAX_BACKOFF_S``). An interval that delivered no batch judges nothing (a stream
 starting up is not a slow one). Streams opening or closing undo the trial under way
@@ -37,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 __all__ = [
-    "BACKOFF_S", "BUSY", "GAIN", "MAX_BACKOFF_S", "MAX_PREFETCH", "SPARE", "WAITING", "Tunable", "Tuner", "TunerGauges",
-    "idle_cpu_s",
+    "BACKOFF_S", "BUSY", "GAIN", "MAX_BACKOFF_S", "MAX_PREFETCH", "SPARE", "TRIAL_INTERVALS", "WAITING", "Tunable",
+    "Tuner", "TunerGauges", "idle_cpu_s",
 ]
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ BUSY = 0.85  # share of the pool's thread time busy above which a thread more is
 WAITING = 0.05  # share of an interval a consumer waited for a batch above which the daemon is the slow side
 SPARE = 0.1  # share of the node's CPU time idle from which a thread more may find a CPU
 GAIN = 0.05  # how much better than the rate before a trial's rate must be to be kept
+TRIAL_INTERVALS = 2  # intervals a setting is measured over, before and after a change
 BACKOFF_S = 30.0  # how long a move undone is not tried again, doubled each time
 MAX_BACKOFF_S = 480.0
 MAX_PREFETCH = 4  # runs in flight per stream, at most (each holds a batch of decoded windows)
@@ -93,6 +96,7 @@ class _Trial:
     move: _Move
     before: int  # the value it had
     rate: float  # images/s before it
+    rates: list[float] = field(default_factory=list)  # images/s of its intervals so far
 
 
 @dataclass
@@ -174,10 +178,12 @@ class Tuner:
             return
         rate = interval.images / interval.seconds
         if self._trial is not None:
-            self._judge(rate)
+            self._trial.rates.append(rate)
+            if len(self._trial.rates) == TRIAL_INTERVALS:
+                self._judge(sum(self._trial.rates) / TRIAL_INTERVALS)
             return
-        self._rates = [*self._rates[-1:], rate]
-        if len(self._rates) < 2 or not interval.waiting or max(interval.waiting.values()) < WAITING:
+        self._rates = [*self._rates[1 - TRIAL_INTERVALS:], rate]
+        if len(self._rates) < TRIAL_INTERVALS or not interval.waiting or max(interval.waiting.values()) < WAITING:
             return
         move = self._next_move(interval)
         if move is not None:
@@ -253,7 +259,7 @@ class Tuner:
             log.debug("autotune: %s %d kept (%.0f images/s against %.0f)", _name(trial.move),
                       trial.before + trial.move.step, rate, trial.rate)
             self._backoff.pop(trial.move, None)
-            self._rates = [rate]
+            self._rates = trial.rates
             return
         self._set(trial.move, trial.before)
         wait_s = self._back_off(trial.move)

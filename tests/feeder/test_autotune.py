@@ -114,6 +114,8 @@ def test_a_move_that_did_not_pay_waits_its_back_off_which_doubles() -> None:
     node = Node()
     node.run(3, flat)  # two intervals' rates, then the trial: 2 -> 3
     assert node.pool.threads == 3
+    node.run(1, flat)
+    assert node.pool.threads == 3  # judged over two intervals
     node.run(1, flat)  # no gain: undone
     assert node.pool.threads == 2
     tried = len(node.gauges.threads)
@@ -190,3 +192,12 @@ def test_threads_given_by_hand_leave_the_prefetch_tuned() -> None:
     assert node.pool.threads == 2 and node.streams[0].prefetch == 2  # busy pool: prefetch is not what holds it
     node.run(20, lambda n: 500.0 * n.streams[0].prefetch, busy=0.5)
     assert node.streams[0].prefetch == MAX_PREFETCH and node.gauges.threads == []
+
+
+def test_one_lucky_interval_after_a_change_does_not_keep_it() -> None:
+    node = Node()
+    node.run(3, flat)
+    assert node.pool.threads == 3
+    node.run(1, lambda n: 1200.0)  # noise: 20 % up
+    node.run(1, lambda n: 850.0)  # and down: no better over both
+    assert node.pool.threads == 2
