@@ -19,12 +19,15 @@ Hits, misses and bypassed samples, entries and bytes go to the daemon's metrics.
 
 from __future__ import annotations
 
+import contextlib
+from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
 
 from core.errors import ConfigError
+from core.workers import Loop
 from feeder.decoded_cache import DecodedCache, cached_windows, decode_downscaled
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
 from feeder.metrics import ServerMetrics
@@ -93,10 +96,54 @@ class CachedRunner:
     def prefetch(self, runs: int) -> None:
         self.inner.prefetch = runs
 
+    def held(self, indices: np.ndarray, image_size: int) -> np.ndarray | None:
+        """The samples at ``indices`` the cache holds, for a batch of ``image_size``
+        (None where it is bypassed): their bytes are not needed. The cache never
+        evicts, so what it holds now it holds when the batch runs."""
+        if image_size > self._cache.side:
+            return None
+        return np.fromiter((self._cache.get((*self._prefix, int(i))) is not None for i in indices), bool,
+                           count=len(indices))
+
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
-        """One outcome per job, in order (as :meth:`PipelineRunner.run_many`)."""
-        for job in jobs:
-            yield self.run_alone(job, allocate)
+        """One outcome per job, in order (as :meth:`PipelineRunner.run_many`). A job
+        whose samples are all cached is started before the outcome of the one before
+        is handed out: its resizes run on the workers while the next job is read.
+        Others run when their turn comes."""
+        ahead: deque[Callable[[], Outcome[JobT]]] = deque()
+        try:
+            for job in jobs:
+                ahead.append(self._begin(job, allocate))
+                if len(ahead) > 1:
+                    yield ahead.popleft()()
+            while ahead:
+                yield ahead.popleft()()
+        finally:  # a consumer gone: nothing may still write into the slots it had
+            for finish in ahead:
+                with contextlib.suppress(Exception):
+                    finish()
+
+    def _begin(self, job: JobT, allocate: Allocate) -> Callable[[], Outcome[JobT]]:
+        """What hands out ``job``'s outcome: its resizes already started where every
+        sample is cached and the output is in host memory, else all of it later."""
+        if job.indices is None or job.image_size > self._cache.side:
+            return lambda: self.run_alone(job, allocate)
+        keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
+        images = [self._cache.get(key) for key in keys]
+        if any(image is None for image in images):
+            return lambda: self.run_alone(job, allocate)
+        slot = allocate((len(job), job.image_size, job.image_size, 3))
+        if slot.tensor.device.type != "cpu":
+            return lambda: Decoded(job, _written(slot, lambda out: self._from_cached(job, images, list(range(len(job))),
+                                                                                  out)))
+        _, loop = self._start_cached(job, images, list(range(len(job))), slot.array)
+        self._metrics.decoded_cache(hits=len(job), usage=self._cache.usage())
+
+        def finish() -> Outcome[JobT]:
+            loop.wait()
+            return Decoded(job, slot)
+
+        return finish
 
     def run_alone(self, job: JobT, allocate: Allocate = host_slot) -> Outcome[JobT]:
         """The outcome of ``job``: cached samples resized from the cache, the others
@@ -114,6 +161,8 @@ class CachedRunner:
         keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
         images = [self._cache.get(key) for key in keys]
         missing = [k for k, image in enumerate(images) if image is None]
+        if any(len(job.jpegs[k]) == 0 for k in missing):  # held when read: the cache never evicts
+            raise ConfigError("decoded cache: a sample read as held is not in it")
         hits = len(images) - len(missing)
         if missing and self._cache.admitting:
             self._fill(job, keys, images, missing)
@@ -156,6 +205,15 @@ class CachedRunner:
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None
     ) -> np.ndarray:
         """Crop, resize and mirror cached images ``ready`` (positions in the job)."""
+        out, loop = self._start_cached(job, images, ready, out, first=True)
+        loop.wait()
+        return out
+
+    def _start_cached(
+        self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None,
+        first: bool = False,
+    ) -> tuple[np.ndarray, Loop]:
+        """Start :meth:`_from_cached` on the lane: ``out`` and the loop that fills it."""
         crops = job.crops
         chosen = [images[k] for k in ready]
         cached = [image for image in chosen if image is not None]
@@ -163,7 +221,8 @@ class CachedRunner:
         shapes = np.array([image.shape[:2] for image in cached], dtype=np.int64).reshape(-1, 2)
         windows = cached_windows(crops.boxes[ready], self._split.widths[rows], self._split.heights[rows], shapes)
         views = [image[y0:y1, x0:x1] for image, (x0, y0, x1, y1) in zip(cached, windows)]
-        return self._resizer.resize(views, job.image_size, crops.flips[ready], self.spec.antialias, out=out)
+        return self._resizer.start(views, job.image_size, crops.flips[ready], self.spec.antialias, out=out,
+                                   first=first)
 
     def _parallel(self, work: Callable[[_Item], _Result], items: list[_Item]) -> list[_Result]:
         """``[work(x) for x in items]`` on the stream's lane (the decoder releases the GIL)."""

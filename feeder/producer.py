@@ -37,6 +37,7 @@ from transport.base import Slot
 __all__ = ["BatchRunner", "PlannedJob", "Producer", "ReadyBatch", "StreamContext"]
 
 _log = logging.getLogger(__name__)
+_NO_BYTES = np.empty(0, dtype=np.uint8)  # a sample whose pixels the runner holds: no bytes read
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class BatchRunner(Protocol):
 
     @property
     def decoded_early(self) -> int: ...  # slow samples whose decoding started ahead of their batch
+
+    # Which samples of a batch it needs no bytes of (True: it holds their pixels, and
+    # keeps them until they are run); None: it needs every sample's.
+    def held(self, indices: np.ndarray, image_size: int) -> np.ndarray | None: ...
 
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate) -> Iterator[Outcome[JobT]]: ...
 
@@ -225,10 +230,24 @@ class Producer:
             jpegs, boxes, from_copies = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
             crops = Crops(boxes=boxes, flips=crops.flips)
         else:
-            jpegs = split.read_many(batch.indices)
+            jpegs = self._unheld(batch.indices)
         # (another stream's misses count too: it is only a hint)
         self._reads_from_disk = 2 * (split.uncached_reads - uncached) > len(jpegs)
         return PlannedJob(jpegs, ctx.image_size, crops, batch.indices, screened=screened, from_copies=from_copies)
+
+    def _unheld(self, indices: np.ndarray) -> list[np.ndarray]:
+        """The bytes of the samples at ``indices`` the runner does not hold (those it
+        holds get none: their pixels are served from where it keeps them, read and
+        checked once already)."""
+        split = self._ctx.split
+        held = self._ctx.runner.held(indices, self._ctx.image_size)
+        if held is None or not held.any():
+            return split.read_many(indices)
+        jpegs = [_NO_BYTES] * len(indices)
+        wanted = np.flatnonzero(~held)
+        for position, jpeg in zip(wanted, split.read_many(indices[wanted]) if len(wanted) else []):
+            jpegs[position] = jpeg
+        return jpegs
 
     def _resolved(self, outcome: Outcome[PlannedJob], allocate: Allocate) -> Decoded[PlannedJob]:
         """``outcome`` with the policy applied until it decodes: each round replaces

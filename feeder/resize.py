@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from core.workers import Lane
+from core.workers import Lane, Loop
 
 __all__ = ["BatchResizer"]
 
@@ -58,7 +58,17 @@ class BatchResizer:
         self, images: Sequence[np.ndarray], size: int, flips: np.ndarray, antialias: bool = False,
         out: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Resize each image to ``size x size`` (bilinear), mirror where ``flips``.
+        """:meth:`start` and wait for it: ``out``, filled."""
+        out, loop = self.start(images, size, flips, antialias, out, first=True)
+        loop.wait()
+        return out
+
+    def start(
+        self, images: Sequence[np.ndarray], size: int, flips: np.ndarray, antialias: bool = False,
+        out: np.ndarray | None = None, first: bool = False,
+    ) -> tuple[np.ndarray, Loop]:
+        """Start resizing each image to ``size x size`` (bilinear) and mirroring where
+        ``flips``, on the lane; ``out`` and the loop to wait on before reading it.
 
         Args:
             images: uint8 ``[h, w, 3]`` arrays (any sizes).
@@ -67,8 +77,10 @@ class BatchResizer:
             antialias: widen the filter when downscaling (see module doc).
             out: uint8 ``[N, size, size, 3]`` to write into (None: a new array).
 
+            first: ahead of the lane's loops not yet started (its caller waits on it).
+
         Returns:
-            ``out``, filled.
+            ``out`` (filled once the loop has ended) and the loop.
         """
         if out is None:
             out = np.empty((len(images), size, size, 3), dtype=np.uint8)
@@ -79,5 +91,4 @@ class BatchResizer:
             if flips[i]:
                 cv2.flip(out[i], 1, dst=out[i])
 
-        self._lane.run(work, len(images))
-        return out
+        return out, self._lane.parallel(work, len(images), first=first)

@@ -83,6 +83,10 @@ class PipelineRunner:
         early, while they come)."""
         return max(1, self.prefetch) + (self.lookahead if self._decoder.can_look_ahead else 0)
 
+    def held(self, indices: np.ndarray, image_size: int) -> np.ndarray | None:
+        """None: it decodes every sample from its bytes."""
+        return None
+
     def run(self, job: Job) -> np.ndarray:
         """Decode and augment one job into host memory.
 

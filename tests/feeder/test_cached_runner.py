@@ -193,3 +193,21 @@ def test_with_the_skip_policy_a_bad_sample_is_replaced_and_still_never_cached(sh
         assert service.metrics.stats().samples_failed >= 1
     finally:
         service.close()
+
+
+def test_samples_the_cache_holds_are_served_without_reading_their_bytes_again(shards, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(shards, copy)
+    service = _service(copy, on_error="fail")  # a sample whose bytes were read and changed would end the stream
+    try:
+        keys, first = _epoch(service, seed=3, epoch=1)
+        for tar in (copy / "train").glob("*.tar"):  # every byte changed, in place: reads would see zeros
+            with open(tar, "r+b") as f:
+                f.write(bytes(tar.stat().st_size))
+        again_keys, again = _epoch(service, seed=3, epoch=1)
+        assert again_keys == keys and np.array_equal(again, first)
+        assert service.metrics.stats().samples_failed == 0
+        with pytest.raises(DataError):  # what the cache does not hold is read, and found changed
+            _epoch(service, seed=3, epoch=1, image_size=2 * SIDE)  # above the cached side: bypassed
+    finally:
+        service.close()
