@@ -201,3 +201,23 @@ def test_one_lucky_interval_after_a_change_does_not_keep_it() -> None:
     node.run(1, lambda n: 1200.0)  # noise: 20 % up
     node.run(1, lambda n: 850.0)  # and down: no better over both
     assert node.pool.threads == 2
+
+
+def test_a_busy_pool_without_cpu_to_spare_tries_a_run_less_for_every_stream_and_keeps_it_if_it_pays() -> None:
+    node = Node(streams=4)
+
+    def rate(n: Node) -> float:  # one run each delivers 19 % more than two on the busy threads
+        return 1900.0 if all(s.prefetch == 1 for s in n.streams) else 1600.0
+
+    node.run(4, rate, cpus_used=1.95)
+    assert [s.prefetch for s in node.streams] == [1, 1, 1, 1]
+    node.run(3, rate, cpus_used=1.95)
+    assert [s.prefetch for s in node.streams] == [1, 1, 1, 1]  # kept
+    assert sorted(node.gauges.prefetch) == sorted((str(i), 1) for i in range(4))
+
+
+def test_a_run_less_that_does_not_pay_is_given_back_to_every_stream() -> None:
+    node = Node(streams=2)
+    node.run(6, flat, cpus_used=1.95)
+    assert [s.prefetch for s in node.streams] == [2, 2]
+    assert ("0", 1) in node.gauges.prefetch and node.gauges.prefetch[-1][1] == 2
