@@ -16,8 +16,12 @@ from sharder import SampleDataConfig, ShardConfig, make_sample_data, shard
 from shards.layout import MANIFEST_NAME
 from shards.manifest import read_manifest
 
-__all__ = ["STORE_SHARD_BYTES", "BenchData", "prepare_sample", "prepare_store_sample", "resolve"]
+__all__ = [
+    "SAMPLE_TRAIN_PER_CLASS", "STORE_SHARD_BYTES", "BenchData", "prepare_sample", "prepare_store_sample", "resolve",
+]
 
+# Training images per class of the default sample (``feeder sample-data``'s default).
+SAMPLE_TRAIN_PER_CLASS = 100
 # Shard size of the object-store sample: 64 MiB, the MDS and LitData writers' default
 # shard and chunk size, so every loader fetches objects of about the same size.
 STORE_SHARD_BYTES = 64 << 20
@@ -31,21 +35,24 @@ class BenchData:
     source: Path | None
 
 
-def prepare_sample(cache: Path, seed: int = 0) -> BenchData:
-    """The sample tree and its shards under ``cache``, made on first use (about a minute),
-    and the shards made again when the sharder's options have changed since. The
+def prepare_sample(cache: Path, seed: int = 0, train_per_class: int = SAMPLE_TRAIN_PER_CLASS) -> BenchData:
+    """The sample tree and its shards under ``cache``, made on first use (about a minute
+    at the default ``train_per_class``, ten classes), and the shards made again when the
+    sharder's options have changed since. The
     shards have half-scale copies (``feeder shard --half-copies``), which feeder
     decodes windows at least twice the output from (most 128 px windows); the other
     loaders read the images, as feeder does at 224 px but for the rare window of 448
     px or more.
 
     Returns:
-        ``cache/sample/shards`` and ``cache/sample/src``.
+        ``cache/sample/shards`` and ``cache/sample/src`` (``sample-N`` for another
+        ``train_per_class``).
     """
-    root = cache / "sample"
+    root = cache / ("sample" if train_per_class == SAMPLE_TRAIN_PER_CLASS else f"sample-{train_per_class}")
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
-    built_once(src, lambda tmp: make_sample_data(SampleDataConfig(tmp, seed=seed)))
+    sample = SampleDataConfig(src, train_per_class=train_per_class, seed=seed)
+    built_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
     config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
     if (shards / MANIFEST_NAME).is_file() and read_manifest(shards).options != config.options():
         shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again

@@ -40,7 +40,7 @@ if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import venvs  # noqa: E402
-from bench.data import BenchData, prepare_sample, prepare_store_sample, resolve  # noqa: E402
+from bench.data import SAMPLE_TRAIN_PER_CLASS, BenchData, prepare_sample, prepare_store_sample, resolve  # noqa: E402
 from bench.loaders import LOADERS, STORE_LOADERS, LoaderSpec, LoaderUnavailable, loader_module  # noqa: E402
 from bench.measure import Schedule  # noqa: E402
 from bench.report import format_store_table, format_table, format_targets, plot, write_json  # noqa: E402
@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    f"(default: all but {', '.join(STORE_LOADERS)}; with --store s3: {','.join(_STORE_DEFAULT)})")
     p.add_argument("--store", choices=("local", "s3"), default="local",
                    help="s3: the data in a SeaweedFS started for the run, measured by epoch (--epochs 2 unless given)")
+    p.add_argument("--images-per-class", type=int, default=SAMPLE_TRAIN_PER_CLASS,
+                   help="without --data: training images per class of the sample (10 classes); more makes "
+                   "an epoch long enough to time when later epochs come from the decoded cache")
     p.add_argument("--store-images-per-class", type=int, default=600,
                    help="--store s3 without --data: training images per class of its sample (10 classes)")
     p.add_argument("--clients", type=int, default=1, help="concurrent consumers of one daemon (feeder loaders)")
@@ -128,8 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     stray = [n for n in args.loaders.split(",") if n in STORE_LOADERS]
     if args.store != "s3" and stray:
         p.error(f"{', '.join(stray)} read from an object store: add --store s3")
-    if args.store_images_per_class < 1:
-        p.error("--store-images-per-class must be positive")
+    if args.store_images_per_class < 1 or args.images_per_class < 1:
+        p.error("--images-per-class and --store-images-per-class must be positive")
     return args
 
 
@@ -181,7 +184,7 @@ def _data(args: argparse.Namespace) -> BenchData:
     if args.data is None and args.store == "s3":
         return prepare_store_sample(args.cache, args.store_images_per_class, seed=args.seed)
     if args.data is None:
-        return prepare_sample(args.cache, seed=args.seed)
+        return prepare_sample(args.cache, seed=args.seed, train_per_class=args.images_per_class)
     return resolve(args.data, args.source)
 
 
@@ -191,7 +194,7 @@ def _config(args: argparse.Namespace, data: BenchData, names: list[str]) -> dict
         "batch_size": args.batch_size, "image_size_px": args.image_size, "threads": args.threads,
         "seconds": args.seconds, "warmup_s": args.warmup, "repeats": args.repeats, "rounds": args.rounds,
         "loaders": names, "clients": args.clients, "device": args.device, "seed": args.seed, "jobs": args.jobs,
-        "epochs": args.epochs,
+        "epochs": args.epochs, "images_per_class": args.images_per_class if args.data is None else None,
         "decoded_cache_bytes": args.decoded_cache_bytes, "decoded_cache_side_px": args.decoded_cache_side,
     }
 

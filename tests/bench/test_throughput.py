@@ -97,6 +97,9 @@ def test_bad_options_are_refused_before_anything_runs(capsys: pytest.CaptureFixt
     assert "pytorch-lightning" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         throughput.parse_args(["--threads", "0"])
+    with pytest.raises(SystemExit):
+        throughput.parse_args(["--images-per-class", "0"])
+    assert "--images-per-class" in capsys.readouterr().err
 
 
 def test_a_folder_without_shards_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
