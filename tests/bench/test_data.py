@@ -28,4 +28,6 @@ def test_a_sample_of_another_size_is_made_in_a_folder_of_its_own(tmp_path: Path)
     assert data.shards == tmp_path / "sample-3" / "shards"
     assert sum(1 for _ in (data.source / "train").rglob("*.JPEG")) == 30  # ten classes of three
     assert read_manifest(data.shards).splits["train"].num_samples == 30
-    assert prepare_sample(tmp_path, train_per_class=3) == data  # made once
+    made = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    assert prepare_sample(tmp_path, train_per_class=3) == data
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == made  # made once
