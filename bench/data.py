@@ -48,33 +48,36 @@ def prepare_sample(cache: Path, seed: int = 0, train_per_class: int = SAMPLE_TRA
         ``cache/sample/shards`` and ``cache/sample/src`` (``sample-N`` for another
         ``train_per_class``).
     """
-    root = cache / ("sample" if train_per_class == SAMPLE_TRAIN_PER_CLASS else f"sample-{train_per_class}")
-    root.mkdir(parents=True, exist_ok=True)
-    src, shards = root / "src", root / "shards"
-    sample = SampleDataConfig(src, train_per_class=train_per_class, seed=seed)
-    built_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
-    config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
-    if (shards / MANIFEST_NAME).is_file() and read_manifest(shards).options != config.options():
-        shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
-    built_once(shards, lambda tmp: shard(replace(config, out=tmp)))
-    return BenchData(shards, src)
+    name = "sample" if train_per_class == SAMPLE_TRAIN_PER_CLASS else f"sample-{train_per_class}"
+    return _built(cache / name, train_per_class, seed)
 
 
 def prepare_store_sample(cache: Path, train_per_class: int, seed: int = 0) -> BenchData:
     """A larger sample for the object-store bench, made once under ``cache``: ten classes
     of ``train_per_class`` training images (an epoch long enough to time, several
     shards per loader worker), in shards of ``STORE_SHARD_BYTES``, with half-scale
-    copies as in :func:`prepare_sample`.
+    copies as in :func:`prepare_sample`, and made again as those are.
 
     Returns:
         ``cache/store-sample-N/shards`` and ``cache/store-sample-N/src``.
     """
-    root = cache / f"store-sample-{train_per_class}"
+    return _built(cache / f"store-sample-{train_per_class}", train_per_class, seed, shard_size_bytes=STORE_SHARD_BYTES)
+
+
+def _built(root: Path, train_per_class: int, seed: int, shard_size_bytes: int | None = None) -> BenchData:
+    """``root/src``, a sample tree of ten classes of ``train_per_class`` training images,
+    and ``root/shards`` (half-scale copies; tars of ``shard_size_bytes``, the sharder's
+    default for None), each made once; the shards made again when the sharder's options
+    have changed since."""
     root.mkdir(parents=True, exist_ok=True)
     src, shards = root / "src", root / "shards"
     sample = SampleDataConfig(src, train_per_class=train_per_class, seed=seed)
     built_once(src, lambda tmp: make_sample_data(replace(sample, out=tmp)))
-    config = ShardConfig(src, shards, seed=seed, half_copies=True, shard_size_bytes=STORE_SHARD_BYTES, progress=True)
+    config = ShardConfig(src, shards, seed=seed, half_copies=True, progress=True)
+    if shard_size_bytes is not None:
+        config = replace(config, shard_size_bytes=shard_size_bytes)
+    if (shards / MANIFEST_NAME).is_file() and read_manifest(shards).options != config.options():
+        shutil.rmtree(shards)  # made with other options (an older sharder's defaults): made again
     built_once(shards, lambda tmp: shard(replace(config, out=tmp)))
     return BenchData(shards, src)
 
