@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Generator, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -55,6 +56,16 @@ def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
     fill(host)
     slot.tensor.copy_(torch.from_numpy(host))
     return slot
+
+
+@dataclass(frozen=True)
+class _Begun(Generic[JobT]):
+    """A job :meth:`CachedRunner.run_many` has taken: ``finish`` hands out its
+    outcome (running it first where nothing was started); ``settle``, where its
+    resizes were started, waits for them without handing anything out."""
+
+    finish: Callable[[], Outcome[JobT]]
+    settle: Callable[[], object] | None = None
 
 
 class CachedRunner:
@@ -105,37 +116,41 @@ class CachedRunner:
         return np.fromiter((self._cache.get((*self._prefix, int(i))) is not None for i in indices), bool,
                            count=len(indices))
 
-    def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
+    def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Generator[Outcome[JobT], None, None]:
         """One outcome per job, in order (as :meth:`PipelineRunner.run_many`). A job
         whose samples are all cached is started before the outcome of the one before
         is handed out: its resizes run on the workers while the next job is read.
-        Others run when their turn comes."""
-        ahead: deque[Callable[[], Outcome[JobT]]] = deque()
+        Others run when their turn comes.
+
+        Closed early, it waits for the resizes it started (they write into slots
+        the consumer had) and starts nothing: a job not begun stays not run."""
+        ahead: deque[_Begun[JobT]] = deque()
         try:
             for job in jobs:
                 ahead.append(self._begin(job, allocate))
                 if len(ahead) > 1:
-                    yield ahead.popleft()()
+                    yield ahead.popleft().finish()
             while ahead:
-                yield ahead.popleft()()
+                yield ahead.popleft().finish()
         finally:  # a consumer gone: nothing may still write into the slots it had
-            for finish in ahead:
-                with contextlib.suppress(Exception):
-                    finish()
+            for begun in ahead:
+                if begun.settle is not None:
+                    with contextlib.suppress(Exception):
+                        begun.settle()
 
-    def _begin(self, job: JobT, allocate: Allocate) -> Callable[[], Outcome[JobT]]:
+    def _begin(self, job: JobT, allocate: Allocate) -> _Begun[JobT]:
         """What hands out ``job``'s outcome: its resizes already started where every
         sample is cached and the output is in host memory, else all of it later."""
         if job.indices is None or job.image_size > self._cache.side:
-            return lambda: self.run_alone(job, allocate)
+            return _Begun(lambda: self.run_alone(job, allocate))
         keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
         images = [self._cache.get(key) for key in keys]
         if any(image is None for image in images):
-            return lambda: self.run_alone(job, allocate)
+            return _Begun(lambda: self.run_alone(job, allocate))
         slot = allocate((len(job), job.image_size, job.image_size, 3))
         if slot.tensor.device.type != "cpu":
-            return lambda: Decoded(job, _written(slot, lambda out: self._from_cached(job, images, list(range(len(job))),
-                                                                                  out)))
+            return _Begun(lambda: Decoded(job, _written(slot, lambda out: self._from_cached(
+                job, images, list(range(len(job))), out))))
         _, loop = self._start_cached(job, images, list(range(len(job))), slot.array)
         self._metrics.decoded_cache(hits=len(job), usage=self._cache.usage())
 
@@ -143,7 +158,7 @@ class CachedRunner:
             loop.wait()
             return Decoded(job, slot)
 
-        return finish
+        return _Begun(finish, settle=loop.wait)
 
     def run_alone(self, job: JobT, allocate: Allocate = host_slot) -> Outcome[JobT]:
         """The outcome of ``job``: cached samples resized from the cache, the others

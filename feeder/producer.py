@@ -12,9 +12,10 @@ in its place, before the batches behind it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,7 +90,7 @@ class BatchRunner(Protocol):
     # keeps them until they are run); None: it needs every sample's.
     def held(self, indices: np.ndarray, image_size: int) -> np.ndarray | None: ...
 
-    def run_many(self, jobs: Iterable[JobT], allocate: Allocate) -> Iterator[Outcome[JobT]]: ...
+    def run_many(self, jobs: Iterable[JobT], allocate: Allocate) -> Generator[Outcome[JobT], None, None]: ...
 
     def run_alone(self, job: JobT, allocate: Allocate) -> Outcome[JobT]: ...
 
@@ -135,7 +136,7 @@ class Producer:
         self._copies = (context.runner.device_copies, context.runner.host_copies)
         self._early = context.runner.decoded_early  # likewise
 
-    def batches(self, slices: Iterator[BatchSlice], allocate: Allocate) -> Iterator[ReadyBatch]:
+    def batches(self, slices: Iterator[BatchSlice], allocate: Allocate) -> Generator[ReadyBatch, None, None]:
         """One ready batch per slice; pixels written into ``allocate``'s slots.
 
         Raises:
@@ -143,17 +144,20 @@ class Producer:
             DataError: a shard that cannot be read (names it), or a run that failed
                 with no sample to blame.
         """
-        outcomes = self._ctx.runner.run_many(self._jobs(slices), allocate)
-        while True:
-            started, read_before = time.perf_counter(), self._read_s
-            outcome = next(outcomes, None)
-            if outcome is None:
-                return
-            # Time blocked on decoding, less the reads of next batches done meanwhile.
-            self._metrics.stage("decode_augment", time.perf_counter() - started - (self._read_s - read_before))
-            decoded = self._resolved(outcome, allocate)
-            self._count_copies()
-            yield self._ready(decoded)
+        # Closed here, on the thread that drives it, never left to the garbage
+        # collector: that may run it on any thread, a pool worker included, where
+        # waiting for the runner's work could never end.
+        with contextlib.closing(self._ctx.runner.run_many(self._jobs(slices), allocate)) as outcomes:
+            while True:
+                started, read_before = time.perf_counter(), self._read_s
+                outcome = next(outcomes, None)
+                if outcome is None:
+                    return
+                # Time blocked on decoding, less the reads of next batches done meanwhile.
+                self._metrics.stage("decode_augment", time.perf_counter() - started - (self._read_s - read_before))
+                decoded = self._resolved(outcome, allocate)
+                self._count_copies()
+                yield self._ready(decoded)
 
     def _jobs(self, slices: Iterator[BatchSlice]) -> Iterator[PlannedJob]:
         split = self._ctx.split

@@ -12,7 +12,7 @@ it. Usable without gRPC: the in-process baseline in ``bench/`` runs the same cod
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -101,7 +101,7 @@ class PipelineRunner:
             raise outcome.error
         return outcome.slot.array
 
-    def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Iterator[Outcome[JobT]]:
+    def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Generator[Outcome[JobT], None, None]:
         """One outcome per job, in order, keeping up to ``prefetch`` in flight.
         Nothing is in flight when a :class:`Failed` is handed out.
 

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 
 from core.errors import FeederError
 from feeder.metrics import ServerMetrics
@@ -229,9 +229,10 @@ class BatchStream:
 
     def _produce(self) -> None:
         try:
-            for batch in self._producer.batches(self._slices, self._slot_for):
-                if not self._put(batch):
-                    return
+            with closing(self._producer.batches(self._slices, self._slot_for)) as batches:
+                for batch in batches:
+                    if not self._put(batch):
+                        return
             self._put(_END)
         except TransportClosed:
             return  # closed while waiting for a slot: nobody reads any more

@@ -4,7 +4,10 @@ jobs share one cache."""
 
 from __future__ import annotations
 
+import gc
+import inspect
 import shutil
+import types
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,9 +16,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.errors import DataError
+from feeder.augment import centre_crops
+from feeder.cached_runner import CachedRunner
 from feeder.config import ServerConfig
-from feeder.decoded_cache import ENTRY_OVERHEAD_BYTES
+from feeder.decoded_cache import ENTRY_OVERHEAD_BYTES, DecodedCache
+from feeder.jobs import Decoded, Job
 from feeder.metrics import ServerMetrics
+from feeder.pipeline import PipelineSpec
+from feeder.runner import PipelineRunner
 from feeder.service import FeederService, open_datasets
 from protocol.plan import LastBatch
 from protocol.request import StreamSpec
@@ -157,6 +165,28 @@ def test_a_sample_that_fails_to_decode_is_never_cached(shards, tmp_path):
         service.close()
 
 
+def _suspended_runs() -> list[object]:
+    # type(), not isinstance: asking some objects for their __class__ warns.
+    return [g for g in gc.get_objects() if type(g) is types.GeneratorType
+            and g.gi_code is CachedRunner.run_many.__code__ and inspect.getgeneratorstate(g) == inspect.GEN_SUSPENDED]
+
+
+def test_a_stream_that_fails_closes_its_run_on_its_own_thread(shards, tmp_path):
+    # Left to the garbage collector, a run's cleanup could run on any thread, a pool
+    # worker among them, and wait there for work only that worker could do.
+    _corrupt_copy(shards, tmp_path / "bad", "val", row=5)
+    service = _service(tmp_path / "bad", on_error="fail")
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(DataError, match="decode"):  # the error, held, holds the frames that ran
+            _epoch(service, split="val", batch_size=4)
+        assert _suspended_runs() == []
+    finally:
+        gc.enable()
+        service.close()
+
+
 def test_two_jobs_share_the_cache_and_each_gets_every_sample_once(shards, index_rows):
     n = len(index_rows["train"])
     server, port = start({"sample": shards}, decoded_cache_bytes=64 << 20, decoded_cache_side=SIDE)
@@ -211,3 +241,25 @@ def test_samples_the_cache_holds_are_served_without_reading_their_bytes_again(sh
             _epoch(service, seed=3, epoch=1, image_size=2 * SIDE)  # above the cached side: bypassed
     finally:
         service.close()
+
+
+def test_a_run_closed_early_waits_for_what_it_started_and_runs_nothing_else(shards):
+    split = open_datasets({"sample": shards})["sample"].splits["train"]
+    metrics = ServerMetrics()
+    runner = CachedRunner(PipelineRunner(PipelineSpec(max_batch_size=8, threads=1)),
+                          DecodedCache(64 << 20, SIDE), "sample", split, metrics)
+
+    def job(first: int) -> Job:
+        indices = np.arange(first, first + 4)
+        crops = centre_crops(split.widths[indices], split.heights[indices])
+        return Job(split.read_many(indices), 32, crops, indices)
+
+    try:
+        runner.run_alone(job(0))  # its samples are cached now; those of job(4) are not
+        outcomes = runner.run_many([job(0), job(4)])
+        assert isinstance(next(outcomes), Decoded)  # job(4) taken, not begun: a miss runs in its turn
+        outcomes.close()
+        stats = metrics.stats()
+        assert (stats.decoded_cache_hits, stats.decoded_cache_misses) == (4, 4), "job(4) was never run"
+    finally:
+        runner.inner.close()
