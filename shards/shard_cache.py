@@ -341,15 +341,16 @@ class ShardCache:
 
     def _fetch_failed(self, shard: CachedShard, copy: PartialCopy | None, why: str | None) -> None:
         with self._mutex:
-            self._pending.pop(shard.sha256, None)
-            self._partials.pop(shard.sha256, None)
-            self._failed[shard.sha256] = time.monotonic()
-            self._counts["download_failures"] += 1
+            self._partials.pop(shard.sha256, None)  # no read starts on it now
         if copy is not None:
             copy.close()
             copy.path.unlink(missing_ok=True)
         if why is not None and not self._closed:
             log.warning("%s: %s", shard.url, why)
+        with self._mutex:  # last: a download no longer pending has left nothing behind (see settle)
+            self._pending.pop(shard.sha256, None)
+            self._failed[shard.sha256] = time.monotonic()
+            self._counts["download_failures"] += 1
 
     def _disk_full(self, error: OSError) -> None:
         """The disk is full: the cache keeps what it holds and grows no more."""
@@ -361,8 +362,8 @@ class ShardCache:
                         "read from the store", self.directory, error.strerror or error, self.budget_bytes)
 
     def settle(self, timeout_s: float) -> bool:
-        """Wait until no download is under way or queued (at most ``timeout_s``);
-        whether none is."""
+        """Wait until no download is under way or queued (at most ``timeout_s``),
+        each one's copy renamed or removed and its failure logged; whether none is."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             with self._mutex:
