@@ -17,14 +17,19 @@ changes nothing. Where one did, it tries, the first that applies:
   longest (its decode thread count is not what holds it; the work it hands the pool
   between batches is), if the memory budget has room for it;
 - no CPU to spare, with more threads than CPUs: a thread less;
-- the pool busy and no CPU to spare: a run less in flight for every stream with
-  more than one (runs queued beyond what the threads can take only hold buffers:
-  with 4 streams on 2 threads, 1 run each delivered 19 % more than 2).
+- the pool busy and no CPU to spare, with more runs in flight over the streams than
+  the pool has threads: a run less in flight for every stream with more than one
+  (runs queued beyond what the threads can take only hold buffers: with 4 streams
+  on 2 threads, 1 run each delivered 19 % more than 2; a lone stream on 2 threads
+  delivered 10 % less with 1 than with 2, its pool idle between its runs).
 
-Each change is a trial: kept when the next ``TRIAL_INTERVALS`` intervals' rate beats
-the rate before it (of as many intervals) by ``GAIN``, undone otherwise (a rate over
-a few seconds moves by some 10 % on a busy node, so one interval would keep a change
-that did nothing as often as not); a move undone is
+Each change is a trial, judged on the next ``TRIAL_INTERVALS`` intervals' rate
+against the rate before it (of as many intervals); a rate over a few seconds moves
+by some 10 % on a busy node, so one interval would keep a change that did nothing
+as often as not. A move that takes more (a thread, a run in flight) is kept when it
+beats the rate before by ``GAIN``; one that gives back (a thread, a run's buffers)
+is kept unless it falls short of it by ``GAIN``: as fast with less is better, and
+asked to pay it would be undone by noise as often as not. Either, undone, is
 not tried again for a back-off that doubles each time (``BACKOFF_S``, at most
 ``MAX_BACKOFF_S``). An interval that delivered no batch judges nothing (a stream
 starting up is not a slow one). Streams opening or closing undo the trial under way
@@ -228,7 +233,8 @@ class Tuner:
         if threads and not spare and threads > self._cpus:
             moves.append(_Move("threads", -1))
         giving = tuple(s for s in self._seen if s.prefetch > 1)
-        if self._grant is not None and interval.busy >= BUSY and not spare and giving:
+        queued = sum(s.prefetch for s in self._seen) > self._pool.threads  # runs no thread can take yet
+        if self._grant is not None and interval.busy >= BUSY and not spare and giving and queued:
             moves.append(_Move("prefetch", -1, giving))  # more runs than the busy pool can use
         now = self._clock()
         return next((m for m in moves if self._backoff.get(m, (0.0, 0.0))[0] <= now), None)
@@ -274,7 +280,7 @@ class Tuner:
         trial, self._trial = self._trial, None
         assert trial is not None
         after = [v + trial.move.step for v in trial.before]
-        if rate >= trial.rate * (1 + GAIN):
+        if rate >= trial.rate * (1 + GAIN if trial.move.step > 0 else 1 - GAIN):  # see the module doc
             log.debug("autotune: %s %s kept (%.0f images/s against %.0f)", _name(trial.move),
                       _change(trial.before, after), rate, trial.rate)
             self._backoff.pop(trial.move, None)

@@ -216,8 +216,23 @@ def test_a_busy_pool_without_cpu_to_spare_tries_a_run_less_for_every_stream_and_
     assert sorted(node.gauges.prefetch) == sorted((str(i), 1) for i in range(4))
 
 
-def test_a_run_less_that_does_not_pay_is_given_back_to_every_stream() -> None:
+def test_a_run_less_that_costs_is_given_back_to_every_stream() -> None:
     node = Node(streams=2)
-    node.run(6, flat, cpus_used=1.95)
+    node.run(6, lambda n: 1000.0 if n.streams[0].prefetch == 2 else 900.0, cpus_used=1.95)
     assert [s.prefetch for s in node.streams] == [2, 2]
     assert ("0", 1) in node.gauges.prefetch and node.gauges.prefetch[-1][1] == 2
+
+
+def test_a_run_less_that_delivers_as_fast_is_kept_for_the_buffers_it_frees() -> None:
+    node = Node(streams=2)
+    node.run(8, lambda n: 1000.0 if n.streams[0].prefetch == 2 else 970.0, cpus_used=1.95)  # within noise
+    assert [s.prefetch for s in node.streams] == [1, 1]
+
+
+def test_a_lone_stream_with_no_more_runs_than_threads_keeps_its_runs_on_a_busy_pool() -> None:
+    node = Node()  # 2 runs in flight, 2 threads: none queued
+    node.run(20, flat, cpus_used=1.95)
+    assert node.streams[0].prefetch == 2 and node.gauges.prefetch == []
+    node.pool.threads = 1  # now one of its runs waits for a thread
+    node.run(4, flat, cpus_used=1.95)
+    assert node.streams[0].prefetch == 1
