@@ -323,3 +323,29 @@ def test_a_pool_grown_again_while_letting_workers_go_ends_with_its_new_number():
         time.sleep(0.01)
     assert _threads("t-regrow") == 4
     pool.close()
+
+
+def test_each_lane_is_charged_the_cpu_its_own_items_took_by_the_time_its_loop_ends():
+    pool = FairPool(2, name="t-cpu")
+    light, heavy = pool.lane("light"), pool.lane("heavy")
+    took: dict[str, float] = {"light": 0.0, "heavy": 0.0}
+    lock = threading.Lock()
+
+    def burning(name: str, cpu_s: float):
+        def work(i: int) -> None:
+            started = time.thread_time()
+            while time.thread_time() - started < cpu_s:
+                pass
+            with lock:
+                took[name] += time.thread_time() - started
+        return work
+
+    try:
+        for _ in range(3):  # the lanes' loops interleave item by item on both workers
+            loops = [light.parallel(burning("light", 0.001), 16), heavy.parallel(burning("heavy", 0.01), 16)]
+            for loop in loops:
+                loop.wait()
+        assert light.cpu_s >= took["light"] and heavy.cpu_s >= took["heavy"], "every item's CPU, when its loop ends"
+        assert light.cpu_s < took["light"] + 0.5 * took["heavy"] / 16, "none of the other lane's items"
+    finally:
+        pool.close()
