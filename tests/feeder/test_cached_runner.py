@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from core.errors import DataError
 from feeder.augment import centre_crops
@@ -31,6 +32,7 @@ from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
 from tests.common.bad_samples import index_as_stored
 from tests.feeder.conftest import connect, start
+from transport.base import Slot
 
 SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is downscaled
 
@@ -254,12 +256,22 @@ def test_a_run_closed_early_waits_for_what_it_started_and_runs_nothing_else(shar
         crops = centre_crops(split.widths[indices], split.heights[indices])
         return Job(split.read_many(indices), 32, crops, indices)
 
+    slots: list[Slot] = []
+
+    def allocate(shape: tuple[int, ...]) -> Slot:
+        slots.append(Slot(tensor=torch.zeros(shape, dtype=torch.uint8)))
+        return slots[-1]
+
     try:
-        runner.run_alone(job(0))  # its samples are cached now; those of job(4) are not
+        reference = runner.run_alone(job(0)).slot.array  # its samples are cached now; those of job(4) are not
+        outcomes = runner.run_many([job(0), job(0)], allocate)
+        assert isinstance(next(outcomes), Decoded)  # the second job(0) begun: its resizes started
+        outcomes.close()
+        assert len(slots) == 2 and np.array_equal(slots[1].array, reference), "closed after what it started"
         outcomes = runner.run_many([job(0), job(4)])
         assert isinstance(next(outcomes), Decoded)  # job(4) taken, not begun: a miss runs in its turn
         outcomes.close()
         stats = metrics.stats()
-        assert (stats.decoded_cache_hits, stats.decoded_cache_misses) == (4, 4), "job(4) was never run"
+        assert (stats.decoded_cache_hits, stats.decoded_cache_misses) == (12, 4), "job(4) was never run"
     finally:
         runner.inner.close()
