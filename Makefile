@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.ray
 PROTO_OUT := protos/feeder_pb2.py
-JPEG_LIB  := $(VENV)/.jpeg-library
+NATIVE_LIBS := $(VENV)/.native-libraries
 DEMO    := .demo
 
 .PHONY: demo test test-cluster slurm test-under-load chaos install proto typecheck lint clean
@@ -26,12 +26,13 @@ $(RAY_STAMP): pyproject.toml $(STAMP)
 $(PROTO_OUT): protos/feeder.proto $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 
-# The JPEG library of shards/ (optional: the pipeline falls back to DALI without it).
-$(JPEG_LIB): shards/_jpeg.c setup.py $(STAMP)
+# The C libraries: shards/'s JPEG windows (without it the pipeline decodes with DALI) and feeder/'s
+# batch resize (without it, OpenCV's); both optional.
+$(NATIVE_LIBS): shards/_jpeg.c feeder/_resize.c setup.py $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace
 	touch $@
 
-install: $(STAMP) $(PROTO_OUT) $(JPEG_LIB)
+install: $(STAMP) $(PROTO_OUT) $(NATIVE_LIBS)
 
 proto: $(PROTO_OUT)
 
@@ -71,4 +72,4 @@ demo: install
 	$(BIN)/python -m feeder.demo --workdir $(DEMO)
 
 clean:
-	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so $(JPEG_LIB)
+	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so feeder/_resize*.so $(NATIVE_LIBS)

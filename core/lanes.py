@@ -18,6 +18,9 @@ __all__ = ["Lane", "Scheduler", "Share"]
 class Scheduler(Protocol):
     """What lanes ask of their pool (:class:`core.workers.FairPool`)."""
 
+    @property
+    def threads(self) -> int: ...
+
     def _schedule(self, lane: Lane, loop: Loop, first: bool) -> Loop: ...
 
     def _close_lane(self, lane: Lane) -> None: ...
@@ -110,6 +113,11 @@ class Lane:
     def weight(self, weight: float) -> None:
         self._weight = _positive(weight, f"lane {self.name or '?'}")
         self._own.weight = self._weight
+
+    @property
+    def threads(self) -> int:
+        """Its pool's worker threads now: at most this many of its items run at once."""
+        return self.pool.threads
 
     def join(self, share: Share | None) -> None:
         """Move into ``share`` (None: back into a share of its own). Its items

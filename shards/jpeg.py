@@ -35,7 +35,6 @@ failure (truncated data included) is reported, never patched up.
 from __future__ import annotations
 
 import ctypes
-import importlib.machinery
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from core.native import load_library
 from core.workers import Lane, Loop
 
 __all__ = [
@@ -72,19 +72,8 @@ _SLACK_COLS = 96
 @cache
 def _library() -> ctypes.CDLL | str:
     """The built C library, or why there is none."""
-    here = Path(__file__).resolve().parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"_jpeg{suffix}"
-        if path.exists():
-            try:
-                lib = ctypes.CDLL(str(path))
-                return _declare(lib)
-            except OSError as e:
-                return f"{path.name} does not load: {e}"
-            except AttributeError as e:  # a function missing: built from an older _jpeg.c
-                return f"{path.name} is out of date ({e}); reinstall (make install) to rebuild it"
-    return ("shards/_jpeg*.so was not built (installing builds it where a C compiler and "
-            "libjpeg-turbo's headers, e.g. libjpeg62-turbo-dev, are present)")
+    return load_library(Path(__file__).resolve().parent, "_jpeg", _declare,
+                        needs="a C compiler and libjpeg-turbo's headers (e.g. libjpeg62-turbo-dev) are present")
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -1,13 +1,19 @@
-"""The CPU resize against reference resizes: same window, same filter, within 1 level."""
+"""The CPU resize against reference resizes: same window, same filter, within 1 level;
+the C resize's two paths against each other, byte for byte."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
+import cv2
 import numpy as np
 import pytest
 from PIL import Image
 
 from core.workers import FairPool
+from feeder import resize
 from feeder.resize import BatchResizer
+from shards import jpeg
 
 
 def _photo_like(height: int, width: int, seed: int) -> np.ndarray:
@@ -71,3 +77,77 @@ def test_flagged_images_are_mirrored(resizer):
     mixed = resizer.resize(IMAGES, 40, flips)
     for i, flip in enumerate(flips):
         assert np.array_equal(mixed[i], straight[i][:, ::-1] if flip else straight[i])
+
+
+def _windows(count: int, seed: int) -> list[np.ndarray]:
+    """Windows of a larger image (strided rows), some at its right and bottom edges,
+    from 1x1 up to larger than 224 px: upscaled and downscaled."""
+    rng = np.random.default_rng(seed)
+    image = _photo_like(300, 340, seed)
+    out = [image[-7:, -5:], image[:1, :1], image[:1, :], image[:, -1:], image]
+    while len(out) < count:
+        w, h = int(rng.integers(1, 341)), int(rng.integers(1, 301))
+        x, y = int(rng.integers(0, 341 - w)), int(rng.integers(0, 301 - h))
+        out.append(image[y : y + h, x : x + w])
+    return out
+
+
+needs_native = pytest.mark.skipif(resize.native_unavailable_reason() is not None,
+                                  reason=str(resize.native_unavailable_reason()))
+
+
+def test_the_c_resize_is_built_wherever_the_jpeg_library_is():
+    # Both are built by the same compiler at install: one without the other is a build fault.
+    if jpeg.available():
+        assert resize.native_unavailable_reason() is None
+
+
+@needs_native
+@pytest.mark.parametrize("size", [224, 31])
+def test_the_c_resize_s_simd_and_portable_paths_write_the_same_bytes(size):
+    windows = _windows(40, seed=size)
+    flips = np.arange(len(windows)) % 3 == 0
+    fast, portable = (np.empty((len(windows), size, size, 3), np.uint8) for _ in range(2))
+    for out, simd in ((fast, True), (portable, False)):
+        assert resize.NativeBatch(resize._items(windows, out, flips)).resize(simd=simd) == len(windows)
+    assert np.array_equal(fast, portable)
+    for window, got, flip in zip(windows, fast, flips):
+        want = _bilinear(window, size)
+        assert np.abs(got - (want[:, ::-1] if flip else want)).max() <= 1.0
+
+
+@needs_native
+def test_every_image_of_a_batch_not_a_multiple_of_a_call_is_resized(resizer):
+    windows = _windows(19, seed=3)
+    flips = np.arange(19) % 2 == 1
+    out = np.zeros((19, 48, 48, 3), np.uint8)
+    resizer.resize(windows, 48, flips, out=out)
+    for window, got, flip in zip(windows, out, flips):
+        want = cv2.resize(window, (48, 48), interpolation=cv2.INTER_LINEAR)
+        assert np.abs(got.astype(int) - (want[:, ::-1] if flip else want)).max() <= 1
+
+
+@needs_native
+def test_calls_sharing_a_batch_resize_each_image_once():
+    windows = _windows(64, seed=9)
+    out = np.zeros((64, 64, 64, 3), np.uint8)
+    batch = resize.NativeBatch(resize._items(windows, out, np.zeros(64, bool)))
+    with ThreadPoolExecutor(3) as threads:
+        done = list(threads.map(lambda _: batch.resize(), range(3)))
+    assert sum(done) == 64 and batch.resize() == 0
+    for window, got in zip(windows, out):
+        assert np.abs(got - _bilinear(window, 64)).max() <= 1.0
+
+
+def test_images_whose_pixels_are_not_packed_are_resized_by_opencv(resizer):
+    spaced = _photo_like(120, 200, 5)[:, ::2]  # every other column: pixels 6 bytes apart
+    assert resize._items([spaced], np.empty((1, 40, 40, 3), np.uint8), np.zeros(1, bool)) is None
+    out = resizer.resize([spaced, IMAGES[0]], 40, np.zeros(2, bool))
+    assert np.abs(out[0] - _bilinear(spaced, 40)).max() <= 1.0
+
+
+@needs_native
+def test_an_empty_window_is_an_error_that_names_it(resizer):
+    windows = [IMAGES[0], IMAGES[1][:0], IMAGES[2]]
+    with pytest.raises(ValueError, match="image 1 of the batch: 300x0"):
+        resizer.resize(windows, 32, np.zeros(3, bool))
