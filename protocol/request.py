@@ -27,14 +27,17 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_BATCH_STRIDE",
     "MAX_EPOCH",
+    "MAX_EPOCH_SAMPLES",
     "MAX_IMAGE_SIZE",
     "MAX_WORLD_SIZE",
     "MIN_CROP_SCALE",
     "MIN_IMAGE_SIZE",
     "AugmentKind",
     "CropRange",
+    "MixPart",
     "StreamSpec",
     "from_request",
+    "mix_name",
     "to_request",
 ]
 
@@ -48,6 +51,9 @@ MAX_EPOCH = 2**31 - 1
 MAX_WORLD_SIZE = 1 << 20
 # Daemons one rank may draw from (the stride of a share of its stream).
 MAX_BATCH_STRIDE = 1024
+# Samples per epoch of a mix: its plan's integer arithmetic multiplies two of them
+# within int64 (protocol/mix.py), and an epoch's order is held in memory.
+MAX_EPOCH_SAMPLES = 2**31 - 1
 _MAX_INT32 = 2**31 - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_INT64 = 2**63 - 1
@@ -107,6 +113,65 @@ class CropRange:
                 raise InvalidArgument(f"{lower}: {getattr(self, lower):g} is above {upper} {getattr(self, upper):g}")
 
 
+@dataclass(frozen=True)
+class MixPart:
+    """One dataset of a mixed stream.
+
+    Attributes:
+        dataset: its name on the daemon.
+        weight: its weight (positive, finite; only the weights' ratios count).
+        manifest_sha256, index_sha256: what the daemon must serve under the name
+            (:mod:`protocol.identity`; "" not checked).
+    """
+
+    dataset: str
+    weight: float
+    manifest_sha256: str = ""
+    index_sha256: str = ""
+
+
+def mix_name(parts: tuple[MixPart, ...]) -> str:
+    """The ``dataset`` of a mixed request: the names joined with ``+`` (what a daemon
+    that knows no mixes looks up, and refuses)."""
+    return "+".join(part.dataset for part in parts)
+
+
+def _check_sha256(name: str, value: str) -> None:
+    if value and not _SHA256.fullmatch(value):
+        raise InvalidArgument(f"{name}: {value[:80]!r} is not a sha256 (64 hex digits)")
+
+
+def _check_mix(spec: StreamSpec) -> None:
+    """A mix's parts (names given once, positive finite weights) and epoch length.
+
+    Raises:
+        InvalidArgument: naming the field (``mix[1].weight: ...``).
+    """
+    if not spec.mix:
+        if spec.epoch_samples:
+            raise InvalidArgument(f"epoch_samples: {spec.epoch_samples} without a mix (only a mix sets it)")
+        return
+    seen: set[str] = set()
+    for k, part in enumerate(spec.mix):
+        if not part.dataset:
+            raise InvalidArgument(f"mix[{k}].dataset: empty")
+        if part.dataset in seen:
+            raise InvalidArgument(f"mix[{k}].dataset: {part.dataset[:80]!r} given twice")
+        seen.add(part.dataset)
+        if not (math.isfinite(part.weight) and part.weight > 0):
+            raise InvalidArgument(f"mix[{k}].weight: {part.weight!r} for {part.dataset[:80]!r} is not a positive "
+                                  "finite number")
+        _check_sha256(f"mix[{k}].manifest_sha256", part.manifest_sha256)
+        _check_sha256(f"mix[{k}].index_sha256", part.index_sha256)
+    if not 1 <= spec.epoch_samples <= MAX_EPOCH_SAMPLES:
+        raise InvalidArgument(f"epoch_samples: {spec.epoch_samples} is not in 1..{MAX_EPOCH_SAMPLES}")
+    if spec.dataset != mix_name(spec.mix):
+        raise InvalidArgument(f"dataset: {spec.dataset[:80]!r} for a mix of {mix_name(spec.mix)[:80]!r} (a mix's "
+                              "dataset is its names joined with '+')")
+    if spec.manifest_sha256 or spec.index_sha256:
+        raise InvalidArgument("manifest_sha256: a mix carries each dataset's in its part")
+
+
 # Inclusive ranges of the integer fields (batch_size is also checked against the
 # daemon's limit, start_cursor against the rank's part).
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -138,7 +203,10 @@ class StreamSpec:
     and ``batch_offset``: only every ``batch_stride``-th batch from ``batch_offset``
     (counted across the stream's epochs), a rank's share of a pool of daemons.
     ``manifest_sha256``, ``index_sha256``, ``pixel_options_sha256``: what the daemon
-    must serve (:mod:`protocol.identity`; "" not checked).
+    must serve (:mod:`protocol.identity`; "" not checked). ``mix``: the datasets of a
+    mixed stream (``dataset`` is then :func:`mix_name` of them, and each part carries
+    its own manifest and index digests) and ``epoch_samples`` its epoch's length
+    (:mod:`protocol.mix`).
 
     Raises:
         InvalidArgument: a field out of range (the message starts with its name).
@@ -167,6 +235,8 @@ class StreamSpec:
     manifest_sha256: str = ""
     index_sha256: str = ""
     pixel_options_sha256: str = ""
+    mix: tuple[MixPart, ...] = ()
+    epoch_samples: int = 0
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -188,17 +258,28 @@ class StreamSpec:
             if any(not 0 <= c <= _MAX_INT64 for c in segment.cursors):
                 raise InvalidArgument(f"consumed[{k}]: a cursor below 0")
         for name in ("manifest_sha256", "index_sha256", "pixel_options_sha256"):
-            value = getattr(self, name)
-            if value and not _SHA256.fullmatch(value):
-                raise InvalidArgument(f"{name}: {value[:80]!r} is not a sha256 (64 hex digits)")
+            _check_sha256(name, getattr(self, name))
+        _check_mix(self)
         if self.batch_size * self.image_size**2 * 3 > MAX_BATCH_BYTES:
             raise InvalidArgument(f"batch_size: {self.batch_size} images of {self.image_size} px exceed "
                                   f"{MAX_BATCH_BYTES >> 20} MiB per message")
 
     @property
     def identity(self) -> Identity:
-        """What the daemon must serve for this request."""
+        """What the daemon must serve for this request (a plain one)."""
         return Identity(self.manifest_sha256, self.index_sha256, self.pixel_options_sha256)
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The datasets streamed: the mix's, in the order given, or ``dataset``."""
+        return tuple(part.dataset for part in self.mix) if self.mix else (self.dataset,)
+
+    def identities(self) -> dict[str, Identity]:
+        """What the daemon must serve under each dataset's name."""
+        if not self.mix:
+            return {self.dataset: self.identity}
+        return {part.dataset: Identity(part.manifest_sha256, part.index_sha256, self.pixel_options_sha256)
+                for part in self.mix}
 
     @property
     def kind(self) -> AugmentKind:
@@ -222,7 +303,7 @@ _AUGMENT = {
 # Fields copied as they are between StreamSpec and StreamRequest.
 _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "batch_size", "image_size",
          "start_cursor", "max_samples", "local_world_size", "batch_offset", "manifest_sha256", "index_sha256",
-         "pixel_options_sha256")
+         "pixel_options_sha256", "epoch_samples")
 
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
@@ -256,6 +337,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         crop=_crop(request),
         antialias=request.antialias if request.HasField("antialias") else None,
         consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
+        mix=tuple(MixPart(p.dataset, p.weight, p.manifest_sha256, p.index_sha256) for p in request.mix),
     )
 
 
@@ -279,4 +361,7 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
         request.antialias = spec.antialias
     for segment in spec.consumed:
         request.consumed.add(world_size=segment.world_size, cursors=segment.cursors)
+    for part in spec.mix:
+        request.mix.add(dataset=part.dataset, weight=part.weight, manifest_sha256=part.manifest_sha256,
+                        index_sha256=part.index_sha256)
     return request

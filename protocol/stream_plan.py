@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from core.errors import InvalidArgument
+from protocol.mix import Mix, mixed_order
 from protocol.plan import (
     BatchSlice,
     LastBatch,
@@ -37,7 +38,11 @@ from protocol.plan import (
 )
 from protocol.request import AugmentKind, StreamSpec
 
-__all__ = ["BatchPlace", "Skipped", "StreamWindow", "plan_stream", "rank_part_of", "stream_steps", "stream_window"]
+__all__ = ["BatchPlace", "Skipped", "StreamWindow", "mix_of", "plan_stream", "rank_part_of", "stream_steps",
+           "stream_window"]
+
+# What a stream's plan is drawn from: the size of a plain split, or a mix's datasets.
+PlanSplit = int | Mix
 
 
 @dataclass(frozen=True)
@@ -206,44 +211,74 @@ def _share(batches: Iterator[BatchSlice], number: int, stride: int, offset: int)
             yield batch
 
 
-def stream_window(spec: StreamSpec, num_samples: int) -> StreamWindow:
+def mix_of(spec: StreamSpec, sizes: tuple[int, ...]) -> Mix:
+    """The mix ``spec`` asks for, over its datasets' splits of ``sizes`` samples (in
+    the mix's order).
+
+    Raises:
+        InvalidArgument: ``spec`` is not a mix, or an empty split.
+    """
+    if not spec.mix:
+        raise InvalidArgument(f"dataset: {spec.dataset!r} is not a mix")
+    try:
+        return Mix(sizes, tuple(part.weight for part in spec.mix), spec.epoch_samples)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"split: {spec.split!r} of the mix: {e}") from e
+
+
+def _length(split: PlanSplit) -> int:
+    """Samples of an epoch."""
+    return split if isinstance(split, int) else len(split)
+
+
+def stream_window(spec: StreamSpec, num_samples: PlanSplit) -> StreamWindow:
     """The batches of the stream ``spec`` asks for from a split of ``num_samples``
-    (its first epoch's part is of what ``spec.consumed`` left of it: an elastic
-    resume).
+    (or a mix's epochs of ``epoch_samples``; its first epoch's part is of what
+    ``spec.consumed`` left of it: an elastic resume).
 
     Raises:
         InvalidArgument: segments that cannot describe the epoch, a cursor past the
             rank's part (the message names the field).
     """
-    policy, world = spec.last_batch, spec.world_size
+    policy, world, num_samples = spec.last_batch, spec.world_size, _length(num_samples)
     rest = remaining_length(num_samples, spec.consumed, policy) if spec.consumed else num_samples
     return StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, policy,
                         plan_length(rest, world, policy), plan_length(num_samples, world, policy), spec.max_samples,
                         left_over(num_samples, world, policy))
 
 
-def rank_part_of(spec: StreamSpec, num_samples: int, epoch: int) -> RankPart:
+def rank_part_of(spec: StreamSpec, num_samples: PlanSplit, epoch: int) -> RankPart:
     """The rank's part of ``epoch``: of the whole order (shuffled by ``spec.seed`` and
     ``epoch`` under train augmentation, else in stored order), or, in the request's
-    first epoch, of what the job's earlier ranks left of it (``spec.consumed``).
+    first epoch, of what the job's earlier ranks left of it (``spec.consumed``). A
+    mix's order is :func:`protocol.mix.mixed_order` (composite indices).
 
     Raises:
-        InvalidArgument: segments that cannot describe the epoch.
+        InvalidArgument: segments that cannot describe the epoch, a mix's request
+            without its mix.
     """
-    order = epoch_order(num_samples, spec.seed, epoch, shuffle=spec.kind is AugmentKind.TRAIN)
-    if epoch == spec.epoch and spec.consumed:
-        order = remaining_order(order, spec.consumed, spec.last_batch)
+    shuffle = spec.kind is AugmentKind.TRAIN
+    consumed = spec.consumed if epoch == spec.epoch else ()
+    if isinstance(num_samples, Mix):
+        order = mixed_order(num_samples, spec.seed, epoch, shuffle, spec.world_size, consumed, spec.last_batch)
+    elif spec.mix:
+        raise InvalidArgument(f"dataset: {spec.dataset!r} is a mix; its plan needs its datasets' sizes")
+    else:
+        order = epoch_order(num_samples, spec.seed, epoch, shuffle=shuffle)
+        if consumed:
+            order = remaining_order(order, consumed, spec.last_batch)
     return rank_part(order, spec.rank, spec.world_size, spec.last_batch)
 
 
-def plan_stream(spec: StreamSpec, num_samples: int, first: RankPart | None = None) -> Iterator[BatchSlice | Skipped]:
+def plan_stream(spec: StreamSpec, num_samples: PlanSplit,
+                first: RankPart | None = None) -> Iterator[BatchSlice | Skipped]:
     """The batches of ``spec``'s share of its stream (every ``batch_stride``-th from
     ``batch_offset``) and what ``drop`` skips, as :func:`stream_steps` cuts them from
     :func:`stream_window` and :func:`rank_part_of`.
 
     Args:
         spec: the request.
-        num_samples: samples in its split.
+        num_samples: samples in its split (a mix: its :func:`mix_of`).
         first: the rank's part of ``spec.epoch`` where the caller has it already
             (``rank_part_of(spec, num_samples, spec.epoch)``: one shuffle less).
 

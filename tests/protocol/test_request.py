@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from core.errors import InvalidArgument
 from protocol.plan import LastBatch
-from protocol.request import AugmentKind, CropRange, StreamSpec, from_request, to_request
+from protocol.request import AugmentKind, CropRange, MixPart, StreamSpec, from_request, mix_name, to_request
 from protos import feeder_pb2
 
 
@@ -68,3 +70,44 @@ def test_limits_pass_as_float32_whichever_side_rounded_them():
     crop = CropRange(min_scale=0.01, min_ratio=0.1, max_ratio=10.0)
     assert from_request(to_request(StreamSpec(dataset="d", split="val", crop=crop))).crop.min_scale == \
         pytest.approx(0.01)
+
+
+def _mix(*parts: tuple[str, float], **fields) -> StreamSpec:
+    mix = tuple(MixPart(name, weight) for name, weight in parts)
+    return StreamSpec(**(dict(dataset=mix_name(mix), split="train", mix=mix, epoch_samples=100) | fields))
+
+
+def test_a_mix_survives_the_wire_and_names_its_datasets():
+    sha = "ab" * 32
+    spec = _mix(("imagenet", 0.8), ("extra", 0.2), epoch_samples=1234)
+    spec = from_request(to_request(dataclasses.replace(spec, mix=(MixPart("imagenet", 0.8, sha, sha),
+                                                                  MixPart("extra", 0.2)))))
+    assert from_request(to_request(spec)) == spec
+    assert spec.dataset == "imagenet+extra" and spec.datasets == ("imagenet", "extra")
+    assert spec.identities()["imagenet"].manifest_sha256 == sha
+    assert StreamSpec(dataset="d", split="val").datasets == ("d",)
+
+
+@pytest.mark.parametrize("build,name", [
+    (lambda: _mix(("a", 0.5), ("b", 0.0)), "mix[1].weight"),
+    (lambda: _mix(("a", 0.5), ("b", -1.0)), "mix[1].weight"),
+    (lambda: _mix(("a", float("nan")), ("b", 1.0)), "mix[0].weight"),
+    (lambda: _mix(("a", float("inf")), ("b", 1.0)), "mix[0].weight"),
+    (lambda: _mix(("a", 0.5), ("a", 0.5)), "mix[1].dataset"),
+    (lambda: _mix(("a", 0.5), ("", 0.5)), "mix[1].dataset"),
+    (lambda: _mix(("a", 0.5), ("b", 0.5), epoch_samples=0), "epoch_samples"),
+    (lambda: _mix(("a", 0.5), ("b", 0.5), epoch_samples=-3), "epoch_samples"),
+    (lambda: _mix(("a", 0.5), ("b", 0.5), dataset="a"), "dataset"),
+    (lambda: StreamSpec(dataset="a", split="train", epoch_samples=10), "epoch_samples"),
+])
+def test_a_bad_mix_is_refused_naming_the_field(build, name):
+    with pytest.raises(InvalidArgument) as caught:
+        build()
+    assert str(caught.value).startswith(f"{name}:")
+
+
+def test_a_bad_mix_on_the_wire_is_refused_as_it_is_read():
+    request = to_request(_mix(("a", 0.5), ("b", 0.5)))
+    request.mix[1].weight = 0.0
+    with pytest.raises(InvalidArgument, match=r"^mix\[1\]\.weight"):
+        from_request(request)

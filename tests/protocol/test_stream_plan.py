@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgument
+from protocol.mix import Mix, mixed_order
 from protocol.plan import (
     BatchSlice,
     LastBatch,
@@ -30,7 +31,7 @@ from protocol.plan import (
     rank_part,
     tail_skipped,
 )
-from protocol.request import StreamSpec
+from protocol.request import MixPart, StreamSpec, mix_name
 from protocol.stream_plan import Skipped, StreamWindow, plan_stream, rank_part_of, stream_steps, stream_window
 
 
@@ -194,9 +195,14 @@ def _naive_epoch(spec: StreamSpec, n: int, epoch: int) -> tuple[list[tuple], int
     """(epoch, cursor, indices, padding) of each batch of ``epoch`` in ``spec``'s
     stream, and what ``drop`` skips of it."""
     first = epoch == spec.epoch
-    order = [int(i) for i in epoch_order(n, spec.seed, epoch, shuffle=spec.split == "train")]
-    indices, padding, left = _naive_part(_naive_rest(order, spec.consumed if first else (), spec.last_batch),
-                                         spec.rank, spec.world_size, spec.last_batch)
+    consumed = spec.consumed if first else ()
+    if isinstance(n, Mix):  # the mix's order after the segments (tests/protocol/test_mix.py), cut as any
+        rest = mixed_order(n, spec.seed, epoch, spec.split == "train", spec.world_size, consumed, spec.last_batch)
+        order = [int(i) for i in rest]
+    else:
+        order = _naive_rest([int(i) for i in epoch_order(n, spec.seed, epoch, shuffle=spec.split == "train")],
+                            consumed, spec.last_batch)
+    indices, padding, left = _naive_part(order, spec.rank, spec.world_size, spec.last_batch)
     start, size = (spec.start_cursor if first else 0), spec.batch_size
     end = min(len(indices), start + spec.max_samples) if first and spec.max_samples else len(indices)
     batches, tail = [], 0
@@ -291,3 +297,33 @@ def test_the_window_both_sides_number_by_places_every_batch_the_daemon_cuts(requ
             spec, epoch=again.epoch, epochs=again.epochs, start_cursor=again.start_cursor,
             max_samples=again.max_samples, batch_offset=0, consumed=spec.consumed if again.epoch == spec.epoch else ())
         assert _cut(reopened, n)[0] == share[k:]
+
+
+@st.composite
+def mixed_requests(draw: st.DrawFn) -> tuple[StreamSpec, Mix]:
+    """A request of a mix of two or three datasets, as :func:`requests` draws one."""
+    spec, n = draw(requests())
+    k = draw(st.integers(2, 3))
+    sizes = tuple(draw(st.lists(st.integers(1, 30), min_size=k, max_size=k)))
+    weights = tuple(draw(st.lists(st.floats(0.1, 4.0), min_size=k, max_size=k)))
+    parts = tuple(MixPart(f"d{i}", w) for i, w in enumerate(weights))
+    assume(n >= k)
+    mixed = dataclasses.replace(spec, dataset=mix_name(parts), mix=parts, epoch_samples=n)
+    return mixed, Mix(sizes, weights, n)
+
+
+@settings(max_examples=300, deadline=None)
+@given(mixed_requests())
+def test_a_mixed_requests_stream_is_its_orders_cut_as_a_plain_ones(request):
+    spec, mix = request
+    assert _cut(spec, mix) == _naive_stream(spec, mix)
+    window = stream_window(spec, mix)
+    assert window == stream_window(spec, mix.epoch_samples)  # the client numbers by the epoch's length alone
+    assert window.first_part == len(rank_part_of(spec, mix, spec.epoch))
+
+
+def test_a_mixed_request_without_its_mix_is_refused():
+    parts = (MixPart("a", 1.0), MixPart("b", 1.0))
+    spec = StreamSpec(dataset="a+b", split="train", mix=parts, epoch_samples=10)
+    with pytest.raises(InvalidArgument, match="is a mix"):
+        rank_part_of(spec, 10, 0)
