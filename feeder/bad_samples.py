@@ -16,6 +16,11 @@ Skipping has limits (:class:`FailureLimits`): a batch of which more than a share
 not be served, or an epoch in which more than a share of the rank's part could not,
 ends the stream with DATA_LOSS naming the tars the failures came from, instead of
 training on repeats of the few samples that still decode.
+
+A mixed stream (:mod:`feeder.mixed_split`) keeps each dataset's own memory of its bad
+samples (:class:`MixedBadSamples`: the one its plain streams share), counts them
+under each dataset's name, and holds each dataset to the epoch limit of its own share
+of the rank's part.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from core.bad_input import OnError
 from core.errors import DataError
+from feeder.mixed_split import MixedSplit, SplitView
 from protocol.plan import BatchSlice
 from shards.reader import SplitIndex
 
@@ -38,6 +44,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "BadSamples",
     "FailureLimits",
+    "MixedBadSamples",
     "OnError",
     "SampleFilter",
     "Screened",
@@ -73,17 +80,21 @@ class FailureLimits:
         epoch_fraction: largest share of the rank's part of an epoch that may be
             replaced in that epoch (at least half a batch is always allowed).
         part_length: samples in the rank's part of an epoch.
+        part_lengths: of a mix, each dataset's samples in that part (each is held to
+            its own share); empty: one dataset.
     """
 
     batch_fraction: float = 0.5
     epoch_fraction: float = 0.01
     part_length: int = 0
+    part_lengths: tuple[int, ...] = field(default=())
 
     def batch_limit(self, batch_size: int) -> int:
         return int(self.batch_fraction * batch_size)
 
-    def epoch_limit(self, batch_size: int) -> int:
-        return max(int(self.epoch_fraction * self.part_length), batch_size // 2)
+    def epoch_limit(self, batch_size: int, dataset: int = 0) -> int:
+        part = self.part_lengths[dataset] if self.part_lengths else self.part_length
+        return max(int(self.epoch_fraction * part), batch_size // 2)
 
 
 class BadSamples:
@@ -160,6 +171,60 @@ class BadSamples:
         with self._lock:
             return len(self._reasons)
 
+    def dataset_of(self, index: int) -> str:
+        """The dataset sample ``index`` is of (for messages and counters)."""
+        return self.dataset
+
+    def groups(self, indices: np.ndarray) -> np.ndarray:
+        """The dataset number of each sample (0: one dataset)."""
+        return np.zeros(len(indices), dtype=np.int64)
+
+
+class MixedBadSamples:
+    """A mix's memory of bad samples by composite index: each dataset's own
+    :class:`BadSamples` (shared with the plain streams of its split).
+
+    Args:
+        parts: each dataset's, in the mix's order.
+        split: the mix's composite split.
+    """
+
+    def __init__(self, parts: Sequence[BadSamples], split: MixedSplit) -> None:
+        self.parts = list(parts)
+        self.split = split
+        self.dataset = "+".join(p.dataset for p in parts)
+
+    def _part(self, index: int) -> tuple[BadSamples, int]:
+        k = int(self.split.part_of(np.array([index]))[0])
+        return self.parts[k], index - int(self.split.offsets[k])
+
+    def dataset_of(self, index: int) -> str:
+        return self._part(index)[0].dataset
+
+    def groups(self, indices: np.ndarray) -> np.ndarray:
+        return self.split.part_of(indices)
+
+    def reason(self, index: int) -> str | None:
+        part, local = self._part(index)
+        return part.reason(local)
+
+    def add(self, index: int, reason: str) -> None:
+        part, local = self._part(index)
+        part.add(local, reason)
+
+    def known(self, indices: np.ndarray) -> dict[int, str]:
+        """Position -> reason of each known bad sample of ``indices`` (see :meth:`BadSamples.known`)."""
+        rows, found = np.asarray(indices, dtype=np.int64), {}
+        which = self.groups(rows)
+        for k in np.unique(which):
+            positions = np.flatnonzero(which == k)
+            local = self.parts[int(k)].known(rows[positions] - self.split.offsets[int(k)])
+            found.update({int(positions[p]): reason for p, reason in local.items()})
+        return dict(sorted(found.items()))
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
 
 @dataclass(frozen=True)
 class Screened:
@@ -174,18 +239,28 @@ class SampleFilter:
     """One stream's view of its split's bad samples, under its error policy.
 
     Args:
-        bad: the split's bad samples.
+        bad: the split's bad samples (a mix's: :class:`MixedBadSamples`).
         on_error: ``skip`` or ``fail``.
         limits: how much ``skip`` skips.
     """
 
-    def __init__(self, bad: BadSamples, on_error: OnError, limits: FailureLimits = FailureLimits()) -> None:
+    def __init__(self, bad: BadSamples | MixedBadSamples, on_error: OnError,
+                 limits: FailureLimits = FailureLimits()) -> None:
         self.bad = bad
         self.on_error = on_error
         self.limits = limits
         self._good: int | None = None  # a sample this stream has decoded: the donor of last resort
         self._epoch = -1
         self._epoch_failed: list[int] = []  # samples replaced in the epoch so far
+
+    @property
+    def split(self) -> SplitView:
+        """The samples screened."""
+        return self.bad.split
+
+    def failed_by_dataset(self, failed: Sequence[int]) -> Counter[str]:
+        """How many of ``failed`` are of each dataset."""
+        return Counter(self.bad.dataset_of(int(i)) for i in failed)
 
     def screen(self, batch: BatchSlice) -> Screened:
         """``batch`` with its known bad samples replaced, before anything is read.
@@ -196,7 +271,7 @@ class SampleFilter:
         known = self.bad.known(batch.indices)
         if known and self.on_error is OnError.FAIL:
             pos, reason = next(iter(known.items()))
-            raise UnservableSample(f"{self.bad.split.split}/{self.bad.split.keys[int(batch.indices[pos])]}: {reason}")
+            raise UnservableSample(f"{self.split.split}/{self.split.keys[int(batch.indices[pos])]}: {reason}")
         return self._replaced(Screened(batch), list(known), known)
 
     def replace(self, screened: Screened, reasons: Mapping[int, str]) -> Screened:
@@ -221,9 +296,14 @@ class SampleFilter:
         if batch.epoch != self._epoch:
             self._epoch, self._epoch_failed = batch.epoch, []
         self._epoch_failed.extend(screened.failed)
-        limit = self.limits.epoch_limit(len(batch.indices))
-        if len(self._epoch_failed) > limit:
-            raise self._too_many(self._epoch_failed, limit, f"in epoch {batch.epoch} so far")
+        if not self._epoch_failed:
+            return
+        groups = self.bad.groups(np.asarray(self._epoch_failed, dtype=np.int64))
+        for k in np.unique(groups):  # each dataset of a mix against its own share of the part
+            failed = [i for i, g in zip(self._epoch_failed, groups) if g == k]
+            limit = self.limits.epoch_limit(len(batch.indices), int(k))
+            if len(failed) > limit:
+                raise self._too_many(failed, limit, f"in epoch {batch.epoch} so far")
 
     def _replaced(self, screened: Screened, positions: list[int], reasons: Mapping[int, str]) -> Screened:
         if not positions:
@@ -244,13 +324,13 @@ class SampleFilter:
         return Screened(replace(batch, indices=indices, padding=padding), failed)
 
     def _too_many(self, failed: list[int], limit: int, where: str) -> TooManyBadSamples:
-        split = self.bad.split
-        shards = Counter(split.shard_of(i) for i in failed)
+        split = self.split
+        shards = Counter(str(split.tar(i)) for i in failed)
         named = [shard for shard, _ in shards.most_common()]
         first = self.bad.reason(failed[0]) or "cannot be served"
         return TooManyBadSamples(
-            f"{self.bad.dataset}/{split.split}: {len(failed)} samples {where} could not be served (more than "
-            f"{limit}), from {', '.join(str(split.root / s) for s in named[:3])}"
+            f"{self.bad.dataset_of(failed[0])}/{split.split}: {len(failed)} samples {where} could not be served (more "
+            f"than {limit}), from {', '.join(named[:3])}"
             f"{' and more' if len(named) > 3 else ''}: the shard is damaged or changed "
             f"(first: {split.keys[failed[0]]}: {first})", named, len(failed), limit)
 
@@ -262,7 +342,7 @@ class SampleFilter:
                 return int(index)
         if self._good is not None and self.bad.reason(self._good) is None:
             return self._good
-        for index in range(len(self.bad.split)):
+        for index in range(len(self.split)):
             if self.bad.reason(index) is None:
                 return index
-        raise DataError(f"{self.bad.dataset}/{self.bad.split.split}: no sample of the split can be served")
+        raise DataError(f"{self.bad.dataset}/{self.split.split}: no sample of the split can be served")

@@ -1,6 +1,7 @@
 """A stream's runner in front of the decoded cache (:mod:`feeder.decoded_cache`).
 
-Per batch, each sample is looked up by (dataset, split, sample index):
+Per batch, each sample is looked up by (dataset, split, sample index), a mixed
+stream's by its own dataset's (so plain and mixed streams of a dataset share entries):
 
 - **hit**: its crop window, drawn in original pixels, is mapped into the cached
   image and OpenCV crops, resizes and mirrors it into the batch
@@ -32,9 +33,9 @@ from core.workers import Loop
 from feeder.decoded_cache import DecodedCache, cached_windows, decode_downscaled
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
 from feeder.metrics import ServerMetrics
+from feeder.mixed_split import MixedSplit, SplitView
 from feeder.resize import BatchResizer
 from feeder.runner import PipelineRunner
-from shards.reader import SplitIndex
 from transport.base import Slot, host_slot
 
 __all__ = ["CachedRunner"]
@@ -49,6 +50,17 @@ _Result = TypeVar("_Result")
 # more with three). Each holds a ring slot: a stream's ring needs more slots than this
 # and what its client keeps, or a batch waits for one (then goes inline).
 _RESIZED_AHEAD = 2
+
+
+def _key_maker(dataset: str, split: SplitView) -> Callable[[int], Hashable]:
+    """The cache key of a sample index of ``split``: (dataset, split, index) of the
+    dataset the sample is of."""
+    if isinstance(split, MixedSplit):
+        def key(index: int) -> Hashable:
+            part, local = split.locate(index)
+            return part.name, part.split.split, local
+        return key
+    return lambda index: (dataset, split.split, index)
 
 
 def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
@@ -87,7 +99,8 @@ class CachedRunner:
             keeps ownership (returns it to its pool).
         cache: the daemon's cache.
         dataset: the dataset's name, part of each sample's key.
-        split: the split the job's indices refer to (original sizes).
+        split: the split the job's indices refer to (original sizes); a mix's
+            composite split keys each sample by its own dataset.
         metrics: daemon counters.
     """
 
@@ -95,12 +108,12 @@ class CachedRunner:
     decodes_half_copies = False
 
     def __init__(
-        self, inner: PipelineRunner, cache: DecodedCache, dataset: str, split: SplitIndex, metrics: ServerMetrics
+        self, inner: PipelineRunner, cache: DecodedCache, dataset: str, split: SplitView, metrics: ServerMetrics
     ) -> None:
         self.inner = inner
         self.spec = inner.spec
         self._cache = cache
-        self._prefix = (dataset, split.split)
+        self._key = _key_maker(dataset, split)
         self._split = split
         self._metrics = metrics
         self.lane = inner.lane  # the stream's share of the daemon's workers
@@ -121,7 +134,7 @@ class CachedRunner:
         evicts, so what it holds now it holds when the batch runs."""
         if image_size > self._cache.side:
             return None
-        return np.fromiter((self._cache.get((*self._prefix, int(i))) is not None for i in indices), bool,
+        return np.fromiter((self._cache.get(self._key(int(i))) is not None for i in indices), bool,
                            count=len(indices))
 
     def run_many(self, jobs: Iterable[JobT], allocate: Allocate = host_slot) -> Generator[Outcome[JobT], None, None]:
@@ -151,7 +164,7 @@ class CachedRunner:
         sample is cached and the output is in host memory, else all of it later."""
         if job.indices is None or job.image_size > self._cache.side:
             return _Begun(lambda: self.run_alone(job, allocate))
-        keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
+        keys: list[Hashable] = [self._key(int(i)) for i in job.indices]
         images = [self._cache.get(key) for key in keys]
         if any(image is None for image in images):
             return _Begun(lambda: self.run_alone(job, allocate))
@@ -181,7 +194,7 @@ class CachedRunner:
         if job.image_size > self._cache.side:
             self._metrics.decoded_cache(bypassed=len(job), usage=self._cache.usage())
             return self.inner.run_alone(job, allocate)
-        keys: list[Hashable] = [(*self._prefix, int(i)) for i in job.indices]
+        keys: list[Hashable] = [self._key(int(i)) for i in job.indices]
         images = [self._cache.get(key) for key in keys]
         missing = [k for k, image in enumerate(images) if image is None]
         if any(len(job.jpegs[k]) == 0 for k in missing):  # held when read: the cache never evicts

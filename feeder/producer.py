@@ -28,11 +28,11 @@ from feeder.augment import Crops, sample_crops
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
 from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics
+from feeder.mixed_split import SplitView
 from feeder.pipeline import PipelineSpec
 from protocol.batch import BatchMeta
 from protocol.plan import BatchSlice
 from protocol.request import AugmentKind, CropRange
-from shards.reader import SplitIndex
 from transport.base import Slot
 
 __all__ = ["BatchRunner", "PlannedJob", "Producer", "ReadyBatch", "StreamContext"]
@@ -97,12 +97,13 @@ class BatchRunner(Protocol):
 
 @dataclass(frozen=True)
 class StreamContext:
-    """What a producer needs besides the plan: where bytes come from (``split``),
+    """What a producer needs besides the plan: where bytes come from (``split``: one
+    split, or a mix's composite split),
     what runs (``runner``), the output's sizes, what draws each sample's crop window
     and flip (``kind``, ``seed``, ``crop``, with the batch's epoch and the samples'
     keys), the error policy (``samples``) and the ready queue's bounds."""
 
-    split: SplitIndex
+    split: SplitView
     runner: BatchRunner
     image_size: int
     samples_per_rank: int
@@ -297,7 +298,7 @@ class Producer:
         split.drop_copies(failed)
         for i in failed:
             _log.warning("%s: the half-scale copy of sample %s does not decode; its image is read instead",
-                         split.root / split.shard_of(i), split.keys[i])
+                         split.tar(i), split.keys[i])
         return True
 
     def _count_copies(self) -> None:
@@ -317,8 +318,8 @@ class Producer:
         split, screened = self._ctx.split, decoded.job.screened
         batch, samples = screened.batch, self._ctx.samples
         samples.delivered(screened)
-        if screened.failed:
-            self._metrics.samples_failed(samples.bad.dataset, split.split, len(screened.failed))
+        for dataset, count in samples.failed_by_dataset(screened.failed).items():  # each under its own dataset
+            self._metrics.samples_failed(dataset, split.split, count)
         meta = BatchMeta(
             epoch=batch.epoch,
             cursor=batch.cursor,

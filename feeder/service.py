@@ -12,7 +12,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from core.bad_input import OnError
-from core.errors import ConfigError, FeederError, InvalidArgument, NotFound, ResourceExhausted
+from core.errors import ConfigError, FeederError, InvalidArgument, ResourceExhausted
 from core.gpus import GpuInventory
 from core.workers import FairPool
 from feeder.admission import Admission, Ticket, client_of, run_bytes, stream_need_bytes
@@ -25,6 +25,7 @@ from feeder.decoded_cache import DecodedCache
 from feeder.devices import DevicePlacer, Placement, thread_share
 from feeder.log_lines import clip
 from feeder.metrics import ServerMetrics
+from feeder.mixed_split import SplitView
 from feeder.peers import PeerProcesses
 from feeder.pipeline import PipelineSpec
 from feeder.pool import PipelinePool, batch_bucket
@@ -33,13 +34,14 @@ from feeder.remote import close_remote
 from feeder.runner import PipelineRunner
 from feeder.shares import FairShares, Member
 from feeder.stream import BatchStream, StreamOutcome
+from feeder.stream_source import find_source
 from feeder.usage import Usage
-from protocol.identity import Identity, check, digest_for
+from protocol.mix import Mix
 from protocol.plan import BatchSlice, RankPart, check_epochs_hold_batches, validate_window
 from protocol.request import StreamSpec
 from protocol.stream_plan import Skipped, plan_stream, rank_part_of
 from shards.ranged import READ_AHEAD_BYTES, RemoteAccess
-from shards.reader import ShardDataset, SplitIndex
+from shards.reader import ShardDataset
 from transport.base import TransportKind
 from transport.daemon import TransportHub, TransportRequest
 
@@ -177,9 +179,9 @@ class FeederService:
                 for a client on this host, else the gRPC payload).
 
         Raises:
-            NotFound: unknown dataset or split.
+            NotFound: unknown dataset or split (of any dataset of a mix).
             IdentityMismatch: the request expects another manifest, index or pixel
-                options (FAILED_PRECONDITION).
+                options (of any dataset of a mix; FAILED_PRECONDITION).
             InvalidArgument: a batch larger than ``max_batch_size``, a cursor past the
                 rank's part.
             ServiceUnavailable: shutting down.
@@ -188,13 +190,13 @@ class FeederService:
                 budget reached (the message names which).
             FeederError: DALI could not build the pipeline.
         """
-        split = self._split(spec)
-        self._check_identity(spec, split)
+        source = find_source(spec, self.datasets, self._bad, self.config.pixel_options)
         if spec.batch_size > self.config.max_batch_size:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
-        part = rank_part_of(spec, len(split), spec.epoch)
+        part = rank_part_of(spec, source.plan, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
-        check_epochs_hold_batches(len(split), spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
+        check_epochs_hold_batches(len(source.plan) if isinstance(source.plan, Mix) else source.plan,
+                                  spec.world_size, spec.rank, spec.batch_size, spec.last_batch,
                                   f"{clip(spec.dataset)}/{clip(spec.split)}")
         client = client_of(peer, transport.client.pid if transport.client is not None else 0, self._peers)
         job, need = spec.job_id or client.key, stream_need_bytes(self.config, spec.batch_size, spec.image_size)
@@ -208,13 +210,14 @@ class FeederService:
             # On the client's own GPU the batches can stay there (CUDA IPC).
             sender = self.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid)
             parts.callback(self.transports.close_sender, sender)
+            limits = FailureLimits(self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction,
+                                   len(part), source.part_lengths(part))
             context = StreamContext(
-                split, self._cached(runner, spec.dataset, split), spec.image_size, len(part),
-                SampleFilter(self._bad[spec.dataset, spec.split], OnError(self.config.on_error), FailureLimits(
-                    self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction, len(part))),
+                source.split, self._cached(runner, spec.dataset, source.split), spec.image_size, len(part),
+                SampleFilter(source.bad, OnError(self.config.on_error), limits),
                 self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
-            stream = BatchStream(context, sender, self._slices(spec, split, part), self.metrics, str(number))
+            stream = BatchStream(context, sender, self._slices(spec, source.plan, part), self.metrics, str(number))
             self._admission.admit(stream, Ticket(name, client, job, need, cancel,
                                                  run_bytes(spec.batch_size, spec.image_size)))
             parts.callback(self._ended, stream)
@@ -262,37 +265,17 @@ class FeederService:
         runner.lookahead, runner.prefetch = self.config.lookahead, spec.prefetch  # a pooled one may have been tuned
         return runner
 
-    def _slices(self, spec: StreamSpec, split: SplitIndex, first: RankPart) -> Iterator[BatchSlice]:
+    def _slices(self, spec: StreamSpec, plan: int | Mix, first: RankPart) -> Iterator[BatchSlice]:
         """The stream's batches, as :func:`protocol.stream_plan.plan_stream` cuts them
         (every ``batch_stride``-th from ``batch_offset``: a rank's share of a pool of
         daemons; ``first``: the rank's part of the first epoch); what ``drop`` skips
         is counted on the way (the left-over of the split among the ranks by the
         job's rank 0 alone)."""
-        for step in plan_stream(spec, len(split), first):
+        for step in plan_stream(spec, plan, first):
             if isinstance(step, Skipped):
                 self.metrics.samples_skipped(step.tail + (step.left_over if spec.rank == 0 else 0))
             else:
                 yield step
-
-    def _check_identity(self, spec: StreamSpec, split: SplitIndex) -> None:
-        """Refuse a request that expects another manifest, index or pixel options than
-        this daemon serves under the name (re-sharded data, other options).
-
-        Raises:
-            IdentityMismatch: naming both.
-        """
-        served = Identity(self.datasets[spec.dataset].manifest_sha256, split.index_sha256,
-                          digest_for(self.config.pixel_options, spec.antialias))
-        check(spec.identity, served, f"{clip(spec.dataset)}/{clip(spec.split)}")
-
-    def _split(self, spec: StreamSpec) -> SplitIndex:
-        dataset = self.datasets.get(spec.dataset)
-        if dataset is None:
-            raise NotFound(f"dataset: {spec.dataset!r} is not served here (serving {sorted(self.datasets)})")
-        split = dataset.splits.get(spec.split)
-        if split is None:
-            raise NotFound(f"split: {spec.dataset!r} has no split {spec.split!r} (has {sorted(dataset.splits)})")
-        return split
 
     def _pipeline_spec(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
         """The pipeline of a new stream, on its placement's device. Its CPU work runs
@@ -317,7 +300,7 @@ class FeederService:
             cpu_decoder=self.config.cpu_decoder,
         )
 
-    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitIndex) -> BatchRunner:
+    def _cached(self, runner: PipelineRunner, dataset: str, split: SplitView) -> BatchRunner:
         """``runner`` behind the decoded cache, when the daemon has one."""
         if self.decoded_cache is None:
             return runner

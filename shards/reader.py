@@ -111,6 +111,10 @@ class SplitIndex:
         """The tar holding sample ``index``, relative to the shard directory."""
         return self._shards[int(self._cols.shard_ids[index])]
 
+    def tar(self, index: int) -> Path | Located:
+        """The tar (path, or URL of an object) holding sample ``index``."""
+        return self._bytes.where(int(self._cols.shard_ids[index]))
+
     def location(self, index: int, half: bool = False) -> tuple[int, int]:
         """(offset, size) of sample ``index``'s JPEG bytes inside its tar (``half``:
         of its half-scale copy; size 0 where it has none)."""

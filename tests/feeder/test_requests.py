@@ -94,6 +94,7 @@ USUAL = dict(
     consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
     batch_stride=[0, 1, 3], batch_offset=[0],
     manifest_sha256=[""], index_sha256=[""], pixel_options_sha256=[""],
+    mix=[[], [feeder_pb2.MixPart(dataset="sample", weight=1.0)]], epoch_samples=[0, 50],
 )
 # Anything the wire can carry in each field.
 ODD = dict(
@@ -112,6 +113,10 @@ ODD = dict(
     batch_stride=_ints(*INT32), batch_offset=_ints(*INT32),
     manifest_sha256=st.text(max_size=80), index_sha256=st.sampled_from(["", "0" * 64, "A" * 64, "f" * 65]),
     pixel_options_sha256=st.text(alphabet="0123456789abcdef", max_size=70),
+    mix=st.lists(st.builds(feeder_pb2.MixPart, dataset=st.sampled_from(["sample", "", "other", "sample/x"]),
+                           weight=st.one_of(_floats(), st.floats()), manifest_sha256=st.text(max_size=70),
+                           index_sha256=st.sampled_from(["", "0" * 64, "g" * 64])), max_size=3),
+    epoch_samples=_ints(*INT64),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 
@@ -124,6 +129,8 @@ def stream_requests(draw: st.DrawFn) -> feeder_pb2.StreamRequest:
         fields[name] = draw(ODD[name])
     if fields["rank"] == 0 and fields["world_size"] > 1:
         fields["rank"] = draw(st.integers(0, fields["world_size"] - 1))
+    if fields["mix"] and draw(st.booleans()):  # most mixes named as a mix's dataset is, to get past that check
+        fields["dataset"] = "+".join(part.dataset for part in fields["mix"])
     return feeder_pb2.StreamRequest(**fields)
 
 

@@ -1,0 +1,185 @@
+"""Mixed streams on a real daemon over gRPC: one request carries the datasets and their
+weights, the daemon plans the mix (each dataset's share of every epoch and batch, keys
+``NAME/key``, labels over the union of the class names), checks every dataset's
+identity, refuses a bad mix with one line, and keeps each dataset's bad samples,
+counters and decoded images as its plain streams do."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pyarrow.parquet as pq
+import pytest
+
+from protocol.request import MixPart, StreamSpec, from_request, mix_name
+from protocol.stream_plan import mix_of, rank_part_of
+from protos import feeder_pb2, feeder_pb2_grpc
+from shards.layout import MANIFEST_NAME, index_path
+from shards.manifest import read_manifest
+from shards.writers import write_manifest
+from tests.common.bad_samples import break_scan, copy_shards
+from tests.common.shards import build_sample_shards
+from tests.feeder.conftest import connect, start
+
+# The extra dataset's class names: one it shares with "sample" (n00000003), two of its own.
+EXTRA_CLASSES = ["x-heron", "n00000003", "x-wren"]
+
+
+def make_extra(root: Path) -> Path:
+    """Another dataset (3 classes, 24 train images, no val split) whose class names
+    overlap the sample's in one: its labels map into the union non-trivially."""
+    built = build_sample_shards(root / "built", classes=3, train_per_class=8, val_per_class=1, seed=7)
+    extra = copy_shards(built, root / "extra")
+    manifest = read_manifest(extra)
+    write_manifest(extra / MANIFEST_NAME, replace(manifest, classes=EXTRA_CLASSES,
+                                                  splits={"train": manifest.splits["train"]}))
+    return extra
+
+
+@pytest.fixture(scope="module")
+def extra(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_extra(tmp_path_factory.mktemp("extra"))
+
+
+@pytest.fixture(scope="module")
+def mixed_stub(shards, extra):
+    server, port = start({"sample": shards, "extra": extra})
+    with connect(port) as channel:
+        yield server, feeder_pb2_grpc.FeederStub(channel)
+    server.stop(0).wait(10)
+
+
+def mixed(weights=(("sample", 0.75), ("extra", 0.25)), **fields) -> feeder_pb2.StreamRequest:
+    parts = [feeder_pb2.MixPart(dataset=name, weight=weight) for name, weight in weights]
+    base = dict(dataset="+".join(name for name, _ in weights), split="train", world_size=1, batch_size=8,
+                image_size=16, epoch_samples=64, mix=parts)
+    return feeder_pb2.StreamRequest(**(base | fields))
+
+
+def _labels_by_key(root: Path, name: str, union: list[str]) -> dict[str, int]:
+    """``NAME/key`` -> the union label of its class, from the index and the manifest."""
+    classes = read_manifest(root).classes
+    table = pq.read_table(index_path(root, "train"), columns=["key", "label"]).to_pydict()
+    return {f"{name}/{key}": union.index(classes[label]) for key, label in zip(table["key"], table["label"])}
+
+
+def test_a_mixed_stream_holds_each_datasets_share_with_labels_over_the_union(mixed_stub, shards, extra):
+    server, stub = mixed_stub
+    request = mixed(epochs=2)
+    batches = list(stub.StreamBatches(request, timeout=60))
+    union = ["n00000001", "n00000002", "n00000003", "n00000004", "x-heron", "x-wren"]
+    truth = _labels_by_key(shards, "sample", union) | _labels_by_key(extra, "extra", union)
+    spec = from_request(request)
+    mix = mix_of(spec, (len(truth) - 24, 24))
+    assert mix.counts == (48, 16)
+    for epoch in range(2):
+        got = [(key, label) for b in batches if b.epoch == epoch for key, label in zip(b.keys, b.labels)]
+        assert Counter(key.split("/")[0] for key, _ in got) == {"sample": 48, "extra": 16}
+        assert all(truth[key] == label for key, label in got)
+        part = rank_part_of(spec, mix, epoch)  # the plan's samples, in its order
+        assert [key for key, _ in got] == [_key_of(server, mix, int(i)) for i in part.indices]
+    # 32 of extra's sequence of passes: its 24 once (the first pass), then 8 of the second.
+    seen = Counter(key for b in batches for key in b.keys if key.startswith("extra/"))
+    assert len(seen) == 24 and sorted(Counter(seen.values()).items()) == [(1, 16), (2, 8)]
+    for batch in batches:
+        extra_count = sum(key.startswith("extra/") for key in batch.keys)
+        assert extra_count in (math.floor(len(batch.keys) / 4), math.ceil(len(batch.keys) / 4))
+
+
+def _key_of(server, mix, index: int) -> str:
+    names = ["sample", "extra"]
+    k = int(mix.dataset_of([index])[0])
+    split = server.service.datasets[names[k]].splits["train"]
+    return f"{names[k]}/{split.keys[index - int(mix.offsets[k])]}"
+
+
+@pytest.mark.parametrize("fields,code,line", [
+    (dict(weights=(("sample", 0.75), ("nope", 0.25))), grpc.StatusCode.NOT_FOUND,
+     "dataset: 'nope' is not served here (serving ['extra', 'sample'])"),
+    (dict(split="val"), grpc.StatusCode.NOT_FOUND, "split: 'extra' has no split 'val' (has ['train'])"),
+    (dict(weights=(("sample", 0.75), ("extra", 0.0))), grpc.StatusCode.INVALID_ARGUMENT,
+     "mix[1].weight: 0.0 for 'extra' is not a positive finite number"),
+    (dict(weights=(("sample", -1.0), ("extra", 1.0))), grpc.StatusCode.INVALID_ARGUMENT, "mix[0].weight: -1.0"),
+    (dict(weights=(("sample", math.nan), ("extra", 1.0))), grpc.StatusCode.INVALID_ARGUMENT, "mix[0].weight: nan"),
+    (dict(weights=(("sample", math.inf), ("extra", 1.0))), grpc.StatusCode.INVALID_ARGUMENT, "mix[0].weight: inf"),
+    (dict(weights=(("sample", 0.5), ("sample", 0.5))), grpc.StatusCode.INVALID_ARGUMENT,
+     "mix[1].dataset: 'sample' given twice"),
+    (dict(epoch_samples=0), grpc.StatusCode.INVALID_ARGUMENT, "epoch_samples: 0 is not in 1.."),
+    (dict(dataset="sample"), grpc.StatusCode.INVALID_ARGUMENT, "dataset: 'sample' for a mix of 'sample+extra'"),
+])
+def test_a_bad_mix_is_refused_with_one_line_and_the_daemon_serves_on(mixed_stub, fields, code, line):
+    _, stub = mixed_stub
+    weights = fields.pop("weights", (("sample", 0.75), ("extra", 0.25)))
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.StreamBatches(mixed(weights, **fields), timeout=20))
+    assert caught.value.code() == code
+    assert caught.value.details().startswith(line) and "\n" not in caught.value.details()
+    assert len(list(stub.StreamBatches(mixed(max_samples=16), timeout=20))) == 2
+
+
+def test_every_dataset_of_a_mix_is_checked_against_the_identity_it_expects(mixed_stub):
+    _, stub = mixed_stub
+    served = {d.name: d.manifest_sha256 for d in stub.ListDatasets(feeder_pb2.ListDatasetsRequest()).datasets}
+    request = mixed(max_samples=8)
+    request.mix[0].manifest_sha256 = served["sample"]
+    assert len(list(stub.StreamBatches(request, timeout=20))) == 1
+    request.mix[1].manifest_sha256 = "0" * 64  # another manifest under the name "extra"
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.StreamBatches(request, timeout=20))
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details().startswith("extra/train: the request expects manifest 000000000000")
+
+
+def test_a_bad_sample_of_one_dataset_is_replaced_and_counted_under_its_name(shards, extra, tmp_path):
+    broken = copy_shards(extra, tmp_path / "broken")
+    key = break_scan(broken, "train", row=3)
+    server, port = start({"sample": shards, "extra": broken})
+    try:
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            batches = list(stub.StreamBatches(mixed(epoch_samples=96, batch_size=8), timeout=60))
+            stats = stub.GetStats(feeder_pb2.StatsRequest())
+    finally:
+        server.stop(0).wait(10)
+    registry = server.metrics.registry
+    assert registry.get_sample_value("feeder_samples_failed_total", {"dataset": "extra", "split": "train"}) == 1
+    assert not registry.get_sample_value("feeder_samples_failed_total", {"dataset": "sample", "split": "train"})
+    assert [k for k in stats.failed_keys if k.startswith(f"extra/train/{key}: ")]
+    failed = [k for b in batches for k in b.failed_keys]
+    assert failed == [f"extra/{key}"]  # its one draw of the epoch (24 drawn of 24), replaced by a marked repeat
+    assert len(batches) == 12 and all(len(b.keys) == 8 for b in batches)
+    assert f"extra/{key}" not in [k for b in batches for k, p in zip(b.keys, b.padding) if not p]
+
+
+def test_plain_and_mixed_streams_share_each_datasets_decoded_images(shards, extra):
+    server, port = start({"sample": shards, "extra": extra}, decoded_cache_bytes=64 << 20, decoded_cache_side=32)
+    try:
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            plain = feeder_pb2.StreamRequest(dataset="extra", split="train", world_size=1, batch_size=8,
+                                             image_size=16)
+            assert len(list(stub.StreamBatches(plain, timeout=60))) == 3  # all 24 of extra, cached
+            before = server.metrics.stats()
+            batches = list(stub.StreamBatches(mixed(), timeout=60))
+            after = server.metrics.stats()
+    finally:
+        server.stop(0).wait(10)
+    from_extra = sum(k.startswith("extra/") for b in batches for k in b.keys)
+    assert from_extra == 16
+    assert after.decoded_cache_hits - before.decoded_cache_hits == from_extra  # the plain stream's, found again
+    assert after.decoded_cache_misses - before.decoded_cache_misses == 64 - from_extra
+
+
+def test_a_mix_of_one_over_its_whole_split_is_its_plain_stream(mixed_stub):
+    _, stub = mixed_stub
+    plain = feeder_pb2.StreamRequest(dataset="extra", split="train", world_size=2, rank=1, batch_size=4,
+                                     image_size=16, epochs=2)
+    one = mixed((("extra", 3.0),), world_size=2, rank=1, batch_size=4, epochs=2, epoch_samples=24)
+    spec = StreamSpec("extra", "train", mix=(MixPart("extra", 3.0),), epoch_samples=24)
+    assert mix_name(spec.mix) == "extra"
+    assert [[k.split("/", 1)[1] for k in b.keys] for b in stub.StreamBatches(one, timeout=60)] == \
+        [list(b.keys) for b in stub.StreamBatches(plain, timeout=60)]
