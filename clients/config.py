@@ -3,9 +3,10 @@ it asks the daemon for is checked with the daemon's own checks (:mod:`clients.sp
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from clients.channel import check_address, check_token, resolve_address, resolve
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
-from protocol.request import AugmentKind, StreamSpec
+from protocol.request import AugmentKind, MixPart, StreamSpec, mix_name
 from transport.base import TransportKind
 
 __all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "MovedToConfig", "OnePass"]
@@ -38,6 +39,31 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{name}: {value!r} is not one of {', '.join(choices)}")
 
 
+def _mix(dataset: str | Mapping[str, float], epoch_samples: int | None) -> tuple[tuple[str, float], ...]:
+    """The datasets and weights of a mix (empty: one dataset streamed on its own).
+
+    Raises:
+        ConfigError: not a name or a mapping of names to weights, a weight that is
+            not a positive finite number, ``epoch_samples`` below 1.
+    """
+    if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int)
+                                      or epoch_samples < 1):
+        raise ConfigError(f"epoch_samples: must be an integer of 1 or more, got {epoch_samples!r}")
+    if isinstance(dataset, str):
+        return ((dataset, 1.0),) if epoch_samples is not None else ()
+    if not isinstance(dataset, Mapping) or not dataset:
+        raise ConfigError(f"dataset: expected a name or a mapping of names to weights, got {dataset!r:.80}")
+    for name, weight in dataset.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"dataset: {name!r:.80} is not a dataset name")
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+                math.isfinite(weight) and weight > 0):
+            raise ConfigError(f"dataset: the weight of {name!r} is {weight!r}, not a positive finite number")
+    if len(dataset) == 1 and epoch_samples is None:
+        return ()  # a mix of one over its whole split: the dataset's plain stream
+    return tuple((name, float(weight)) for name, weight in dataset.items())
+
+
 @dataclass(frozen=True)
 class LoaderConfig:
     """Everything a ``FeederLoader`` is built with (its arguments, same names, types
@@ -50,7 +76,12 @@ class LoaderConfig:
             host first (a host name with several addresses counts as a pool); None
             or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
             sets it).
-        dataset: Name of a dataset the daemon serves.
+        dataset: Name of a dataset the daemon serves, or a mix of several: a mapping
+            of their names to positive weights (``{"imagenet": 0.8, "extra": 0.2}``),
+            each dataset read in its own sequence of passes and giving its weight's
+            share of every epoch and of every batch (docs/loader.md). Labels then
+            index the union of their class names in the order given (``classes``)
+            and keys are ``NAME/key``.
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
         image_size: Side of the square output images, pixels.
@@ -112,6 +143,10 @@ class LoaderConfig:
             stream's first batch, which may wait for the daemon to build a pipeline,
             gets at least 5 s. 1 s keeps the loop's longest wait through a daemon
             stopped in a pool of three under 2 s (docs/reliability.md).
+        epoch_samples: Samples per epoch of a mix (None: the sum of its datasets'
+            splits); each dataset gives its weight's share of them (largest
+            remainders). Given with one dataset, that dataset's passes are cut into
+            epochs of this length.
 
     Raises:
         ConfigError: A value that cannot work, or that the daemon would refuse in a
@@ -120,7 +155,7 @@ class LoaderConfig:
     """
 
     address: str | Sequence[str] | None
-    dataset: str
+    dataset: str | Mapping[str, float]
     split: str = "train"
     batch_size: int = 256
     image_size: int = 224
@@ -150,10 +185,12 @@ class LoaderConfig:
     tls_key: str | Path | None = None
     pool: str = "all"
     pool_stall_timeout_s: float = 1.0
+    epoch_samples: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "address", resolve_address(self.address))
         object.__setattr__(self, "shm_dir", resolve_shm_dir(self.shm_dir))
+        _mix(self.dataset, self.epoch_samples)
         for address in self.addresses or ("",):  # no address at all: refused as an empty one
             check_address(address)
         _choice("pool", self.pool, POOL_MODES)
@@ -188,20 +225,43 @@ class LoaderConfig:
         return tuple(part.strip() for entry in given for part in str(entry).split(",") if part.strip())
 
     @property
+    def mix(self) -> tuple[tuple[str, float], ...]:
+        """The mix's datasets and weights, in the order given (empty: one dataset)."""
+        return _mix(self.dataset, self.epoch_samples)
+
+    @property
+    def datasets(self) -> tuple[str, ...]:
+        """The datasets streamed, in the order given."""
+        return tuple(name for name, _ in self.mix) if self.mix else (self.dataset_name,)
+
+    @property
+    def dataset_name(self) -> str:
+        """The dataset's name, or the mix's (its names joined with ``+``)."""
+        if isinstance(self.dataset, str):
+            return self.dataset
+        return "+".join(self.dataset)
+
+    @property
     def sizes(self) -> Sizes:
         """The first stream's sizes."""
         return Sizes(self.batch_size, self.image_size, self.min_scale)
 
-    def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0) -> StreamSpec:
+    def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0,
+                    epoch_samples: int | None = None) -> StreamSpec:
         """What this loader's streams ask for (each sets its own epoch, cursor, epoch
-        count and sizes), as the daemon reads it.
+        count and sizes), as the daemon reads it. A mix's epoch length is
+        ``epoch_samples`` where given (the daemons' sizes known), else the configured
+        one (1 standing in where it is not known yet).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
         """
-        return make_spec(self.sizes, dataset=self.dataset, split=self.split, rank=rank, world_size=world_size,
-                         seed=self.seed, last_batch=self.last_batch_policy, augment=self.augment_kind,
-                         job_id=self.job_id, local_world_size=local_world_size)
+        mix = tuple(MixPart(name, weight) for name, weight in self.mix)
+        length = (epoch_samples or self.epoch_samples or 1) if mix else 0
+        return make_spec(self.sizes, dataset=mix_name(mix) if mix else self.dataset_name, split=self.split,
+                         rank=rank, world_size=world_size, seed=self.seed, last_batch=self.last_batch_policy,
+                         augment=self.augment_kind, job_id=self.job_id, local_world_size=local_world_size,
+                         mix=mix, epoch_samples=length)
 
     @property
     def last_batch_policy(self) -> LastBatch:

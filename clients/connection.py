@@ -9,7 +9,7 @@ import grpc
 
 from clients.channel import open_channel, resolve_token
 from clients.config import LoaderConfig
-from clients.spec import SplitInfo
+from clients.spec import MixInfo, SplitInfo
 from clients.verdicts import error_from_rpc
 from core.errors import NotFound, ServiceUnavailable
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -57,6 +57,21 @@ class Connection:
             NotFound: the daemon does not serve that dataset or split.
             FeederError: the daemon refused the call (e.g. ``Unauthenticated``).
         """
+        return self._split_of(self._list(timeout_s), dataset, split)
+
+    def describe_mix(self, datasets: tuple[str, ...], split: str, timeout_s: float) -> MixInfo:
+        """What the daemon serves as each dataset of a mix (their ``split``), from one
+        ``ListDatasets``.
+
+        Raises:
+            NotFound: the daemon does not serve one of the datasets, or one of them
+                has no such split (names which).
+            ServiceUnavailable, FeederError: as :meth:`describe`.
+        """
+        reply = self._list(timeout_s)
+        return MixInfo.of(tuple((name, self._split_of(reply, name, split)) for name in datasets))
+
+    def _list(self, timeout_s: float) -> feeder_pb2.ListDatasetsResponse:
         try:
             grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
             reply = self.stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=timeout_s)
@@ -64,6 +79,9 @@ class Connection:
             raise ServiceUnavailable(f"daemon {self.address} not reachable within {timeout_s:.0f} s") from e
         except grpc.RpcError as e:
             raise error_from_rpc(e, self.address) from e
+        return reply
+
+    def _split_of(self, reply: feeder_pb2.ListDatasetsResponse, dataset: str, split: str) -> SplitInfo:
         info = next((d for d in reply.datasets if d.name == dataset), None)
         if info is None:
             names = [d.name for d in reply.datasets]

@@ -24,10 +24,12 @@ from typing import Any
 from core.errors import ConfigError
 from protocol.plan import Segment
 
-__all__ = ["IDENTITY_KEYS", "Resume", "check_state", "merge_states", "resume", "segments_from", "segments_to"]
+__all__ = ["IDENTITY_KEYS", "Resume", "check_identity", "check_state", "merge_states", "resume", "segments_from",
+           "segments_to"]
 
-# What a state must share with the loader that loads it.
-IDENTITY_KEYS = ("dataset", "split", "seed", "manifest_sha256")
+# What a state must share with the loader that loads it (a mix's: its datasets and
+# weights, and its epoch's length, which its plan is a function of).
+IDENTITY_KEYS = ("dataset", "split", "seed", "manifest_sha256", "mix", "epoch_samples")
 
 
 def segments_to(segments: Sequence[Segment]) -> list[list[Any]]:
@@ -139,6 +141,14 @@ def _segments(value: Any) -> tuple[Segment, ...]:
     return tuple(found)
 
 
+def _weights(value: Any) -> list[list[Any]]:
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int | float)
+            and not isinstance(p[1], bool) for p in value):
+        raise TypeError("a list of [dataset, weight]")
+    return [[name, float(weight)] for name, weight in value]
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError("a string")
@@ -155,7 +165,29 @@ def _integer(value: Any) -> int:
 # the field must be). A state has "cursor" (one rank's) or "cursors" (a merged one).
 _FIELDS = {"epoch": _count, "cursor": _count, "cursors": _counts, "rank": _count, "world_size": _count,
            "batch_size": _count, "consumed": _segments, "dataset": _text, "split": _text, "seed": _integer,
-           "manifest_sha256": _text}
+           "manifest_sha256": _text, "mix": _weights, "epoch_samples": _count}
+
+
+def _said(key: str, value: Any) -> str:
+    if key == "mix" and value is not None:
+        return ",".join(f"{name}={weight:g}" for name, weight in value)
+    return repr(value)
+
+
+def check_identity(checked: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse a state (read by :func:`check_state`) made for other data than ``mine``
+    (the loader's dataset, split, seed, manifest, and a mix's weights and epoch
+    length; a key the state lacks is not checked, a manifest the loader does not
+    know neither).
+
+    Raises:
+        ConfigError: one line naming the first field that differs and both values.
+    """
+    for key in IDENTITY_KEYS:
+        ours = mine.get(key)
+        if key in checked and checked[key] != ours and (key != "manifest_sha256" or ours):
+            raise ConfigError(f"loader state is for {key}={_said(key, checked[key])}, this loader has "
+                              f"{_said(key, ours)}")
 
 
 def check_state(state: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +18,16 @@ from prometheus_client import Gauge
 
 from clients.channel import check_address
 from clients.config import LoaderConfig, MovedToConfig, OnePass
-from clients.elastic import IDENTITY_KEYS, check_state, resume, segments_to
+from clients.elastic import check_identity, check_state, resume, segments_to
 from clients.host_batch import HostBatch
 from clients.pool import DaemonPool
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
-from clients.spec import Sizes, StreamSpecs
-from clients.streams import Streams
+from clients.spec import Sizes
+from clients.streams import Streams, checked_specs
 from clients.transfer import DeviceTransfer
-from core.errors import ConfigError, DataError
+from core.errors import DataError
 from protocol.plan import remaining_length
-from protocol.request import StreamSpec
 from transport.base import HostIdentity
 
 __all__ = ["DAEMONS_IN_USE", "FeederLoader", "LoaderConfig"]
@@ -40,16 +39,6 @@ DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader d
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def _checked_specs(pool: DaemonPool, config: LoaderConfig, base: StreamSpec) -> StreamSpecs:
-    """The loader's requests, ``base`` checked against the daemons' answer to
-    ``ListDatasets``; closes ``pool`` if that fails."""
-    try:
-        return StreamSpecs(base, pool.describe(config.connect_timeout_s))
-    except BaseException:
-        pool.close()
-        raise
 
 
 class FeederLoader(Positioned):
@@ -73,15 +62,17 @@ class FeederLoader(Positioned):
             its limit, a ``batch_size`` over its ``--max-batch-size`` or, under
             ``drop``, larger than this rank's part), or an ``address`` that is not
             one (``host:port``, ``[v6]:port``, ``dns:///host:port``, ``unix:/path``).
+            A mix with a weight that is not a positive finite number, a dataset (or
+            its split) no daemon serves, or ``epoch_samples`` below 1.
         ServiceUnavailable: The daemon cannot be reached within ``connect_timeout_s``.
-        NotFound: The daemon does not serve ``dataset`` / ``split``.
+        NotFound: The daemon does not serve ``dataset`` / ``split`` (one dataset).
         Unauthenticated: The daemon wants another token.
     """
 
     def __init__(
         self,
         address: str | Sequence[str] | None,
-        dataset: str,
+        dataset: str | Mapping[str, float],
         *,
         split: str = "train",
         batch_size: int = 256,
@@ -112,23 +103,26 @@ class FeederLoader(Positioned):
         tls_key: str | Path | None = None,
         pool: str = "all",
         pool_stall_timeout_s: float = 1.0,
+        epoch_samples: int | None = None,
     ) -> None:
         # First statement: the arguments are LoaderConfig's fields (a test keeps them so).
         config = LoaderConfig(**{name: value for name, value in locals().items() if name != "self"})
         self.config = config
         self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
-        base = config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))
+        config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))  # refused before connecting
         self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
         client_host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
-        self._specs = _checked_specs(daemons, config, base)
+        self._specs = checked_specs(daemons, config, self.rank, self.world_size)
         self._streams = Streams(daemons, self._specs, config, client_host, pin=self.device.type == "cuda")
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._streams.release)
         self.position = Position()
         self._sizes = config.sizes
-        self.num_samples, self.classes = self._specs.split.num_samples, self._specs.split.classes
+        # Samples of an epoch (a mix's epoch_samples) and the class names labels index
+        # (a mix's: the union of its datasets', in the order given).
+        self.num_samples, self.classes = self._specs.epoch_length, self._specs.split.classes
         self.wait_seconds = 0.0
         self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
@@ -136,7 +130,7 @@ class FeederLoader(Positioned):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"FeederLoader({c.address!r}, {c.dataset!r}, split={c.split!r}, "
+        return (f"FeederLoader({c.address!r}, {c.dataset_name!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
 
     last_batch = MovedToConfig()
@@ -153,8 +147,13 @@ class FeederLoader(Positioned):
 
     @property
     def dataset(self) -> str:
-        """The dataset streamed."""
-        return self.config.dataset
+        """The dataset streamed (a mix's: its names joined with ``+``)."""
+        return self.config.dataset_name
+
+    @property
+    def epoch_counts(self) -> dict[str, int]:
+        """Samples each dataset gives an epoch, by name (the mix's weights' shares)."""
+        return self._specs.epoch_counts
 
     @property
     def split(self) -> str:
@@ -290,11 +289,19 @@ class FeederLoader(Positioned):
         To resume at another world size, save :func:`clients.merge_states` of every
         rank's state (see :mod:`clients.elastic`)."""
         consumed = self._specs.consumed.get(self.position.epoch, ())
-        return self.position.state_dict() | {
+        return self.position.state_dict() | self._identity() | {
             "rank": self.rank, "world_size": self.world_size, "batch_size": self._sizes.batch_size,
-            "consumed": segments_to(consumed), "dataset": self.dataset, "split": self.split, "seed": self.seed,
-            "manifest_sha256": self._specs.split.manifest_sha256,
+            "consumed": segments_to(consumed),
         }
+
+    def _identity(self) -> dict[str, Any]:
+        """What a state must share with this loader (see :func:`clients.elastic.check_identity`)."""
+        mine: dict[str, Any] = {"dataset": self.dataset, "split": self.split, "seed": self.seed,
+                                "manifest_sha256": self._specs.split.manifest_sha256}
+        if self.config.mix:
+            mine |= {"mix": [[name, weight] for name, weight in self.config.mix],
+                     "epoch_samples": self._specs.epoch_length}
+        return mine
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``: one rank's ``state_dict()`` (same world size), or
@@ -302,28 +309,15 @@ class FeederLoader(Positioned):
         of the epoch is split among this loader's ranks, each sample once).
 
         Raises:
-            ConfigError: the state was saved for another dataset, split, seed or
-                manifest, is another rank's or one rank's at another world size, holds
-                a cursor past the rank's part or a position the daemon would refuse,
-                or is of the wrong shape (one line naming the field).
+            ConfigError: the state was saved for another dataset, split, seed,
+                manifest or mix (its datasets, weights, epoch length), is another
+                rank's or one rank's at another world size, holds a cursor past the
+                rank's part or a position the daemon would refuse, or is of the wrong
+                shape (one line naming the field).
         """
-        checked = check_state(state)
-        for key in IDENTITY_KEYS:
-            mine = getattr(self, key) if key != "manifest_sha256" else self._specs.split.manifest_sha256
-            if checked.get(key, mine) != mine and (key != "manifest_sha256" or mine):
-                raise ConfigError(f"loader state is for {key}={checked[key]!r}, this loader has {mine!r}")
+        check_identity(check_state(state), self._identity())
         at = resume(state, self.rank, self.world_size)
-        self._specs.spec(at.epoch, at.cursor, self._sizes, consumed=at.consumed)
-        consumed_before = self._specs.consumed
-        self._specs.consumed = {at.epoch: at.consumed} if at.consumed else {}
-        try:
-            part = self._specs.part_length(at.epoch)  # refuses segments that cannot describe the epoch
-            if at.cursor > part:
-                raise ConfigError(f"loader state: cursor {at.cursor} is past the end of rank {self.rank}'s part of "
-                                  f"epoch {at.epoch} ({part} samples at world_size {self.world_size})")
-        except ConfigError:
-            self._specs.consumed = consumed_before
-            raise
+        self._specs.resume_at(at, self._sizes)
         self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})
         self._streams.drop()
 

@@ -6,8 +6,9 @@ a sample (augmentation is a pure function of seed, epoch and key), so a rank may
 take each batch from any of them. A member that fails (its stream broke, stalled or
 was refused) is tried again after a backoff, by a background probe (``ListDatasets``),
 and is usable again once it answers with the same manifest; a member that serves
-another manifest is left out, with one line naming both. Host names are looked up
-again now and then: a name whose addresses grow grows the pool.
+another manifest is left out, with one line naming both, and so is one that does not
+serve the dataset (or one dataset of a mix) at all, once another member does. Host
+names are looked up again now and then: a name whose addresses grow grows the pool.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from clients.config import LoaderConfig
 from clients.connection import Connection
 from clients.spec import SplitInfo
-from core.errors import FeederError, ServiceUnavailable
+from core.errors import FeederError, NotFound, ServiceUnavailable
 
 __all__ = ["DaemonPool", "Member", "expand_addresses", "expand_named"]
 
@@ -145,9 +146,14 @@ class DaemonPool:
             FeederError: what the members refused (e.g. no such dataset), if all did.
         """
         errors: list[FeederError] = []
+        lacking: list[tuple[Member, NotFound]] = []
         for member in self.members:
             try:
-                info = member.connection.describe(self.config.dataset, self.config.split, timeout_s)
+                info = self._ask(member, timeout_s)
+            except NotFound as e:
+                errors.append(e)
+                lacking.append((member, e))
+                continue
             except FeederError as e:
                 errors.append(e)
                 self._fail(member, str(e))
@@ -159,8 +165,17 @@ class DaemonPool:
             if len(errors) == 1:
                 raise errors[0]
             raise ServiceUnavailable("no daemon of the pool answered: " + "; ".join(str(e) for e in errors))
+        for member, error in lacking:  # another member serves it all: this one never will
+            self.leave(member, str(error))
         self._probe.start()
         return self.split
+
+    def _ask(self, member: Member, timeout_s: float) -> SplitInfo:
+        """What ``member`` serves of the loader's dataset, or of each dataset of its mix."""
+        config = self.config
+        if config.mix:
+            return member.connection.describe_mix(config.datasets, config.split, timeout_s)
+        return member.connection.describe(config.dataset_name, config.split, timeout_s)
 
     def _admit(self, member: Member, info: SplitInfo) -> bool:
         """Usable when it serves what the pool does; left out (one line) otherwise."""
@@ -171,7 +186,7 @@ class DaemonPool:
         if theirs != ours or info.num_samples != self.split.num_samples:
             self._fail(member, "another manifest, index or pixel options", retry=False)
             _log.error("daemon %s serves %s/%s with %s, the pool's is %s: left out of the pool", member.address,
-                       self.config.dataset, self.config.split, theirs.describe(), ours.describe())
+                       self.config.dataset_name, self.config.split, theirs.describe(), ours.describe())
             return False
         return True
 
@@ -252,7 +267,10 @@ class DaemonPool:
 
     def _probe_one(self, member: Member) -> None:
         try:
-            info = member.connection.describe(self.config.dataset, self.config.split, _PROBE_TIMEOUT_S)
+            info = self._ask(member, _PROBE_TIMEOUT_S)
+        except NotFound as e:  # serves no such dataset (or one of a mix's) now: it cannot serve the pool's
+            self.leave(member, str(e))
+            return
         except FeederError as e:
             self._fail(member, str(e))
             return

@@ -1,6 +1,10 @@
 """What a loader asks its daemon for: the :class:`protocol.request.StreamSpec` of each
 of its streams, checked when the loader is built the way the daemon checks it.
 
+A mixed stream's specs carry each dataset's name, weight and identity (the daemons'
+answers for each, :class:`MixInfo`) and the epoch's length; its plan's batches are
+numbered from that length alone, as the daemon numbers them.
+
 A spec is checked as the daemon reads it (``from_request(to_request(spec))``: the wire
 rounds the crop limits to float32), so a value the daemon would refuse is refused
 here with the daemon's own message, raised as ``ConfigError``. What depends on the
@@ -18,13 +22,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from clients.elastic import Resume
 from core.errors import ConfigError, InvalidArgument
 from protocol.identity import Identity, digest_for
+from protocol.mix import epoch_counts, union_classes
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
-from protocol.request import CropRange, StreamSpec, from_request, to_request
+from protocol.request import CropRange, MixPart, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow, stream_window
 
-__all__ = ["Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
+__all__ = ["MixInfo", "Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,29 @@ class SplitInfo:
         return Identity(self.manifest_sha256, self.index_sha256, digest_for(self.pixel_options, antialias))
 
 
+@dataclass(frozen=True)
+class MixInfo(SplitInfo):
+    """What the daemon said about each dataset of a mix, as one split: its samples
+    are all theirs, its classes the union of theirs in the order given, its manifest
+    and index digests theirs joined with ``+`` (two daemons serve the same mix when
+    they are the same).
+
+    Attributes:
+        parts: each dataset's name and split, in the mix's order.
+    """
+
+    parts: tuple[tuple[str, SplitInfo], ...] = ()
+
+    @classmethod
+    def of(cls, parts: tuple[tuple[str, SplitInfo], ...]) -> MixInfo:
+        """The mix of ``parts`` (answers of one daemon)."""
+        infos = [info for _, info in parts]
+        classes, _ = union_classes([info.classes for info in infos])
+        return cls(sum(info.num_samples for info in infos), classes, infos[0].max_batch_size,
+                   "+".join(info.manifest_sha256 for info in infos), "+".join(info.index_sha256 for info in infos),
+                   dict(infos[0].pixel_options), parts)
+
+
 @contextmanager
 def _refused_as_config() -> Iterator[None]:
     try:
@@ -124,15 +153,23 @@ class StreamSpecs:
     """
 
     def __init__(self, base: StreamSpec, split: SplitInfo) -> None:
-        served = split.identity(base.antialias)  # carried by every request, checked on every open
-        self.base = respec(base, manifest_sha256=served.manifest_sha256, index_sha256=served.index_sha256,
-                           pixel_options_sha256=served.pixel_options_sha256)
+        self.base = _with_identity(base, split)  # carried by every request, checked on every open
         self.split = split
+        # Samples of an epoch: the split's, or the mix's epoch_samples.
+        self.epoch_length = base.epoch_samples if base.mix else split.num_samples
         # Length of this rank's part of a whole epoch.
-        self.samples_per_rank = plan_length(split.num_samples, base.world_size, base.last_batch)
+        self.samples_per_rank = plan_length(self.epoch_length, base.world_size, base.last_batch)
         # Epoch -> what the job read of it at earlier world sizes (an elastic resume).
         self.consumed: dict[int, tuple[Segment, ...]] = {}
         self._check_daemon_limits(base.batch_size)
+
+    @property
+    def epoch_counts(self) -> dict[str, int]:
+        """Samples each dataset gives an epoch (one dataset: the split's size)."""
+        if not self.base.mix:
+            return {self.base.dataset: self.epoch_length}
+        counts = epoch_counts([part.weight for part in self.base.mix], self.epoch_length)
+        return dict(zip(self.base.datasets, counts))
 
     def part_length(self, epoch: int) -> int:
         """Length of this rank's part of ``epoch``: of the whole epoch, or of what the
@@ -141,8 +178,28 @@ class StreamSpecs:
         if not consumed:
             return self.samples_per_rank
         with _refused_as_config():
-            rest = remaining_length(self.split.num_samples, consumed, self.base.last_batch)
+            rest = remaining_length(self.epoch_length, consumed, self.base.last_batch)
         return plan_length(rest, self.base.world_size, self.base.last_batch)
+
+    def resume_at(self, at: Resume, sizes: Sizes) -> None:
+        """Take the segments of a resume at ``at`` (its epoch's, at earlier world
+        sizes) once its position is one the daemon would open at ``sizes``.
+
+        Raises:
+            ConfigError: a position the daemon would refuse, segments that cannot
+                describe the epoch, a cursor past the rank's part (nothing changed).
+        """
+        self.spec(at.epoch, at.cursor, sizes, consumed=at.consumed)
+        before = self.consumed
+        self.consumed = {at.epoch: at.consumed} if at.consumed else {}
+        try:
+            part = self.part_length(at.epoch)  # refuses segments that cannot describe the epoch
+            if at.cursor > part:
+                raise ConfigError(f"loader state: cursor {at.cursor} is past the end of rank {self.base.rank}'s part "
+                                  f"of epoch {at.epoch} ({part} samples at world_size {self.base.world_size})")
+        except ConfigError:
+            self.consumed = before
+            raise
 
     def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1,
              consumed: tuple[Segment, ...] = ()) -> StreamSpec:
@@ -162,7 +219,7 @@ class StreamSpecs:
             ConfigError: what the daemon would refuse, with its message.
         """
         with _refused_as_config():
-            return stream_window(spec, self.split.num_samples)
+            return stream_window(spec, self.epoch_length)
 
     def check(self, sizes: Sizes, epoch: int | None = None) -> None:
         """Refuse ``sizes`` (from ``epoch`` on) where the daemon would, or where they
@@ -190,7 +247,20 @@ class StreamSpecs:
             raise ConfigError(f"batch_size: {batch_size} is not in 1..{limit}")
         base = self.base
         try:  # the daemon's own check
-            check_epochs_hold_batches(self.split.num_samples, base.world_size, base.rank, batch_size,
+            check_epochs_hold_batches(self.epoch_length, base.world_size, base.rank, batch_size,
                                       base.last_batch, f"{base.dataset}/{base.split}")
         except InvalidArgument as e:
             raise ConfigError(str(e)) from e
+
+
+def _with_identity(base: StreamSpec, split: SplitInfo) -> StreamSpec:
+    """``base`` carrying what the daemons said they serve: the manifest and index of
+    its dataset, or of each dataset of its mix, and the pixel options' digest."""
+    served = split.identity(base.antialias)
+    if not base.mix:
+        return respec(base, manifest_sha256=served.manifest_sha256, index_sha256=served.index_sha256,
+                      pixel_options_sha256=served.pixel_options_sha256)
+    infos = dict(split.parts) if isinstance(split, MixInfo) else {}
+    parts = tuple(MixPart(part.dataset, part.weight, infos[part.dataset].manifest_sha256,
+                          infos[part.dataset].index_sha256) if part.dataset in infos else part for part in base.mix)
+    return respec(base, mix=parts, pixel_options_sha256=served.pixel_options_sha256)

@@ -15,16 +15,42 @@ from clients.config import LoaderConfig
 from clients.failover import Failover
 from clients.host_batch import HostBatch
 from clients.pool import DaemonPool
+from clients.ranks import local_world_size
 from clients.spec import Sizes, StreamSpecs
+from core.errors import ConfigError, NotFound
 from protocol.request import MAX_EPOCH, to_request
 from protos import feeder_pb2
 from transport.base import TransportKind
 
-__all__ = ["Streams"]
+__all__ = ["Streams", "checked_specs"]
 
 # Epochs one stream runs on for when no size change is planned: the daemon plans each
 # epoch only when it gets there, so a long stream costs nothing up front.
 _EPOCHS_PER_STREAM = 1000
+
+
+def checked_specs(pool: DaemonPool, config: LoaderConfig, rank: int, world_size: int) -> StreamSpecs:
+    """The loader's requests, checked against the daemons' answer to ``ListDatasets``
+    (a mix's epoch length: the configured one, else its datasets' samples together);
+    closes ``pool`` if that fails.
+
+    Raises:
+        ConfigError: a request the daemons would refuse; a dataset of a mix (or its
+            split) that no daemon serves.
+    """
+    try:
+        try:
+            served = pool.describe(config.connect_timeout_s)
+        except NotFound as e:
+            if not config.mix:
+                raise
+            raise ConfigError(f"dataset: {e}") from e
+        length = (config.epoch_samples or served.num_samples) if config.mix else None
+        return StreamSpecs(config.stream_spec(rank, world_size, local_world_size(world_size), length), served)
+    except BaseException:
+        pool.close()
+        raise
+
 
 
 class OpenStream(NamedTuple):

@@ -8,41 +8,22 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 import grpc
-import pyarrow.parquet as pq
 import pytest
 
 from protocol.request import MixPart, StreamSpec, from_request, mix_name
 from protocol.stream_plan import mix_of, rank_part_of
 from protos import feeder_pb2, feeder_pb2_grpc
-from shards.layout import MANIFEST_NAME, index_path
-from shards.manifest import read_manifest
-from shards.writers import write_manifest
 from tests.common.bad_samples import break_scan, copy_shards
-from tests.common.shards import build_sample_shards
+from tests.common.mixes import build_extra_shards, labels_by_key
 from tests.feeder.conftest import connect, start
-
-# The extra dataset's class names: one it shares with "sample" (n00000003), two of its own.
-EXTRA_CLASSES = ["x-heron", "n00000003", "x-wren"]
-
-
-def make_extra(root: Path) -> Path:
-    """Another dataset (3 classes, 24 train images, no val split) whose class names
-    overlap the sample's in one: its labels map into the union non-trivially."""
-    built = build_sample_shards(root / "built", classes=3, train_per_class=8, val_per_class=1, seed=7)
-    extra = copy_shards(built, root / "extra")
-    manifest = read_manifest(extra)
-    write_manifest(extra / MANIFEST_NAME, replace(manifest, classes=EXTRA_CLASSES,
-                                                  splits={"train": manifest.splits["train"]}))
-    return extra
 
 
 @pytest.fixture(scope="module")
 def extra(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_extra(tmp_path_factory.mktemp("extra"))
+    return build_extra_shards(tmp_path_factory.mktemp("extra"))
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +41,12 @@ def mixed(weights=(("sample", 0.75), ("extra", 0.25)), **fields) -> feeder_pb2.S
     return feeder_pb2.StreamRequest(**(base | fields))
 
 
-def _labels_by_key(root: Path, name: str, union: list[str]) -> dict[str, int]:
-    """``NAME/key`` -> the union label of its class, from the index and the manifest."""
-    classes = read_manifest(root).classes
-    table = pq.read_table(index_path(root, "train"), columns=["key", "label"]).to_pydict()
-    return {f"{name}/{key}": union.index(classes[label]) for key, label in zip(table["key"], table["label"])}
-
-
 def test_a_mixed_stream_holds_each_datasets_share_with_labels_over_the_union(mixed_stub, shards, extra):
     server, stub = mixed_stub
     request = mixed(epochs=2)
     batches = list(stub.StreamBatches(request, timeout=60))
     union = ["n00000001", "n00000002", "n00000003", "n00000004", "x-heron", "x-wren"]
-    truth = _labels_by_key(shards, "sample", union) | _labels_by_key(extra, "extra", union)
+    truth = labels_by_key(shards, "sample", union) | labels_by_key(extra, "extra", union)
     spec = from_request(request)
     mix = mix_of(spec, (len(truth) - 24, 24))
     assert mix.counts == (48, 16)
