@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,12 +10,40 @@ from pathlib import Path
 from clients.channel import ADDRESS_ENV
 from core.errors import ConfigError
 
-__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig"]
+__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig", "parse_mix"]
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 DATA_SOURCES = ("feeder", "synthetic")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 IMAGENET_TRAIN_SAMPLES = 1_281_167
+
+
+def parse_mix(text: str) -> str | dict[str, float]:
+    """``--dataset``: a name, or a mix ``NAME=WEIGHT,NAME=WEIGHT,...`` as a mapping of
+    names to weights in the order given.
+
+    Raises:
+        ConfigError: an entry without a weight, a weight that is not a positive finite
+            number, a name given twice (one line naming it).
+    """
+    if "=" not in text and "," not in text:
+        return text
+    mix: dict[str, float] = {}
+    for entry in text.split(","):
+        name, sep, weight = (part.strip() for part in entry.partition("="))
+        if not sep or not name:
+            raise ConfigError(f"--dataset {text!r}: {entry.strip()!r} is not NAME=WEIGHT")
+        if name in mix:
+            raise ConfigError(f"--dataset {text!r}: {name!r} given twice")
+        try:
+            value = float(weight)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--dataset {text!r}: the weight of {name!r} is {weight!r}, not a positive finite "
+                              "number")
+        mix[name] = value
+    return mix
 
 
 @dataclass(frozen=True)
@@ -29,7 +58,11 @@ class TrainConfig:
             the ``FEEDER_TOKEN`` environment variable.
         tls_root: PEM file of the CA that signed the daemon's TLS certificate (None:
             plaintext).
-        dataset: Dataset name the daemon serves.
+        dataset: Dataset name the daemon serves, or a mix of several with their
+            weights, ``NAME=WEIGHT,NAME=WEIGHT`` (``imagenet=0.8,extra=0.2``): each
+            gives its weight's share of every epoch and batch, labels over the union of
+            their class names.
+        val_dataset: Dataset to validate on (empty: ``dataset``, or a mix's first).
         schedule: Path of a schedule TOML file, or a bundled schedule's name.
         arch: torchvision ResNet name.
         data: ``feeder`` (stream from the daemon) or ``synthetic`` (random tensors made
@@ -60,6 +93,7 @@ class TrainConfig:
     server: str = ""
     tls_root: Path | None = None
     dataset: str = "imagenet"
+    val_dataset: str = ""
     schedule: str = "imagenet-fastai"
     arch: str = "resnet50"
     data: str = "feeder"
@@ -84,6 +118,7 @@ class TrainConfig:
     log_every_steps: int = 50
 
     def __post_init__(self) -> None:
+        parse_mix(self.dataset)
         if self.data not in DATA_SOURCES:
             raise ConfigError(f"--data {self.data!r}: choose one of {', '.join(DATA_SOURCES)}")
         if self.data == "feeder" and not self.server:
@@ -109,6 +144,17 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} is a percentage (0-100)")
         if self.prefetch_batches < 1 or self.reconnect_timeout_s <= 0:
             raise ConfigError("--prefetch-batches and --reconnect-timeout-s must be positive")
+
+    @property
+    def train_dataset(self) -> str | dict[str, float]:
+        """What the train loader streams: a name, or a mix's names and weights."""
+        return parse_mix(self.dataset)
+
+    @property
+    def validation_dataset(self) -> str:
+        """What the validation loader streams: ``val_dataset``, else the (first) dataset."""
+        train = self.train_dataset
+        return self.val_dataset or (train if isinstance(train, str) else next(iter(train)))
 
     @property
     def checkpoints(self) -> Path:

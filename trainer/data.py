@@ -7,6 +7,7 @@ from typing import Any
 
 from clients import FeederLoader, SyntheticLoader
 from clients.channel import open_channel, resolve_token
+from core.errors import ConfigError
 from protos import feeder_pb2, feeder_pb2_grpc
 from trainer.config import IMAGENET_TRAIN_SAMPLES, TrainConfig
 from trainer.distributed import Dist
@@ -26,19 +27,23 @@ def job_id(config: TrainConfig) -> str:
 
 
 def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
-    """Epoch length and class count for synthetic data: the dataset's if a daemon is
-    given, ImageNet's otherwise."""
+    """Epoch length and class count for synthetic data: the dataset's (a mix's: its
+    datasets' together, the union of their classes) if a daemon is given, ImageNet's
+    otherwise."""
     if not config.server:
         return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
     first = config.server.split(",")[0].strip()  # a pool's daemons serve the same dataset
     with open_channel(first, (), resolve_token(None), config.tls_root) as channel:
         reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
             feeder_pb2.ListDatasetsRequest(), timeout=30)
-    for info in reply.datasets:
-        if info.name == config.dataset:
-            sizes = {s.name: s.num_samples for s in info.splits}
-            return config.synthetic_samples or sizes.get(config.train_split, 1), len(info.classes)
-    return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
+    train = config.train_dataset
+    names = [train] if isinstance(train, str) else list(train)
+    found = {info.name: info for info in reply.datasets if info.name in names}
+    if len(found) < len(names):
+        return config.synthetic_samples or IMAGENET_TRAIN_SAMPLES, IMAGENET_CLASSES
+    samples = sum({s.name: s.num_samples for s in found[n].splits}.get(config.train_split, 1) for n in names)
+    classes = {c for n in names for c in found[n].classes}
+    return config.synthetic_samples or samples, len(classes)
 
 
 def make_loaders(
@@ -60,13 +65,32 @@ def make_loaders(
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(
-        config.server, config.dataset, split=config.train_split, batch_size=first.batch_size,
+        config.server, config.train_dataset, split=config.train_split, batch_size=first.batch_size,
         image_size=first.image_size, last_batch="drop", return_keys=config.visit_log is not None, augment="train",
         min_scale=first.min_scale, **common)
     val_loader = None
     if config.val_every_epochs:
         val_loader = FeederLoader(
-            config.server, config.dataset, split=config.val_split, batch_size=first.batch_size,
+            config.server, config.validation_dataset, split=config.val_split, batch_size=first.batch_size,
             image_size=first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
             prefetch_next_epoch=False, **common)
+    if val_loader is not None:
+        _check_val_classes(val_loader, train_loader, config)
     return train_loader, val_loader, len(train_loader.classes)
+
+
+def _check_val_classes(val: FeederLoader, train: FeederLoader, config: TrainConfig) -> None:
+    """Refuse validation data whose labels mean other classes than the model's: a
+    mix's model predicts the union of its datasets' classes, whose first are the
+    first dataset's; a validation dataset must have those classes, in that order.
+
+    Raises:
+        ConfigError: naming the validation dataset (the loaders closed).
+    """
+    if list(val.classes) == list(train.classes[:len(val.classes)]):
+        return
+    val.close()
+    train.close()
+    raise ConfigError(f"--val-dataset {config.validation_dataset!r}: its {len(val.classes)} classes are not the first "
+                      f"of the {len(train.classes)} the model learns from {config.dataset!r} (its labels would name "
+                      "other classes); validate on a dataset with the classes of the first of the mix")
