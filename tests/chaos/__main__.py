@@ -19,9 +19,10 @@ def _line(outcome: Outcome) -> str:
     back = max((r["first_batch_after_store_back_s"] for r in outcome.ranks), default=0.0)
     kinds = ", ".join(f"{f['kind'].lower()} {f['longest_wait_s']:.2f}" for f in outcome.faults)
     verdict = "ok" if outcome.ok else "FAILED: " + "; ".join(outcome.problems[:3])
-    return (f"seed {outcome.seed:3d}: {verdict} | {outcome.epochs} epochs | faults (longest wait after each, s): "
-            f"{kinds} | longest wait outside store faults {waits:.2f} s | first batch after the store was back "
-            f"{back:.2f} s | {outcome.seconds:.0f} s")
+    data = "mix of 2 (store + local)" if outcome.mixed else "1 dataset (store)"
+    return (f"seed {outcome.seed:3d}: {verdict} | {data} | {outcome.epochs} epochs | faults (longest wait after "
+            f"each, s): {kinds} | longest wait outside store faults {waits:.2f} s | first batch after the store was "
+            f"back {back:.2f} s | {outcome.seconds:.0f} s")
 
 
 def _stopped(signum: int, frame: object) -> None:
@@ -50,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([o.to_dict() for o in outcomes], indent=1) + "\n")
     failed = [o.seed for o in outcomes if not o.ok]
-    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} schedules kept every sample exactly once"
-          + (f"; failed: {failed}" if failed else ""))
+    mixed = sum(o.mixed for o in outcomes)
+    print(f"{len(outcomes) - len(failed)} of {len(outcomes)} schedules ({mixed} of them a mix) kept every sample "
+          "exactly once" + (f"; failed: {failed}" if failed else ""))
     return 1 if failed else 0
 
 

@@ -1,7 +1,8 @@
 """What a fault-schedule run runs on, and how each fault is made: a real S3 server
 (SeaweedFS) holding the dataset (and another one, for the daemon restarted on another
-manifest), three ``feeder serve`` daemons on fixed ports reading it, and the ranks'
-control directory. Every fault returns the evidence that it took place (an exit
+manifest), three ``feeder serve`` daemons on fixed ports reading it (and, where the
+run streams a mix, a second dataset from local disk), and the ranks' control
+directory. Every fault returns the evidence that it took place (an exit
 status, a process state, what the store answers, a counter), which the run records:
 a fault test proves its fault happened."""
 
@@ -57,11 +58,13 @@ class Cluster:
         control: the ranks' control directory.
         daemon_options: more ``feeder serve`` options for every daemon.
         seed: for the choices a fault makes (which object to damage).
+        local: more datasets every daemon serves, by name (a mix's, from local disk).
     """
 
     def __init__(self, store: SeaweedFS, url: str, other: str, control: Path, daemon_options: tuple[str, ...],
-                 seed: int) -> None:
+                 seed: int, local: dict[str, Path] | None = None) -> None:
         self.store, self.url, self.other, self.control = store, url, other, control
+        self.local = dict(local or {})
         self._options = daemon_options
         self._rng = random.Random(seed)
         self.ports = [free_port() for _ in range(3)]
@@ -83,7 +86,7 @@ class Cluster:
             with open(log, "a") as out:
                 out.write(line)
 
-        daemon = DaemonProcess({DATASET: self.serving[number]}, options, echo=echo, start_timeout_s=120,
+        daemon = DaemonProcess({DATASET: self.serving[number], **self.local}, options, echo=echo, start_timeout_s=120,
                                stop_timeout_s=20)
         daemon.start()
         self.daemons[number] = daemon

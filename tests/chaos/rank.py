@@ -1,5 +1,5 @@
 """One rank of a fault-schedule run, as its own process: a ``FeederLoader`` over the
-pool, its epochs read in order, every batch recorded (epoch, keys, labels, a hash of
+pool (of one dataset, or a mix of two), its epochs read in order, every batch recorded (epoch, keys, labels, a hash of
 each image's pixels, padding, the time the loop waited for it). Each batch costs a
 training step of ``step_s``; epochs go on until the one the harness names in
 ``last_epoch`` in its control directory (written once its last fault is over), so
@@ -58,7 +58,7 @@ def main(config_path: str) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(out, "w") as records:
         try:
-            loader = FeederLoader(config["addresses"], config["dataset"], split="train", rank=config["rank"],
+            loader = FeederLoader(config["addresses"], split="train", rank=config["rank"],
                                   world_size=config["world_size"], batch_size=config["batch_size"],
                                   image_size=config["image_size"], seed=config["seed"], normalize=False,
                                   return_keys=True, return_padding=True, **config["loader"])

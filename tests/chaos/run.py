@@ -8,7 +8,14 @@ read, and checks what every rank received against the reference
 (:func:`check`): every sample of every epoch exactly once, with the reference's label
 and pixels; a rank that ended in an error is a failure unless its one line names
 the cause of a fault that must end a job (none in a pool of three: the daemon on
-another manifest is left, the others serve). It also reports the longest wait of the
+another manifest is left, the others serve).
+
+Every other seed (the even ones: at least a third of any run of seeds) streams a mix
+instead: the dataset from the store at 0.75 and a second one from each daemon's
+local disk at 0.25, an epoch of as many samples as the dataset alone has. The
+second dataset is smaller than its share, so its samples come back within an epoch,
+pass after pass: the checker then counts each sample as often as the fault-free
+reference has it. It also reports the longest wait of the
 training loops for a batch (outside the store's own outages) and how soon batches
 came again after the store was back.
 
@@ -40,6 +47,7 @@ from feeder.server import create_server
 from tests.chaos.cluster import DATASET, Cluster, daemons_up, tell
 from tests.chaos.schedule import Fault, Kind, schedule
 from tests.common.env import child_env
+from tests.common.mixes import build_extra_shards
 from tests.common.s3 import pointed_at, upload_tree
 from tests.common.shards import build_sample_shards
 
@@ -48,6 +56,7 @@ __all__ = ["Outcome", "RunConfig", "check", "run"]
 _ROOT = Path(__file__).resolve().parents[2]
 _STORE_FAULTS = {Kind.STORE_STOPPED, Kind.STORE_KILLED, Kind.CREDENTIALS_ROTATED, Kind.OBJECT_DAMAGED}
 _RECOVERY_S = 5.0  # after a store fault, the loop's waits still count as the store's
+EXTRA = "extra"  # the mix's second dataset, served from each daemon's local disk
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,17 @@ class RunConfig:
     per_class: int = 48
     step_s: float = 0.02  # each batch's training step
 
+    @property
+    def mixed(self) -> bool:
+        """Whether this run streams a mix (the even seeds)."""
+        return self.seed % 2 == 0
+
+    def loader_dataset(self) -> dict[str, Any]:
+        """The loader's ``dataset`` (and ``epoch_samples``) for this run."""
+        if not self.mixed:
+            return {"dataset": DATASET}
+        return {"dataset": {DATASET: 0.75, EXTRA: 0.25}, "epoch_samples": self.classes * self.per_class}
+
 
 @dataclass
 class Outcome:
@@ -73,6 +93,7 @@ class Outcome:
     and every problem the checker saw (empty: the run passed)."""
 
     seed: int
+    mixed: bool = False  # streamed a mix of the store's dataset and a local one
     epochs: int = 0
     faults: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -87,32 +108,33 @@ class Outcome:
         return asdict(self) | {"ok": self.ok}
 
 
-Reference = dict[int, dict[tuple[int, str], tuple[int, str]]]  # rank -> (epoch, key) -> (label, pixels)
+# rank -> (epoch, key) -> (label, pixels, times in the epoch: a mix's small dataset repeats)
+Reference = dict[int, dict[tuple[int, str], tuple[int, str, int]]]
 
 
 def _hashes(images) -> list[str]:
     return [xxhash.xxh64(image.contiguous().numpy().tobytes()).hexdigest() for image in images]
 
 
-def reference(config: RunConfig, shards: Path, epochs: int) -> Reference:
+def reference(config: RunConfig, datasets: dict[str, Path], epochs: int) -> Reference:
     """Each rank's plan of ``epochs`` epochs read without faults from one in-process
-    daemon on the local copy (in batches of 64: which samples a rank's part holds and
+    daemon on the local copies (in batches of 64: which samples a rank's part holds and
     their pixels do not depend on the batch size)."""
-    server, port = create_server(ServerConfig(datasets={DATASET: shards}, port=0, device="cpu", threads=1,
-                                              grace_s=0.5))
+    server, port = create_server(ServerConfig(datasets=datasets, port=0, device="cpu", threads=1, grace_s=0.5))
     found: Reference = {}
     try:
         for rank in range(config.world_size):
             found[rank] = {}
-            with FeederLoader(f"127.0.0.1:{port}", DATASET, rank=rank, world_size=config.world_size,
-                              batch_size=64, image_size=config.image_size, seed=config.seed,
-                              normalize=False, return_keys=True, return_padding=True) as loader:
+            with FeederLoader(f"127.0.0.1:{port}", **config.loader_dataset(), rank=rank,
+                              world_size=config.world_size, batch_size=64, image_size=config.image_size,
+                              seed=config.seed, normalize=False, return_keys=True, return_padding=True) as loader:
                 for epoch in range(epochs):
                     loader.set_epoch(epoch)
                     for images, labels, keys, padding in loader:
                         for key, label, pixels, pad in zip(keys, labels, _hashes(images), padding):
                             if not pad:
-                                found[rank][epoch, key] = (int(label), pixels)
+                                times = found[rank].get((epoch, key), (0, "", 0))[2]
+                                found[rank][epoch, key] = (int(label), pixels, times + 1)
     finally:
         server.stop(0).wait(10)
     return found
@@ -128,7 +150,7 @@ def check(expected: Reference, received: dict[int, list[dict[str, Any]]], epochs
             problems.append(f"rank {rank} ended: {errors[0]}")
         batches = [r for r in records if "error" not in r]
         for epoch in range(epochs):
-            want = Counter(key for e, key in expected[rank] if e == epoch)
+            want = Counter({key: times for (e, key), (_, _, times) in expected[rank].items() if e == epoch})
             got: Counter[str] = Counter()
             for record in (b for b in batches if b["epoch"] == epoch):
                 for key, label, pixels, pad in zip(record["keys"], record["labels"], record["hashes"],
@@ -136,9 +158,9 @@ def check(expected: Reference, received: dict[int, list[dict[str, Any]]], epochs
                     if pad:
                         continue
                     got[key] += 1
-                    if expected[rank].get((epoch, key), (label, pixels)) != (label, pixels):
+                    if expected[rank].get((epoch, key), (label, pixels, 0))[:2] != (label, pixels):
                         problems.append(f"rank {rank} epoch {epoch}: {key} with another label or other pixels")
-            lost, twice = sorted(want - got), sorted(k for k, n in got.items() if n > 1)
+            lost, twice = sorted(want - got), sorted(k for k, n in got.items() if 0 < want[k] < n)
             extra = sorted(set(got) - set(want))
             if lost or twice or extra:
                 problems.append(f"rank {rank} epoch {epoch}: {len(lost)} lost, {len(twice)} twice, {len(extra)} "
@@ -149,7 +171,7 @@ def check(expected: Reference, received: dict[int, list[dict[str, Any]]], epochs
 def _rank_config(config: RunConfig, cluster: Cluster, rank: int) -> Path:
     path = config.workdir / f"rank-{rank}.json"
     path.write_text(json.dumps({
-        "addresses": cluster.addresses, "dataset": DATASET, "rank": rank, "world_size": config.world_size,
+        "addresses": cluster.addresses, "rank": rank, "world_size": config.world_size,
         "batch_size": config.batch_size, "image_size": config.image_size, "seed": config.seed,
         "epochs": config.epochs, "step_s": config.step_s, "control": str(cluster.control),
         "out": str(config.workdir / f"rank-{rank}.jsonl"), "log": str(config.workdir / f"rank-{rank}.log"),
@@ -157,7 +179,7 @@ def _rank_config(config: RunConfig, cluster: Cluster, rank: int) -> Path:
         # gRPC payload: a paused consumer leaves its calls' windows full, so the daemons
         # cancel its streams for idleness (over shared memory nothing would be unread).
         "loader": {"reconnect_timeout_s": 600.0, "stall_timeout_s": 120.0, "transport": "grpc",
-                   "prefetch_batches": 2},
+                   "prefetch_batches": 2, **config.loader_dataset()},
     }))
     return path
 
@@ -243,13 +265,14 @@ def _left_lines(config: RunConfig, rank: int, address: str) -> list[str]:
 def run(config: RunConfig) -> Outcome:
     """Run one schedule and check it (see the module's docstring)."""
     started = time.monotonic()
-    outcome = Outcome(config.seed)
+    outcome = Outcome(config.seed, config.mixed)
     faults = schedule(config.seed, config.faults, config.quick)
     config.workdir.mkdir(parents=True, exist_ok=True)
     shards = build_sample_shards(config.workdir / "data", classes=config.classes, train_per_class=config.per_class,
                                  val_per_class=1)
     other = build_sample_shards(config.workdir / "other", classes=config.classes,
                                 train_per_class=config.per_class - 3, val_per_class=1, seed=7)
+    local = {EXTRA: build_extra_shards(config.workdir / "extra", train_per_class=16)} if config.mixed else {}
     control = config.workdir / "control"
     shutil.rmtree(control, ignore_errors=True)  # a run in this directory before left its own
     control.mkdir()
@@ -262,7 +285,7 @@ def run(config: RunConfig) -> Outcome:
         other_url = upload_tree(store, other, f"s3://{bucket}/other")
         options = ("--threads", "1", "--idle-timeout-s", "2", "--contended-idle-timeout-s", "2",
                    "--store-retry-window-s", "600", "--store-heal-s", "15")
-        cluster = Cluster(store, url, other_url, control, options, config.seed)
+        cluster = Cluster(store, url, other_url, control, options, config.seed, local)
         with daemons_up(cluster):
             ranks = _start_ranks(config, cluster)
             try:
@@ -280,7 +303,7 @@ def run(config: RunConfig) -> Outcome:
     received = _records(config)
     epochs = 1 + max((r["epoch"] for rs in received.values() for r in rs if "epoch" in r), default=0)
     outcome.epochs = max(epochs, config.epochs)
-    outcome.problems = check(reference(config, shards, outcome.epochs), received, outcome.epochs)
+    outcome.problems = check(reference(config, {DATASET: shards, **local}, outcome.epochs), received, outcome.epochs)
     outcome.problems += [f"fault {n}: {f['evidence']}" for n, f in enumerate(outcome.faults)
                          if f["evidence"].startswith("NOT MADE")]
     for number, fault in enumerate(faults):
