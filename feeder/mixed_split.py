@@ -13,6 +13,7 @@ right samples.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,7 @@ class MixedSplit:
         self.parts = list(parts)
         self.split = parts[0].split.split
         self.offsets = np.concatenate([[0], np.cumsum([len(p.split) for p in parts])]).astype(np.int64)
+        self._ends = [int(end) for end in self.offsets[1:]]  # for one index at a time (bisect: 0.1 us)
         self.labels = np.concatenate([p.labels[p.split.labels] for p in parts]).astype(np.int64)
         self.widths = np.concatenate([p.split.widths for p in parts])
         self.heights = np.concatenate([p.split.heights for p in parts])
@@ -110,7 +112,7 @@ class MixedSplit:
 
     def locate(self, index: int) -> tuple[MixedPart, int]:
         """The dataset of composite ``index`` and the sample's index in its split."""
-        k = int(np.searchsorted(self.offsets[1:], index, side="right"))
+        k = bisect.bisect_right(self._ends, index)
         return self.parts[k], index - int(self.offsets[k])
 
     def part_of(self, indices: np.ndarray) -> np.ndarray:
