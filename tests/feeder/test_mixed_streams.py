@@ -11,8 +11,14 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
+from core.bad_input import OnError
+from feeder.bad_samples import BadSamples, FailureLimits, MixedBadSamples, SampleFilter, Screened, TooManyBadSamples
+from feeder.mixed_split import MixedPart, MixedSplit
+from feeder.service import open_datasets
+from protocol.plan import BatchSlice
 from protocol.request import MixPart, StreamSpec, from_request, mix_name
 from protocol.stream_plan import mix_of, rank_part_of
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -157,3 +163,23 @@ def test_a_mix_of_one_over_its_whole_split_is_its_plain_stream(mixed_stub):
     assert mix_name(spec.mix) == "extra"
     assert [[k.split("/", 1)[1] for k in b.keys] for b in stub.StreamBatches(one, timeout=60)] == \
         [list(b.keys) for b in stub.StreamBatches(plain, timeout=60)]
+
+
+def test_each_dataset_of_a_mix_is_held_to_the_failure_limit_of_its_own_share(shards, extra):
+    opened = open_datasets({"sample": shards, "extra": extra})
+    splits = {name: opened[name].splits["train"] for name in ("sample", "extra")}
+    mixed = MixedSplit([MixedPart(name, split, np.arange(6)) for name, split in splits.items()])
+    bad = MixedBadSamples([BadSamples(name, split, 10**9) for name, split in splits.items()], mixed)
+    # A rank's part of 100: 90 of sample (limit 9 an epoch), 10 of extra (limit 1, half a batch of 2).
+    samples = SampleFilter(bad, OnError.SKIP, FailureLimits(0.5, 0.1, 100, (90, 10)))
+
+    def failed(*indices: int) -> Screened:
+        batch = BatchSlice(np.array(indices), np.zeros(len(indices), dtype=bool), cursor=2, epoch=0)
+        return Screened(batch, tuple(indices))
+
+    for first in range(0, 8, 2):  # 8 of sample's: under its limit of 9
+        samples.delivered(failed(first, first + 1))
+    samples.delivered(failed(64))  # one of extra's (composite 64: its first, after sample's 64): at its limit of 1
+    with pytest.raises(TooManyBadSamples) as caught:
+        samples.delivered(failed(65))
+    assert str(caught.value).startswith("extra/train: 2 samples in epoch 0 so far could not be served (more than 1)")
