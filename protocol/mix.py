@@ -20,11 +20,12 @@ datasets' sizes and their order), the sizes standing for the datasets' identitie
 - **Stratified parts.** The epoch's draws are laid out for a world size ``w``
   (:func:`lay_out`) so that rank ``r``'s strided share of the order
   (:func:`protocol.plan.rank_part`, unchanged) holds each dataset's draws in their
-  own order, interleaved at their share of the part (:func:`interleave`): every run
-  of consecutive samples of a part, so every batch of any size from any cursor,
-  holds each dataset's share of the part within one sample (two datasets; with
-  more, within two). Ranks get the strided split of the concatenated draws, so the
-  ranks' lengths are what :func:`protocol.plan.rank_part` gives.
+  own order, spread through the share as a mechanical word of the dataset's share
+  (:func:`_mechanical`): every run of consecutive samples of a part, so every batch
+  of any size from any cursor, holds ``floor`` or ``ceil`` of its share of the run
+  with two datasets; with more, the later datasets drift by up to one more sample.
+  The ranks' words start at phases spread over one period, so ranks at one cursor
+  have read each dataset's share of what they read together too.
 - **Resumes.** What a job consumed of an epoch at one world size (a
   :class:`~protocol.plan.Segment`) is taken out of the order it read as
   :func:`protocol.plan.remaining_order` does, and the rest, each dataset's draws in
