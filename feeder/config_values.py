@@ -16,8 +16,10 @@ from core.errors import ConfigError
 __all__ = [
     "BOUNDS",
     "CPU_DECODERS",
+    "DEFAULT_GPU_PREFETCH",
     "DEFAULT_LOOKAHEAD",
     "DEFAULT_PREFETCH",
+    "DEFAULT_RING_SLOTS",
     "LIBRARY_BYTES",
     "cgroup_memory_bytes",
     "check_cpu_decoder",
@@ -33,13 +35,20 @@ CGROUP = Path("/sys/fs/cgroup")
 DEFAULT_LOOKAHEAD = 4
 # Pipeline runs in flight per stream where ``--prefetch`` is not given (where the tuner starts).
 DEFAULT_PREFETCH = 2
+# The same on a GPU: its runs are short, and the producer, the DALI run and the copy
+# into the slot then each have one in hand.
+DEFAULT_GPU_PREFETCH = 3
+# Ring slots of a stream whose client says nothing of its prefetch (FeederLoader's
+# default of 4, the daemon's queue of 4, the batch read, one on the wire).
+DEFAULT_RING_SLOTS = 10
 
 # The numeric options' bounds: (options, test, what the error says they must be).
 BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
     (("queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
-      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
+      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "store_requests",
       "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
-    (("threads", "prefetch", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads", "lookahead"),
+    (("threads", "prefetch", "ring_slots", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads",
+      "lookahead"),
      lambda v: v >= 0, ">= 0"),
     (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
       "metrics_timeout_s"), lambda v: v > 0, "> 0"),
