@@ -308,6 +308,7 @@ class Trainer:
         return {
             "epochs": len(records), "steps": self.step, "world_size": self.dist.world_size,
             "data": self.config.data, "arch": self.config.arch,
+            "transport": getattr(self.train_loader, "transport", ""),  # what carried the batches (feeder data)
             "images_per_s": images / seconds if seconds else 0.0,
             "stall_fraction": waited / seconds if seconds else 0.0,
             "idle_fraction": idle / seconds if seconds else 0.0,
