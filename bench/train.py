@@ -7,7 +7,9 @@ One daemon (``feeder serve --port 0``, on the GPU where there is CUDA) serves
 ``--nproc`` trainer ranks under torchrun (NCCL on GPUs, gloo on CPUs), as on a
 training node. A run trains a phase of ``--epochs-per-size`` whole epochs at each
 ``--sizes`` (validating as configured); feeder and synthetic runs alternate, repeat
-after repeat, so machine noise hits both. Each phase's first epoch is a warm-up
+after repeat, so machine noise hits both. ``--variant`` compares several daemons
+(GPU decode with the tuned CPU share, GPU only, CPU only) against the same synthetic
+runs. Each phase's first epoch is a warm-up
 (streams opening, cuDNN choosing its kernels) and left out; per size the medians are
 reported: images/s per rank and its ratio to synthetic, the device's idle share
 between steps fed and synthetic and their difference (the stall as the GPU sees it),
@@ -31,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
@@ -94,39 +97,49 @@ def phase_figures(summary: dict, nproc: int) -> dict[int, dict[str, float]]:
     return figures
 
 
-def _throughput(address: str, work: Path, args: argparse.Namespace) -> dict:
+def _medians(runs: list[dict[int, dict[str, float]]], size: int) -> dict[str, float]:
+    return {key: statistics.median(run[size][key] for run in runs) for key in runs[0][size]}
+
+
+def _throughput(addresses: dict[str, str], work: Path, args: argparse.Namespace) -> dict:
+    """Per repeat, a fed run per daemon variant and a synthetic run, the order turned
+    around each repeat; per variant and size, the medians against synthetic."""
     schedule = work / "bench.toml"
     schedule.write_text(_schedule(args.sizes, args.epochs_per_size, args.batch_size))
     common = ["--schedule", str(schedule), "--val-every-epochs", str(args.val_every_epochs)]
-    runs: dict[str, list[dict[int, dict[str, float]]]] = {data: [] for data in _DATA}
-    transports: set[str] = set()
+    runs: dict[str, list[dict[int, dict[str, float]]]] = {name: [] for name in [*addresses, "synthetic"]}
+    transports: dict[str, set[str]] = {name: set() for name in addresses}
+    order = [*addresses, "synthetic"]
     for repeat in range(args.repeats):
-        for data in (_DATA if repeat % 2 == 0 else _DATA[::-1]):  # alternate which goes first
-            summary = _train(address, work / f"{data}-{repeat}", args, *common, "--data", data)
-            runs[data].append(phase_figures(summary, args.nproc))
-            if data == "feeder":
-                transports.add(summary.get("transport", ""))
-    sizes = {}
-    for size in args.sizes:
-        fed = {k: statistics.median(run[size][k] for run in runs["feeder"]) for k in runs["feeder"][0][size]}
-        synthetic = {k: statistics.median(run[size][k] for run in runs["synthetic"])
-                     for k in runs["synthetic"][0][size]}
-        sizes[size] = {
-            "feeder_images_per_s": fed["images_per_s"],
-            "synthetic_images_per_s": synthetic["images_per_s"],
-            "feeder_over_synthetic": fed["images_per_s"] / synthetic["images_per_s"],
-            "feeder_idle_fraction": fed["idle_fraction"],
-            "synthetic_idle_fraction": synthetic["idle_fraction"],
-            "idle_fed_minus_synthetic": fed["idle_fraction"] - synthetic["idle_fraction"],
-            "feeder_stall_fraction": fed["stall_fraction"],
-        }
-    rates = {size: figures["feeder_images_per_s"] for size, figures in sizes.items()}
-    projection = project(rates, gpus=8)
-    return {"sizes": {str(k): v for k, v in sizes.items()}, "transport": ",".join(sorted(transports)),
-            "projected_minutes": projection.minutes, "projection": projection.line(),
+        for name in (order if repeat % 2 == 0 else order[::-1]):
+            data = "synthetic" if name == "synthetic" else "feeder"
+            address = addresses.get(name) or next(iter(addresses.values()))  # synthetic: the dataset's size
+            summary = _train(address, work / f"{name}-{repeat}", args, *common, "--data", data)
+            runs[name].append(phase_figures(summary, args.nproc))
+            if name in transports:
+                transports[name].add(summary.get("transport", ""))
+    synthetic = {size: _medians(runs["synthetic"], size) for size in args.sizes}
+    variants = {}
+    for name in addresses:
+        sizes = {}
+        for size in args.sizes:
+            fed = _medians(runs[name], size)
+            sizes[str(size)] = {
+                "feeder_images_per_s": fed["images_per_s"],
+                "synthetic_images_per_s": synthetic[size]["images_per_s"],
+                "feeder_over_synthetic": fed["images_per_s"] / synthetic[size]["images_per_s"],
+                "feeder_idle_fraction": fed["idle_fraction"],
+                "synthetic_idle_fraction": synthetic[size]["idle_fraction"],
+                "idle_fed_minus_synthetic": fed["idle_fraction"] - synthetic[size]["idle_fraction"],
+                "feeder_stall_fraction": fed["stall_fraction"],
+            }
+        projection = project({int(size): f["feeder_images_per_s"] for size, f in sizes.items()}, gpus=8)
+        variants[name] = {"sizes": sizes, "transport": ",".join(sorted(transports[name])),
+                          "projected_minutes": projection.minutes, "projection": projection.line()}
+    return {"variants": variants,
             "synthetic_projected_minutes": project(
-                {size: figures["synthetic_images_per_s"] for size, figures in sizes.items()}, gpus=8).minutes,
-            "runs": runs}
+                {size: figures["images_per_s"] for size, figures in synthetic.items()}, gpus=8).minutes,
+            "runs": {name: [{str(k): v for k, v in run.items()} for run in per] for name, per in runs.items()}}
 
 
 def _time_to_accuracy(address: str, work: Path, args: argparse.Namespace) -> dict:
@@ -170,6 +183,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="daemon CPU threads (0: it tunes them)")
     parser.add_argument("--ring-slots", type=int, default=0, help="daemon ring slots per stream (0: sized per stream)")
     parser.add_argument("--serve-args", default="", help="more feeder serve options, e.g. '--cpu-decode-share 0'")
+    parser.add_argument("--variant", type=_variant, action="append", default=[],
+                        help="a daemon to compare, NAME='SERVE-OPTIONS' (repeatable; each fed run against the same "
+                             "synthetic runs), e.g. cpu='--device cpu --threads 12'")
     parser.add_argument("--schedule", default="sample", help="schedule of the time-to-accuracy run")
     parser.add_argument("--target-top1", type=float, default=80.0, help="percent")
     parser.add_argument("--skip-accuracy", action="store_true", help="throughput only")
@@ -186,27 +202,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _daemon_options(args: argparse.Namespace) -> tuple[str, ...]:
+def _variants(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """Each daemon variant's ``feeder serve`` options: ``--variant NAME=OPTIONS`` as
+    given (after the common ones, so they win), else one, ``feeder``, from
+    ``--daemon-device`` and ``--serve-args``."""
     device = args.daemon_device
     if device == "auto":
         import torch
 
         device = "gpu" if torch.cuda.is_available() else "cpu"
-    return ("--device", device, "--threads", str(args.threads), "--ring-slots", str(args.ring_slots),
-            "--decoded-cache-bytes", args.decoded_cache_bytes, "--decoded-cache-side", str(args.decoded_cache_side),
-            *shlex.split(args.serve_args))
+    common = ("--device", device, "--threads", str(args.threads), "--ring-slots", str(args.ring_slots),
+              "--decoded-cache-bytes", args.decoded_cache_bytes, "--decoded-cache-side", str(args.decoded_cache_side))
+    if not args.variant:
+        return {"feeder": (*common, *shlex.split(args.serve_args))}
+    return {name: (*common, *shlex.split(options)) for name, options in args.variant}
+
+
+def _variant(text: str) -> tuple[str, str]:
+    name, sep, options = text.partition("=")
+    if not sep or not name.strip() or name.strip() == "synthetic":
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=SERVE-OPTIONS, e.g. gpu-only='--cpu-decode-share 0'")
+    return name.strip(), options
 
 
 def _report(results: dict) -> None:
     if "throughput" in results:
         speed = results["throughput"]
-        for size, s in speed["sizes"].items():
-            print(f"{size} px: feeder {s['feeder_images_per_s']:,.0f} img/s per rank, synthetic "
-                  f"{s['synthetic_images_per_s']:,.0f} ({s['feeder_over_synthetic']:.3f}x); device idle "
-                  f"{s['feeder_idle_fraction']:.1%} fed, {s['synthetic_idle_fraction']:.1%} synthetic "
-                  f"({s['idle_fed_minus_synthetic']:+.1%}); host stall {s['feeder_stall_fraction']:.1%}; "
-                  f"over {speed['transport'] or '?'}")
-        print(speed["projection"] + f"; on synthetic data {speed['synthetic_projected_minutes']:.1f} min")
+        for name, variant in speed["variants"].items():
+            for size, s in variant["sizes"].items():
+                print(f"{name}, {size} px: {s['feeder_images_per_s']:,.0f} img/s per rank, synthetic "
+                      f"{s['synthetic_images_per_s']:,.0f} ({s['feeder_over_synthetic']:.3f}x); device idle "
+                      f"{s['feeder_idle_fraction']:.1%} fed, {s['synthetic_idle_fraction']:.1%} synthetic "
+                      f"({s['idle_fed_minus_synthetic']:+.1%}); host stall {s['feeder_stall_fraction']:.1%}; "
+                      f"over {variant['transport'] or '?'}")
+            print(f"{name}: {variant['projection']}")
+        print(f"synthetic: projected {speed['synthetic_projected_minutes']:.1f} min")
     if "accuracy" in results:
         acc = results["accuracy"]
         reached = acc["time_to_target_s"]
@@ -222,13 +252,14 @@ def main(argv: list[str] | None = None) -> dict:
         data = resolve(args.shards, None)
     else:
         data = prepare_sample(args.cache, args.seed, train_per_class=args.images_per_class)
-    with DaemonProcess({"bench": data.shards}, _daemon_options(args), cwd=_REPO) as daemon:
-        with tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:
-            results: dict = {}
-            if not args.skip_throughput:
-                results["throughput"] = _throughput(daemon.address, Path(tmp), args)
-            if not args.skip_accuracy:
-                results["accuracy"] = _time_to_accuracy(daemon.address, Path(tmp), args)
+    with ExitStack() as daemons, tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:
+        addresses = {name: daemons.enter_context(DaemonProcess({"bench": data.shards}, options, cwd=_REPO)).address
+                     for name, options in _variants(args).items()}
+        results: dict = {}
+        if not args.skip_throughput:
+            results["throughput"] = _throughput(addresses, Path(tmp), args)
+        if not args.skip_accuracy:
+            results["accuracy"] = _time_to_accuracy(next(iter(addresses.values())), Path(tmp), args)
     _report(results)
     if args.json:
         config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}

@@ -43,11 +43,15 @@ def test_the_bench_runs_on_the_cpu(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "bench/train.py", "--daemon-device", "cpu", "--nproc", "2", "--sizes", "32,48",
          "--epochs-per-size", "2", "--batch-size", "8", "--repeats", "1", "--skip-accuracy", "--threads", "2",
-         "--cache", str(tmp_path / "cache"), "--images-per-class", "20", "--json", str(out)],
+         "--cache", str(tmp_path / "cache"), "--images-per-class", "20", "--json", str(out),
+         "--variant", "window=--cpu-decoder libjpeg-turbo", "--variant", "dali=--cpu-decoder dali"],
         cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())["results"][0]["throughput"]
-    assert set(result["sizes"]) == {"32", "48"} and result["transport"] == "shm"
-    for figures in result["sizes"].values():
-        assert figures["feeder_images_per_s"] > 0 and 0 <= figures["feeder_idle_fraction"] <= 1
-    assert result["projected_minutes"] > 0 and "projected imagenet-fastai on 8 GPUs" in done.stdout
+    result = json.loads(out.read_text())["results"][0]["throughput"]["variants"]
+    assert set(result) == {"window", "dali"}
+    for variant in result.values():
+        assert set(variant["sizes"]) == {"32", "48"} and variant["transport"] == "shm"
+        for figures in variant["sizes"].values():
+            assert figures["feeder_images_per_s"] > 0 and 0 <= figures["feeder_idle_fraction"] <= 1
+        assert variant["projected_minutes"] > 0
+    assert done.stdout.count("projected imagenet-fastai on 8 GPUs") == 2
