@@ -25,13 +25,12 @@ its batch row fell in, as they already do between DALI's hardware and CUDA decod
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
-from feeder.decoders import PhasedDecoder
 from feeder.jobs import Allocate, Job, SampleDecodeError
 from transport.base import Slot
 
-__all__ = ["CpuShare", "SplitDecoder"]
+__all__ = ["CpuShare", "PartDecoder", "SplitDecoder"]
 
 # The CPU's part counts as late when the decoder waited for it this long after the
 # GPU's part was done (a fraction of a run's time; below it is scheduling noise).
@@ -67,6 +66,23 @@ class CpuShare:
             self.value = min(1.0, max(0.0, self.value + (-STEP if late else STEP)))
 
 
+class PartDecoder(Protocol):
+    """A decoder a batch's part goes to: :class:`feeder.decoders.PhasedDecoder`'s
+    phases."""
+
+    def start(self, job: Job) -> Any: ...
+
+    def collect(self, started: Any) -> Any: ...
+
+    def write(self, collected: Any, slot: Slot) -> None: ...
+
+    def discard(self, collected: Any) -> None: ...
+
+    def release_buffers(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 # A started run: its job, its CPU rows, and each part's started run (None: no rows).
 _Started = tuple[Job, int, Any, Any]
 _Collected = tuple[Job, int, Any, Any]
@@ -80,7 +96,7 @@ class SplitDecoder:
     can_look_ahead = looks_ahead = False  # a split run decodes its batch as two
     decoded_early = 0
 
-    def __init__(self, cpu: PhasedDecoder, gpu: PhasedDecoder, share: CpuShare) -> None:
+    def __init__(self, cpu: PartDecoder, gpu: PartDecoder, share: CpuShare) -> None:
         self._cpu, self._gpu, self.share = cpu, gpu, share
         self.cpu_samples = self.gpu_samples = 0
 
