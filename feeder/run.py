@@ -7,9 +7,13 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   that a node's jobs share it; else one of its own, started with the serve options
   given and waited on until gRPC health says SERVING (a daemon that cannot start
   ends the launcher with its reason; the command never starts);
+  A daemon already serving is shared only where it serves every dataset named with
+  the identity the launcher's own directories and pixel options give
+  (:mod:`feeder.shared_daemon`); else the launcher stops with one line naming both;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
-  ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's ``--shm-dir``) in the
-  command's environment, which the loader and the trainer read when not given them;
+  ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
+  in the command's environment, which the loader and the trainer read when not
+  given them;
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
@@ -37,7 +41,7 @@ from feeder.config import ServerConfig
 from feeder.launcher import DaemonProcess
 from feeder.run_config import RunConfig
 from feeder.security import read_token
-from protos import feeder_pb2, feeder_pb2_grpc
+from feeder.shared_daemon import SharedDaemon
 
 __all__ = ["ADDRESS_ENV", "SHM_DIR_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
 
@@ -76,18 +80,6 @@ def _serving(address: str, timeout_s: float = 1.0) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def _served_names(address: str, token: str | None) -> set[str]:
-    metadata = [("authorization", f"Bearer {token}")] if token else []
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
-                feeder_pb2.ListDatasetsRequest(), timeout=10, metadata=metadata)
-        except grpc.RpcError as e:
-            raise ConfigError(f"the daemon serving on {address} refused ListDatasets ({e.code().name}): "
-                              "give its --token-file") from e
-    return {info.name for info in reply.datasets}
-
-
 def _say(text: str) -> None:
     print(f"feeder run: {text}", file=sys.stderr, flush=True)
 
@@ -118,12 +110,14 @@ class NodeLauncher:
         self._next_start = 0.0
         self._gave_up = False
         self._child: subprocess.Popen[bytes] | None = None
+        # The rings' directory the command is given: the launcher's, or a shared daemon's
+        # (where a daemon of the launcher's own replacing that one then puts them too).
+        self._shm_dir = Path(config.shm_dir).resolve()
 
     @property
     def environment(self) -> dict[str, str]:
         """What the command finds in its environment besides the launcher's own."""
-        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with]),
-                 SHM_DIR_ENV: str(Path(self.config.shm_dir).resolve())}
+        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with]), SHM_DIR_ENV: str(self._shm_dir)}
         if self._token is not None:
             found[TOKEN_ENV] = self._token
         return found
@@ -159,16 +153,19 @@ class NodeLauncher:
             raise ConfigError(str(e)) from e
 
     def _use_shared(self) -> None:
-        missing = sorted(set(self.config.datasets) - _served_names(self.address, self._token))
-        if missing:
-            raise ConfigError(f"datasets: the daemon already serving on {self.address} does not serve "
-                              f"{', '.join(missing)}; give another --port or --socket-path for a daemon of its own")
+        shared = SharedDaemon.ask(self.address, self._token)
+        shared.check_datasets(self.config)
+        self._shm_dir = shared.shm_dir(self._shm_dir)
         self._say(f"using the daemon already serving on {self.address}")
+        not_had = shared.options_not_had(self.config, self._serve_args)
+        if not_had:
+            self._say(f"the shared daemon keeps its own options; not applied: {', '.join(not_had)}")
 
     def _start_daemon(self) -> None:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
-        daemon = DaemonProcess({}, (*self._serve_args, "--port", str(self._port)),
+        shm = () if self._shm_dir == Path(self.config.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
+        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
                                echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
                                start_timeout_s=self.config.start_timeout_s,
                                stop_timeout_s=self.config.grace_s + _STOP_MARGIN_S, die_with_parent=True,
@@ -259,4 +256,4 @@ class NodeLauncher:
         if died:  # killed before the launcher's SIGTERM: its segments are still there
             from transport.shm import sweep_stale
 
-            sweep_stale(self.config.shm_dir)
+            sweep_stale(self._shm_dir)
