@@ -17,9 +17,11 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
+  what a daemon killed outright left (socket file, segments) is swept;
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
-  and the launcher exits with the command's status (128 + N for signal N).
+  and the launcher exits with the command's status (128 + N for signal N). A
+  launcher killed outright takes its command with it (:mod:`feeder.run_guard`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from core.errors import ConfigError
 from feeder.config import ServerConfig
 from feeder.launcher import DaemonProcess
 from feeder.run_config import RunConfig
+from feeder.run_guard import LauncherGuard, sweep_leftovers
 from feeder.security import read_token
 from feeder.shared_daemon import SharedDaemon
 
@@ -113,6 +116,7 @@ class NodeLauncher:
         # The rings' directory the command is given: the launcher's, or a shared daemon's
         # (where a daemon of the launcher's own replacing that one then puts them too).
         self._shm_dir = Path(config.shm_dir).resolve()
+        self._guard: LauncherGuard | None = None
 
     @property
     def environment(self) -> dict[str, str]:
@@ -131,9 +135,14 @@ class NodeLauncher:
         """
         self._have_daemon()
         try:
+            self._guard = LauncherGuard(self.config.grace_s + _STOP_MARGIN_S, self._shm_dir, self.config.socket_path)
+            if self.daemon is not None:
+                self._guard.daemon(self.daemon.pid)
             return self._run_command()
         finally:
             self._stop_daemon()
+            if self._guard is not None:
+                self._guard.close(command_ended=self._child is None or self._child.poll() is not None)
 
     @property
     def _known_address(self) -> bool:
@@ -172,6 +181,8 @@ class NodeLauncher:
                                health_address=health, new_session=True)
         daemon.start()
         self.daemon = daemon
+        if self._guard is not None:
+            self._guard.daemon(daemon.pid)
         if self.config.socket_path is None:
             self._port = int(daemon.address.rsplit(":", 1)[1])  # port 0: the one it chose, kept for restarts
             self.address = local_address(self.config, self._port)
@@ -183,6 +194,8 @@ class NodeLauncher:
             self._child = subprocess.Popen(self._command, env=os.environ | self.environment, process_group=0)
         except OSError as e:
             raise ConfigError(f"command: cannot run {self._command[0]} ({e.strerror})") from e
+        if self._guard is not None:
+            self._guard.command(self._child.pid)  # its process group
         previous = {sig: signal.signal(sig, self._pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             misses, next_check = 0, time.monotonic() + _SHARED_CHECK_S
@@ -218,6 +231,8 @@ class NodeLauncher:
             gone = self._why(self.daemon) if self.daemon is not None else "the shared one stopped answering"
             self._say(f"the daemon is gone ({gone}) and was started again {self.restarts} times; not again")
             self._gave_up = True
+            if self.daemon is not None:
+                sweep_leftovers(self.config.socket_path, self._shm_dir)
             return
         now = time.monotonic()
         if self._next_start == 0.0:
@@ -253,7 +268,5 @@ class NodeLauncher:
             return
         died = self.daemon.returncode is not None
         self.daemon.stop()
-        if died:  # killed before the launcher's SIGTERM: its segments are still there
-            from transport.shm import sweep_stale
-
-            sweep_stale(self._shm_dir)
+        if died:  # killed before the launcher's SIGTERM: its socket and segments are still there
+            sweep_leftovers(self.config.socket_path, self._shm_dir)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.proctree import pids_with_env
 from feeder.launcher import DaemonProcess
 from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
@@ -135,3 +136,41 @@ def test_a_node_shared_by_two_runs_keeps_serving_when_the_first_run_ends(node, t
     assert second.out[-1] == f"samples {N_TRAIN} most 1 shm"
     nothing_left(node)
 
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_launcher_killed_outright_takes_its_command_and_leaves_nothing(node, tmp_path):
+    pid_file = tmp_path / "command.pid"
+    run = Run([*serve_args(node), "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 600"], node["env"])
+    assert wait_for(lambda: pid_file.exists() and bool(pid_file.read_text().strip()), timeout_s=90)
+    command, (daemon,) = int(pid_file.read_text()), run.daemon_pids()
+    run.proc.kill()
+    assert run.wait() == -signal.SIGKILL  # the launcher had no chance to stop anything itself
+    assert wait_for(lambda: not _alive(command), timeout_s=30), "the command outlived its launcher"
+    assert wait_for(lambda: not _alive(daemon), timeout_s=30)
+    assert wait_for(lambda: not node["socket"].exists(), timeout_s=30), "the socket file stayed"
+    assert run.said("the launcher is gone; ending its command")
+    assert wait_for(lambda: not pids_with_env("FEEDER_TEST_RUN", node["mark"]), timeout_s=30)
+    nothing_left(node)
+
+
+def test_a_daemon_killed_with_no_restarts_left_leaves_no_socket(node, tmp_path):
+    stop = tmp_path / "stop"
+    run = Run([*serve_args(node, "--restarts", "0"), "--", "sh", "-c",
+               f"while [ ! -e {stop} ]; do sleep 0.1; done"], node["env"])
+    assert wait_for(lambda: bool(run.daemon_pids()), timeout_s=90)
+    assert node["socket"].exists()
+    os.kill(run.daemon_pids()[0], signal.SIGKILL)
+    assert wait_for(lambda: bool(run.said("the daemon is gone (SIGKILL) and was started again 0 times; not again")),
+                    timeout_s=30)
+    assert wait_for(lambda: not node["socket"].exists(), timeout_s=10), "the dead daemon's socket stayed"
+    assert run.proc.poll() is None  # swept while the command still runs
+    stop.touch()
+    assert run.wait() == 0
+    nothing_left(node)
