@@ -166,8 +166,7 @@ class Tuner:
         self._rates: list[float] = []  # the last intervals' rates at the current setting
         self._trial: _Trial | None = None
         self._backoff: dict[_Move, tuple[float, float]] = {}  # move -> (not before, its next back-off)
-        if tune_threads:
-            gauges.tuned_threads(pool.threads)
+        gauges.tuned_threads(pool.threads)  # hand-set threads are shown too
 
     @property
     def tuning(self) -> bool:

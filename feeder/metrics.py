@@ -99,8 +99,8 @@ class ServerMetrics:
             "decode threads since the stream opened.", ["stream"], registry=r,
         )
         self._job_metrics(r)
-        self._tuned_threads = Gauge("feeder_tuned_threads", "Decode threads as the tuner set them (--threads not "
-                                    "given).", registry=r)
+        self._tuned_threads = Gauge("feeder_tuned_threads", "Decode threads: as the tuner set them, or as --threads "
+                                    "gave them.", registry=r)
         self._tuned_prefetch = Gauge("feeder_tuned_prefetch", "Pipeline runs in flight each open stream has, as "
                                      "the tuner set them (--prefetch not given).", ["stream"], registry=r)
         self.stream_consumer_wait = Gauge(
