@@ -6,10 +6,10 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - the daemon already serving on the node's socket (or port) when there is one, so
   that a node's jobs share it; else one of its own, started with the serve options
   given and waited on until gRPC health says SERVING (a daemon that cannot start
-  ends the launcher with its reason; the command never starts);
-  A daemon already serving is shared only where it serves every dataset named with
-  the identity the launcher's own directories and pixel options give
-  (:mod:`feeder.shared_daemon`); else the launcher stops with one line naming both;
+  ends the launcher with its reason; the command never starts). A daemon already
+  serving is shared only where it serves every dataset named with the identity the
+  launcher's own directories and pixel options give (:mod:`feeder.shared_daemon`);
+  else the launcher stops with one line naming both;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
   ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
   in the command's environment, which the loader and the trainer read when not
