@@ -39,6 +39,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.errors import ConfigError
+from core.processes import limited
 from feeder.config import ServerConfig
 from feeder.launcher import DaemonProcess
 from feeder.run_config import RunConfig
@@ -189,13 +190,25 @@ class NodeLauncher:
         self._say(f"daemon serving on {self.address} (pid {daemon.pid}), ready in "
                   f"{time.monotonic() - started:.1f} s")
 
-    def _run_command(self) -> int:
+    def _start_command(self) -> subprocess.Popen[bytes]:
+        """The command, in a process group of its own, let run only once the guard
+        knows that group (a launcher killed in between leaves no command behind)."""
+        gate, let_run = os.pipe()
         try:
-            self._child = subprocess.Popen(self._command, env=os.environ | self.environment, process_group=0)
+            child = subprocess.Popen(limited(self._command, gate_fd=gate), env=os.environ | self.environment,
+                                     process_group=0, pass_fds=(gate,))
+            if self._guard is not None:
+                self._guard.command(child.pid)
+            os.write(let_run, b"x")
         except OSError as e:
             raise ConfigError(f"command: cannot run {self._command[0]} ({e.strerror})") from e
-        if self._guard is not None:
-            self._guard.command(self._child.pid)  # its process group
+        finally:
+            os.close(gate)
+            os.close(let_run)
+        return child
+
+    def _run_command(self) -> int:
+        self._child = self._start_command()
         previous = {sig: signal.signal(sig, self._pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             misses, next_check = 0, time.monotonic() + _SHARED_CHECK_S

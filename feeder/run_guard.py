@@ -4,10 +4,11 @@ A launcher killed with SIGKILL (the OOM killer, ``kill -9``) cannot stop anythin
 Its daemon goes with it (the parent-death signal, :mod:`core.processes`), but the
 command (a trainer holding GPUs) would run on, reparented to init, until its loaders
 give up, and the daemon's socket and segments would stay. So each launcher starts a
-guard first: a small process in a session of its own that reads a pipe only the
-launcher holds open. The launcher writes the command's process group and each
-daemon's pid into it, and ``done`` once the command has exited and its daemon is
-stopped; the guard then exits. When the pipe closes without ``done`` the launcher is
+guard before its command: a small process in a session of its own that reads a pipe
+only the launcher holds open. The launcher writes each daemon's pid into it, and the
+command's process group before it lets the command run (:func:`core.processes.limited`'s
+gate), and ``done`` once the command has exited and its daemon is stopped; the guard
+then exits. When the pipe closes without ``done`` the launcher is
 gone, and the guard ends the command's process group (SIGTERM, SIGKILL after
 ``grace_s``), waits for the daemon to be gone, and sweeps what it left (socket file,
 shared-memory segments).
@@ -60,8 +61,9 @@ class LauncherGuard:
         if socket_path is not None:
             command.append(str(socket_path))
         try:
+            # Its lines go to the launcher's stderr; it holds no pipe of the command's output.
             self._proc = subprocess.Popen(command, pass_fds=(read,), stdin=subprocess.DEVNULL,
-                                          start_new_session=True)
+                                          stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(read)
 
