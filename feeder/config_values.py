@@ -6,11 +6,11 @@ libraries take of it, the CPU JPEG decoders."""
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from core.cpus import CGROUP, usable_cpus
 from core.errors import ConfigError
 
 __all__ = [
@@ -30,7 +30,6 @@ __all__ = [
     "usable_cpus",
 ]
 
-CGROUP = Path("/sys/fs/cgroup")
 # Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
 DEFAULT_LOOKAHEAD = 4
 # Pipeline runs in flight per stream where ``--prefetch`` is not given (where the tuner starts).
@@ -115,25 +114,6 @@ def cgroup_memory_bytes(cgroup: Path = CGROUP) -> int | None:
         if text.isdigit():
             return int(text)
     return None
-
-
-def usable_cpus(cgroup: Path = CGROUP) -> int:
-    """The CPUs this process may use: those it is pinned to (``taskset``, Slurm's
-    ``--cpus-per-task``), at most its cgroup's CPU quota rounded up (a pod's
-    ``resources.limits.cpu``, v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    for quota_file, period_file in ((cgroup / "cpu.max", None),
-                                    (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us")):
-        try:
-            fields = quota_file.read_text().split()
-            if period_file is not None:
-                fields.append(period_file.read_text().strip())
-        except OSError:
-            continue
-        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
-            cpus = min(cpus, max(1, math.ceil(int(fields[0]) / int(fields[1]))))
-        break
-    return max(1, cpus)
 
 
 # Resident memory of a daemon with its libraries loaded (DALI, torch with CUDA,
