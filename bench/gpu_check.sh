@@ -1,33 +1,41 @@
 #!/usr/bin/env bash
 # The GPU check, in one run on a machine with CUDA (python3 and PYTHONPATH; no make, no venv):
 #   unpack   the carried packages (--site-parts DIR: bench/gpu_pack.sh's parts) into $SITE,
-#   machine  versions, devices, nvidia-smi,
+#            and the carried native libraries (the CPU window decoder, the C resize) into
+#            the tree, with the JPEG library they link on LD_LIBRARY_PATH,
+#   machine  versions, devices, nvidia-smi, whether the native decoder loads,
 #   protoc   the generated protobuf modules, where missing or older than the .proto,
-#   data     the sample data (made once under $BENCH_CACHE),
+#   data     the sample data (made once under $BENCH_CACHE): 8,000 training images,
+#   gpu-tests  every `gpu`-marked test, 45 s each at most (the CUDA IPC ring's leak
+#            test and the 50 streams whose memory must stay flat among them),
+#   train    bench/train.py: the ResNet-50 trainer fed by the daemon against the same
+#            trainer on synthetic data, whole epochs at 224 and 128 px, for three
+#            daemons: GPU decode with its tuned CPU share, GPU only, CPU only (the
+#            native decoder); the device's idle share between steps, and the projected
+#            8-GPU imagenet-fastai time (a rehearsal: two daemons, a small ResNet),
 #   throughput-224
 #            bench/throughput.py --device gpu: the daemon (a FeederLoader rank on GPU 0,
 #            batches over CUDA IPC) beside the in-process loader, images/s per GPU,
-#   pipeline-224  bench/pipeline.py: the daemon's pipeline alone (the ceiling),
-#   throughput-128  as throughput-224,
-#   gpu-tests     every `gpu`-marked test, 45 s each at most (what is left of the budget),
 # then the summary (bench/gpu_summary.py), the only thing printed on the screen.
 #
 # Budget: BUDGET_S (300) seconds in all, unpacking included. Each step has its own limit,
 # cut to what is left of the budget (a step with under 10 s left is skipped); at its
 # limit the step's whole process group gets SIGTERM, 5 s later SIGKILL, and then every
 # process the step started, whatever its session (it carries FEEDER_CHECK_RUN in its
-# environment), is killed: nothing of one step runs on into the next.
+# environment), is killed: nothing of one step runs on into the next. The steps go in
+# the order of what matters most if time runs short.
 #
 # Output: at most 8 files in $OUT (./gpu-out): logs.txt (every step's output),
-# throughput-224.json, throughput-128.json, pipeline-224.json, gpu-tests.xml,
-# summary.txt, summary.json.
+# gpu-tests.xml, train.json, throughput-224.json, summary.txt, summary.json.
 #
 # --rehearse: the same steps, limits, packing and clean-up on the CPU (--device cpu,
-# the shared-memory daemon, short windows, sample data made afresh, a 240 s budget),
-# so the script itself is tested on any machine (tests/bench/test_gpu_check.py).
+# the shared-memory daemon, a small trainer on a small sample, short windows, sample
+# data made afresh, a 240 s budget), so the script itself is tested on any machine
+# (tests/bench/test_gpu_check.py).
 #
 # Settings (environment): OUT, PYTHON (python3), SITE (/tmp/site), BUDGET_S, THREADS, BATCH,
-# WINDOW_S / WARMUP_S / REPEATS (the measured windows), BENCH_CACHE (the sample data).
+# WINDOW_S / WARMUP_S / REPEATS (the measured windows), BENCH_CACHE (the sample data),
+# TRAIN_IMAGES_PER_CLASS, ARCH, TRAIN_SIZES, TRAIN_BATCH.
 #
 # Usage (repository root):
 #   PYTHONPATH=/tmp/site bash bench/gpu_check.sh [--site-parts DIR]
@@ -54,13 +62,18 @@ if [ "$REHEARSE" = 1 ]; then
   MODE=rehearsal DEVICE=cpu DAEMON=feeder-shm
   BUDGET_S=${BUDGET_S:-240} THREADS=${THREADS:-2} BATCH=${BATCH:-32}
   WINDOW_S=${WINDOW_S:-1} WARMUP_S=${WARMUP_S:-0.5} REPEATS=${REPEATS:-1}
+  TRAIN_IMAGES_PER_CLASS=${TRAIN_IMAGES_PER_CLASS:-8} ARCH=${ARCH:-resnet18} TRAIN_SIZES=${TRAIN_SIZES:-32,24}
+  TRAIN_BATCH=${TRAIN_BATCH:-8}
+  VARIANTS=(--variant "split=" --variant "cpu=--device cpu")  # the GPU's third (GPU only) is the first here
 else
   MODE=gpu DEVICE=gpu DAEMON=feeder-cuda-ipc
   BUDGET_S=${BUDGET_S:-300} THREADS=${THREADS:-12} BATCH=${BATCH:-256}
-  WINDOW_S=${WINDOW_S:-4} WARMUP_S=${WARMUP_S:-2} REPEATS=${REPEATS:-2}
+  WINDOW_S=${WINDOW_S:-3} WARMUP_S=${WARMUP_S:-1} REPEATS=${REPEATS:-2}
+  TRAIN_IMAGES_PER_CLASS=${TRAIN_IMAGES_PER_CLASS:-800} ARCH=${ARCH:-resnet50} TRAIN_SIZES=${TRAIN_SIZES:-224,128}
+  TRAIN_BATCH=${TRAIN_BATCH:-256}
+  VARIANTS=(--variant "split=" --variant "gpu-only=--cpu-decode-share 0" --variant "cpu=--device cpu")
 fi
 WINDOWS=(--seconds "$WINDOW_S" --warmup "$WARMUP_S" --repeats "$REPEATS")
-PIPE_WINDOWS=(--seconds "$WINDOW_S" --warmup-s "$WARMUP_S" --repeats "$REPEATS")
 MIN_STEP_S=10
 KILL_AFTER_S=5                    # from SIGTERM to SIGKILL at a step's limit
 SUMMARY_S=15                      # kept back for the summary
@@ -73,7 +86,7 @@ if [ -n "${BENCH_CACHE:-}" ]; then CACHE=$BENCH_CACHE    # sample data: made her
 elif [ "$REHEARSE" = 1 ]; then CACHE=$WORK/bench          # made afresh: part of what is rehearsed
 else CACHE=/tmp/feeder-bench; fi
 mkdir -p "$OUT"
-rm -f "$OUT"/{logs.txt,summary.txt,summary.json,gpu-tests.xml,throughput-224.json,throughput-128.json,pipeline-224.json}
+rm -f "$OUT"/{logs.txt,summary.txt,summary.json,gpu-tests.xml,throughput-224.json,train.json}
 LOG=$OUT/logs.txt
 : >"$WORK/steps.tsv"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -111,7 +124,7 @@ step() {
   if [ "$limit" -gt $((left - KILL_AFTER_S)) ]; then limit=$((left - KILL_AFTER_S)); fi
   note "===== $name (limit ${limit} s, $((SECONDS - START)) s into the run): $*"
   CURRENT=$name CURRENT_START=$SECONDS CURRENT_LIMIT=$limit
-  case $name in throughput-*|pipeline-*) sample_gpu "$name" ;; esac
+  case $name in throughput-*|train) sample_gpu "$name" ;; esac
   # timeout leads a process group of its own and signals all of it at the limit. In the
   # background, so that a signal to this script is handled at once (finish sweeps it).
   FEEDER_CHECK_RUN=$RUN_ID timeout --signal=TERM --kill-after="$KILL_AFTER_S" "$limit" "$@" >>"$LOG" 2>&1 </dev/null &
@@ -170,6 +183,13 @@ with tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz") as pack:
 '
   step unpack 45 bash -c 'cat "$1"/part-* | "$2" -c "$3" "$4" && ls "$4"' _ "$PARTS" "$PYTHON" "$UNPACK_PY" "$SITE"
   export PYTHONPATH="$SITE:$PYTHONPATH"
+  # The native libraries (plain C, loaded with ctypes: no Python ABI), built by gpu_pack.sh
+  # under this Python's suffix, and the JPEG library they link, which the machine may lack.
+  if [ -d "$SITE/feeder-native" ]; then
+    cp "$SITE"/feeder-native/shards/*.so shards/ 2>>"$LOG"
+    cp "$SITE"/feeder-native/feeder/*.so feeder/ 2>>"$LOG"
+    export LD_LIBRARY_PATH="$SITE/feeder-native/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
 fi
 
 MACHINE_PY='
@@ -191,6 +211,10 @@ try:
     print("DALI sees", backend.GetCUDADeviceCount(), "CUDA devices")
 except ImportError as e:
     print("no DALI:", e)
+from shards import jpeg
+from feeder import resize
+print("window decoder:", jpeg.unavailable_reason() or "loads", "| C resize:",
+      resize.native_unavailable_reason() or "loads")
 if shutil.which("nvidia-smi"):
     print(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout)
 '
@@ -201,17 +225,10 @@ if [ ! -f protos/feeder_pb2.py ] || [ protos/feeder.proto -nt protos/feeder_pb2.
   step protoc 30 "$PYTHON" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 fi
 
-step data 60 "$PYTHON" -c "from pathlib import Path; from bench.data import prepare_sample; print(prepare_sample(Path('$CACHE')))"
-
-throughput() {
-  step "throughput-$1" 90 "$PYTHON" bench/throughput.py --device "$DEVICE" --loaders "$DAEMON,inprocess" \
-    --image-size "$1" --batch-size "$BATCH" --threads "$THREADS" "${WINDOWS[@]}" --cache "$CACHE" \
-    --json "$OUT/throughput-$1.json"
-}
-throughput 224
-step pipeline-224 45 "$PYTHON" bench/pipeline.py --device "$DEVICE" --image-size 224 --batch-size "$BATCH" \
-  --threads "$THREADS" "${PIPE_WINDOWS[@]}" --cache "$CACHE" --json "$OUT/pipeline-224.json"
-throughput 128
+TRAIN_CACHE=$CACHE
+step data 90 "$PYTHON" -c "from pathlib import Path; from bench.data import prepare_sample
+print(prepare_sample(Path('$CACHE')))
+print(prepare_sample(Path('$TRAIN_CACHE'), train_per_class=$TRAIN_IMAGES_PER_CLASS))"
 
 # Every gpu-marked test (only the files that hold some: the others may need packages
 # this machine lacks). pytest-timeout (carried) stops a test at 45 s; without it, a
@@ -223,5 +240,16 @@ if ! "$PYTHON" -c 'import pytest_timeout' 2>/dev/null; then
 elif [ -n "${PYTEST_DISABLE_PLUGIN_AUTOLOAD:-}" ]; then
   PER_TEST=(-p pytest_timeout --timeout 45)
 fi
-step gpu-tests 110 "$PYTHON" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" --strict-markers -rfEs \
+step gpu-tests 90 "$PYTHON" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" --strict-markers -rfEs \
   "${PER_TEST[@]}" --durations 15 --junitxml "$OUT/gpu-tests.xml" --continue-on-collection-errors "${GPU_TESTS[@]}"
+
+# The trainer fed by three daemons against the same trainer on synthetic data: whole
+# epochs (the first of each size a warm-up), validation every epoch, one rank.
+step train 130 "$PYTHON" bench/train.py --arch "$ARCH" --sizes "$TRAIN_SIZES" --batch-size "$TRAIN_BATCH" \
+  --nproc 1 --epochs-per-size 2 --repeats 1 --skip-accuracy --cache "$TRAIN_CACHE" \
+  --images-per-class "$TRAIN_IMAGES_PER_CLASS" --daemon-device "$DEVICE" --threads "$THREADS" \
+  "${VARIANTS[@]}" --json "$OUT/train.json"
+
+step throughput-224 60 "$PYTHON" bench/throughput.py --device "$DEVICE" --loaders "$DAEMON,inprocess" \
+  --image-size 224 --batch-size "$BATCH" --threads "$THREADS" "${WINDOWS[@]}" --cache "$CACHE" \
+  --json "$OUT/throughput-224.json"

@@ -15,6 +15,10 @@
 #     decode the shards' JPEGs), hence no nvjpeg2k;
 #   - nvCOMP (DALI opens it only for its inflate operator).
 # DALI's own libraries are all linked to each other (DT_NEEDED) and stay.
+# Beside them, under feeder-native/, the project's two C libraries (the CPU window decoder
+# and the C resize: plain C loaded with ctypes, no Python ABI, glibc 2.14 symbols at most),
+# built here and named for Python 3.12, and the libjpeg-turbo they link, which the machine
+# may lack: the check copies them into its tree, so its CPU decode is the real one.
 #
 # Usage (repository root, with pip and xz):  bash bench/gpu_pack.sh [OUT_DIR]   (.gpu-parts)
 # Then, back to back (the machine goes back after ~30 s idle, and the parts sent with it),
@@ -42,6 +46,16 @@ site=$W/site
 find "$site/nvidia/dali" "$site/nvidia/nvimgcodec" -name '*.cpython-3*.so' ! -name '*.cpython-312-*' -delete
 rm -rf "$site/nvidia/dali/include" "$site/nvidia/nvimgcodec/include" "$site/nvidia/cu13/include" "$site/bin"
 find "$site/nvidia/nvimgcodec/extensions" -type f ! -name 'libnvjpeg_ext.so*' ! -name 'libjpeg_turbo_ext.so*' -delete
+BUILD_PYTHON=${BUILD_PYTHON:-.venv/bin/python}  # any Python with setuptools: the libraries use no Python API
+"$BUILD_PYTHON" setup.py --quiet build_ext --build-lib "$W/native" --build-temp "$W/native-tmp" >/dev/null
+native=$site/feeder-native
+mkdir -p "$native/shards" "$native/feeder" "$native/lib"
+for built in "$W"/native/shards/_jpeg.*.so "$W"/native/feeder/_resize.*.so; do
+  stem=$(basename "$built" | cut -d. -f1)
+  cp "$built" "$native/$(basename "$(dirname "$built")")/$stem.cpython-312-x86_64-linux-gnu.so"
+done
+jpeg_lib=$(ldd "$W"/native/shards/_jpeg.*.so | awk '/libjpeg/ { print $3 }')
+cp -L "$jpeg_lib" "$native/lib/$(basename "$jpeg_lib")"
 echo "installed for Python 3.12: $(du -sh "$site" | cut -f1) in $(find "$site" -type f | wc -l) files"
 
 rm -rf "$OUT" && mkdir -p "$OUT"

@@ -218,7 +218,10 @@ def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tu
         ``(interpreter, None)``, or ``(interpreter, a run standing for all its starts)``
         when it is skipped (its environment cannot be made) or its preparation failed.
     """
-    module = loader_module(name)
+    try:
+        module = loader_module(name)
+    except LoaderUnavailable as e:  # its package is not installed: one line, the other loaders run
+        return sys.executable, _stand_in({"loader": name, "skipped": str(e)})
     environment = getattr(module, "ENVIRONMENT", None)
     python = sys.executable
     if environment is not None:
@@ -266,8 +269,10 @@ def _upload_peer_copies(run: StoreRun, names: list[str], spec: LoaderSpec, sched
     with tempfile.TemporaryDirectory(prefix="feeder-bench-prepare-") as tmp:
         for name in names:
             ready[name] = _ready(name, spec, schedule, Path(tmp))
+            if ready[name][1] is not None:
+                continue  # skipped or failed: nothing to upload
             module = loader_module(name)
-            if ready[name][1] is None and hasattr(module, "local_copy"):
+            if hasattr(module, "local_copy"):
                 size = upload_tree(run, module.local_copy(spec), module.STORE_PREFIX)
                 print(f"throughput: {name}'s copy uploaded to {run.url}/{module.STORE_PREFIX} ({size / 1e6:.0f} MB)",
                       file=sys.stderr, flush=True)

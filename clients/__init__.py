@@ -17,6 +17,7 @@ from core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from clients.elastic import merge_states
+    from clients.idle import IdleShare, StepGaps
     from clients.loader import FeederLoader, LoaderConfig
     from clients.synthetic import SyntheticLoader
     from clients.transfer import IMAGENET_MEAN, IMAGENET_STD
@@ -25,7 +26,9 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "FeederLoader",
+    "IdleShare",
     "LoaderConfig",
+    "StepGaps",
     "SyntheticLoader",
     "merge_states",
 ]
@@ -34,7 +37,9 @@ _HOMES = {
     "FeederLoader": "clients.loader",
     "IMAGENET_MEAN": "clients.transfer",
     "IMAGENET_STD": "clients.transfer",
+    "IdleShare": "clients.idle",
     "LoaderConfig": "clients.loader",
+    "StepGaps": "clients.idle",
     "SyntheticLoader": "clients.synthetic",
     "merge_states": "clients.elastic",
 }

@@ -104,6 +104,9 @@ class LoaderConfig:
         prefetch_batches: Ready batches held in memory per loader.
         prefetch_next_epoch: Open the next epoch's stream as soon as the consumer has
             drained the current one, before it asks for the next epoch's first batch.
+        max_batches_per_epoch: End each epoch after this many batches (benchmarks;
+            0: whole epochs). The streams ask for only those, so the next epoch's
+            stream opens while the cut one drains, as at a planned size change.
         transport: How pixels come from a daemon on this host: ``"auto"`` (CUDA IPC
             for batches made on this process's GPU, else shared memory when this
             process can share the daemon's ``/dev/shm``, else inside the gRPC
@@ -174,6 +177,7 @@ class LoaderConfig:
     job_id: str = ""
     prefetch_batches: int = 4
     prefetch_next_epoch: bool = True
+    max_batches_per_epoch: int = 0
     transport: str = "auto"
     shm_dir: Path | None = None
     connect_timeout_s: float = 30.0
@@ -199,6 +203,9 @@ class LoaderConfig:
         _choice("transport", self.transport, TRANSPORTS)
         if self.prefetch_batches < 1:
             raise ConfigError(f"prefetch_batches: must be >= 1, got {self.prefetch_batches}")
+        if self.max_batches_per_epoch < 0:
+            raise ConfigError(f"max_batches_per_epoch: must be >= 0 (0: whole epochs), got "
+                              f"{self.max_batches_per_epoch}")
         for name in ("connect_timeout_s", "reconnect_timeout_s", "stall_timeout_s", "pool_stall_timeout_s"):
             if not getattr(self, name) > 0:  # NaN too
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")

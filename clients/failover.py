@@ -41,7 +41,7 @@ import time
 import grpc
 
 from clients.config import LoaderConfig
-from clients.host_batch import HostBatch
+from clients.host_batch import HostBatch, PinnedFields
 from clients.pool import DaemonPool, Member
 from clients.pool_size import PoolSizer
 from clients.stream_call import END, PENDING, Broke, StreamCall
@@ -86,13 +86,13 @@ class Failover:
             what this process can use.
         window: the request's batches, as the daemon numbers them.
         config: prefetch depth, timeouts, pool mode.
-        pin: put host batches in pinned memory.
+        pin: where host batches are pinned (None: not pinned).
         daemons: how many daemons to start on (``as-needed``: what the loader's
             last stream ended with; 0: the pool mode's own start).
     """
 
     def __init__(self, pool: DaemonPool, request: feeder_pb2.StreamRequest, window: StreamWindow,
-                 config: LoaderConfig, pin: bool, daemons: int = 0) -> None:
+                 config: LoaderConfig, pin: PinnedFields | None, daemons: int = 0) -> None:
         self.request, self._window = request, window
         self._pool, self._config, self._pin = pool, config, pin
         self.end_epoch = window.epoch + window.epochs  # first epoch not streamed

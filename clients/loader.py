@@ -19,7 +19,8 @@ from prometheus_client import Gauge
 from clients.channel import check_address
 from clients.config import LoaderConfig, MovedToConfig, OnePass
 from clients.elastic import check_identity, check_state, resume, segments_to
-from clients.host_batch import HostBatch
+from clients.host_batch import HostBatch, PinnedFields
+from clients.idle import IdleShare, StepGaps
 from clients.pool import DaemonPool
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
@@ -92,6 +93,7 @@ class FeederLoader(Positioned):
         job_id: str = "",
         prefetch_batches: int = 4,
         prefetch_next_epoch: bool = True,
+        max_batches_per_epoch: int = 0,
         transport: str = "auto",
         shm_dir: Path | None = None,
         connect_timeout_s: float = 30.0,
@@ -115,7 +117,8 @@ class FeederLoader(Positioned):
         client_host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
         self._specs = checked_specs(daemons, config, self.rank, self.world_size)
-        self._streams = Streams(daemons, self._specs, config, client_host, pin=self.device.type == "cuda")
+        self._pinned = PinnedFields() if self.device.type == "cuda" else None
+        self._streams = Streams(daemons, self._specs, config, client_host, pin=self._pinned)
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._streams.release)
         self.position = Position()
@@ -126,6 +129,7 @@ class FeederLoader(Positioned):
         self.wait_seconds = 0.0
         self._skipped = 0
         self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
+        self._gaps = StepGaps(self.device)
         self._pass = OnePass()
 
     def __repr__(self) -> str:
@@ -226,6 +230,16 @@ class FeederLoader(Positioned):
         return self._epoch_wait_s / self._epoch_wall_s if self._epoch_wall_s > 0 else 0.0
 
     @property
+    def device_idle(self) -> IdleShare:
+        """The device's idle time between the steps of the current (or last) epoch and
+        its busy time in them (:mod:`clients.idle`): a step runs from the moment a
+        batch is handed over until the next is asked for, and the device's idle time
+        is what the loader costs it (waiting for data and preparing it). On CUDA it
+        is read from events on the consumer's stream once they have completed, never
+        with a synchronisation; on the CPU it is wall-clock time."""
+        return self._gaps.share()
+
+    @property
     def longest_wait_s(self) -> float:
         """The longest wait for one batch in the current (or last) epoch, past its first
         (which waits on the streams' start too): what a daemon lost costs the loop."""
@@ -280,7 +294,12 @@ class FeederLoader(Positioned):
 
     def __len__(self) -> int:
         """Batches left in the current epoch for this rank (equal on every rank)."""
-        return self._specs.batches_after(self.position.cursor, self._sizes.batch_size, self.position.epoch)
+        left = self._specs.batches_after(self.position.cursor, self._sizes.batch_size, self.position.epoch)
+        cap = self.config.max_batches_per_epoch
+        if cap:
+            batch = self._sizes.batch_size
+            left = min(left, max(0, -(-(cap * batch - self.position.cursor) // batch)))
+        return left
 
     # -- resumable state -----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -340,18 +359,24 @@ class FeederLoader(Positioned):
 
     def _epoch(self) -> Iterator[tuple[Any, ...]]:
         self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
+        self._gaps.reset()
         started, first = time.perf_counter(), True
         while len(self) > 0:
+            if not first:
+                self._gaps.ended()  # the step on the batch before is enqueued
             waited = time.perf_counter()
             host = self._streams.next_batch(self.position.epoch, self.position.cursor, self._sizes)
             if host is None:  # the plan's batches of this epoch are all delivered by then
                 raise DataError(f"{self!r}: the streams ended with {len(self)} batches of epoch "
                                 f"{self.position.epoch} left (cursor {self.position.cursor})")
             out = self._deliver(host)
+            self._gaps.started()
             now = time.perf_counter()
             self._account(now - waited, now - started, first)
             first = False
             yield out
+        if not first:
+            self._gaps.ended()
         self.position.next_epoch()
         self._streams.epoch_ended(self.position.epoch, self._sizes)
         self._epoch_wall_s = time.perf_counter() - started
@@ -371,11 +396,13 @@ class FeederLoader(Positioned):
         images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)
+        if self._pinned is not None and host.fields is not None:
+            self._pinned.give(host.fields, self._transfer.copied)
         out: tuple[Any, ...] = (images, labels)
         if self.config.return_keys:
             out += (meta.keys,)
         if self.config.return_padding:
-            out += (padding,)
+            out += (padding.bool(),)
         return out
 
     def close(self) -> None:

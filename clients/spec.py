@@ -202,14 +202,16 @@ class StreamSpecs:
             raise
 
     def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1,
-             consumed: tuple[Segment, ...] = ()) -> StreamSpec:
+             consumed: tuple[Segment, ...] = (), max_samples: int = 0) -> StreamSpec:
         """The spec of a stream of ``epochs`` epochs from ``(epoch, cursor)`` at ``sizes``
-        (``consumed``: of ``epoch``, at earlier world sizes).
+        (``consumed``: of ``epoch``, at earlier world sizes; ``max_samples``: of the
+        first epoch, 0 for all).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
         """
-        return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs, consumed=consumed)
+        return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs, consumed=consumed,
+                      max_samples=max_samples)
 
     def window(self, spec: StreamSpec) -> StreamWindow:
         """The batches of a stream of ``spec`` (one of these specs), numbered as the

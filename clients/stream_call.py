@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.host_batch import to_host
+from clients.host_batch import PinnedFields, to_host
 from protos import feeder_pb2
 from transport.base import ReleaseSink, TransportKind
 from transport.client import StreamReceiver
@@ -55,13 +55,13 @@ class StreamCall:
             as the raw bytes received.
         request: what to ask for (not changed).
         depth: batches held ready.
-        pin: put images in pinned memory (for non-blocking copies to CUDA).
+        pin: where a CUDA consumer's batches are pinned (None: not pinned).
         release: hands transport slots back to the daemon.
         shm_dir: the shared-memory directory this client sees.
     """
 
     def __init__(self, open_stream: Callable[[feeder_pb2.StreamRequest], Iterator[bytes]],
-                 request: feeder_pb2.StreamRequest, depth: int, pin: bool,
+                 request: feeder_pb2.StreamRequest, depth: int, pin: PinnedFields | None,
                  release: ReleaseSink = lambda ref, after: None, shm_dir: Path = Path("/dev/shm")) -> None:
         self.request = request
         self._open, self._pin = open_stream, pin

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from clients.config import LoaderConfig
 from clients.failover import Failover
-from clients.host_batch import HostBatch
+from clients.host_batch import HostBatch, PinnedFields
 from clients.pool import DaemonPool
 from clients.ranks import local_world_size
 from clients.spec import Sizes, StreamSpecs
@@ -69,11 +69,11 @@ class Streams:
         specs: What each stream asks for.
         config: Prefetch depth, timeouts, transport and shm directory.
         client_host: This process's host (and GPU), sent with each request.
-        pin: Put host batches in pinned memory (a CUDA consumer).
+        pin: Where host batches are pinned (a CUDA consumer; None: not pinned).
     """
 
     def __init__(self, pool: DaemonPool, specs: StreamSpecs, config: LoaderConfig,
-                 client_host: feeder_pb2.ClientHost, pin: bool) -> None:
+                 client_host: feeder_pb2.ClientHost, pin: PinnedFields | None) -> None:
         self.pool = pool
         self._specs, self._config, self._client_host, self._pin = specs, config, client_host, pin
         self.current: OpenStream | None = None
@@ -137,7 +137,7 @@ class Streams:
     def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> Failover:
         """The stream that delivers the next batch at ``(epoch, cursor)`` and ``sizes``:
         the open one, else the one opened ahead, else a new one."""
-        if self.current is not None and self.current.sizes == sizes:
+        if self.current is not None and self.current.sizes == sizes and self.current.fetcher.end_epoch > epoch:
             return self.current.fetcher
         successor = self.successor
         if successor is not None and successor.sizes == sizes and \
@@ -154,6 +154,8 @@ class Streams:
         """Once ``fetcher`` has received its stream's last batch (the daemon's side is
         done; the consumer still has the queued ones to drain), open the planned next."""
         planned = self.planned.get(fetcher.end_epoch)
+        if planned is None and self._config.max_batches_per_epoch and self.current is not None:
+            planned = self.current.sizes  # each cut epoch has a stream of its own: open the next ahead
         if planned is None or self.successor is not None or self.current is None or \
                 self.current.fetcher is not fetcher:
             return
@@ -168,15 +170,17 @@ class Streams:
             ConfigError: a request the daemon would refuse (an epoch out of range).
         """
         config = self._config
-        if config.prefetch_next_epoch:
+        cut = config.max_batches_per_epoch * sizes.batch_size  # samples of each epoch asked for (0: all)
+        if config.prefetch_next_epoch and not cut:
             end = min([e for e in self.planned if e > epoch], default=epoch + _EPOCHS_PER_STREAM)
         else:
             end = epoch + 1
         spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch,
-                                consumed=self._specs.consumed.get(epoch, ()))
+                                consumed=self._specs.consumed.get(epoch, ()), max_samples=max(0, cut - cursor))
         request = to_request(spec)
         request.transport = self._usable_transport().value
         request.client_host.CopyFrom(self._client_host)
+        request.prefetch_batches = config.prefetch_batches  # the daemon's ring covers what this side holds
         failover = Failover(self.pool, request, self._specs.window(spec), config, self._pin, daemons=self._in_use)
         return OpenStream(failover, sizes)
 

@@ -1,15 +1,19 @@
-"""Host batch to device tensors: copy uint8, then convert and normalise on the device.
+"""Host or device batch to the consumer's device tensors: copy uint8, then convert and
+normalise there in one pass (:mod:`clients.normalize`).
 
 Moving uint8 and converting on the device moves 4x fewer bytes than float32. On CUDA
-the copy is non-blocking from pinned memory on a side stream, and the consumer's
-stream waits for it only when it uses the tensors. A batch already on the GPU (a CUDA
-IPC slot) is not copied to the device: it is converted where it is, on the consumer's
-stream, into memory of the consumer's own, so the slot can go back right after.
+a host batch is copied without blocking from pinned memory on a side stream, and the
+consumer's stream waits for it only when it uses the tensors. A batch already on the
+GPU (a CUDA IPC slot) is not copied to the device: the consumer's stream waits on the
+batch's ready event (never the host), and it is converted where it is into memory of
+the consumer's own, so the slot can go back right after.
 """
 
 from __future__ import annotations
 
 import torch
+
+from clients.normalize import normalize as normalize_images
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "DeviceTransfer"]
 
@@ -26,7 +30,8 @@ class DeviceTransfer:
             otherwise images stay uint8 (0-255).
         channels_last: Keep the NHWC memory layout behind the NCHW shape (what
             convolutions prefer); otherwise make them contiguous NCHW.
-        dtype: Floating dtype of normalised images.
+        dtype: Floating dtype of normalised images (a trainer's autocast dtype saves
+            the conversion its first layer would make).
     """
 
     def __init__(
@@ -40,13 +45,11 @@ class DeviceTransfer:
         self.normalize = normalize
         self.channels_last = channels_last
         self.dtype = dtype
-        # mean/std on the 0-255 scale, shaped to broadcast over [N, 3, H, W]
-        mean = torch.tensor(IMAGENET_MEAN, device=device).mul_(255)
-        std = torch.tensor(IMAGENET_STD, device=device).mul_(255)
-        self._mean = mean.view(1, 3, 1, 1)
-        self._inv_std = std.reciprocal().view(1, 3, 1, 1)
+        # mean and 1/std per channel on the 0-255 scale, fp32
+        self._mean = torch.tensor(IMAGENET_MEAN, device=device).mul_(255)
+        self._inv_std = torch.tensor(IMAGENET_STD, device=device).mul_(255).reciprocal_()
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # Recorded after the last read of a batch's images (None: reads were synchronous).
+        # Recorded after the last read of a batch's tensors (None: reads were synchronous).
         self.copied: torch.cuda.Event | None = None
 
     def __call__(
@@ -58,11 +61,12 @@ class DeviceTransfer:
             images: in host memory, or already on a GPU (then never returned as is:
                 the result owns its memory).
             others: small tensors, in host memory.
-            ready: for ``images`` on a GPU, the event to wait for before reading them.
+            ready: for ``images`` on a GPU, the event the current stream waits on
+                before reading them.
 
         Returns:
             ``(images [N, 3, H, W], *others)`` on the device. ``copied`` is then
-            recorded after the last read of ``images``.
+            recorded after the last read of ``images`` and ``others``.
         """
         if images.device.type == "cuda" and self.device.type == "cuda":
             return self._from_device(images, others, ready)
@@ -83,21 +87,21 @@ class DeviceTransfer:
     def _from_device(
         self, images: torch.Tensor, others: tuple[torch.Tensor, ...], ready: torch.cuda.Event | None
     ) -> tuple[torch.Tensor, ...]:
+        stream = torch.cuda.current_stream(self.device)
         if ready is not None:
-            torch.cuda.current_stream(images.device).wait_event(ready)
-        out = self._convert(images.to(self.device))  # no copy on the same device
-        if out.untyped_storage().data_ptr() == images.untyped_storage().data_ptr():
-            out = out.clone()  # uint8 as is: one copy out of the slot (strides kept)
+            stream.wait_event(ready)
+        if self.normalize:
+            out = self._convert(images if images.device == self.device else images.to(self.device))
+        else:  # uint8 as is: one copy out of the slot
+            nchw = images.permute(0, 3, 1, 2)
+            out = nchw.clone(memory_format=torch.channels_last if self.channels_last else torch.contiguous_format)
+        moved = tuple(t.to(self.device, non_blocking=True) for t in others)
         self.copied = torch.cuda.Event()
-        self.copied.record(torch.cuda.current_stream(self.device))  # the slot is not read after this
-        return (out, *(t.to(self.device, non_blocking=True) for t in others))
+        self.copied.record(stream)  # the slot and the pinned fields are not read after this
+        return (out, *moved)
 
     def _convert(self, nhwc: torch.Tensor) -> torch.Tensor:
-        images = nhwc.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory = channels_last
-        if not self.channels_last:
-            images = images.contiguous()
         if not self.normalize:
-            return images
-        out = images.float()  # keeps the memory format; float32 for the arithmetic
-        out.sub_(self._mean).mul_(self._inv_std)
-        return out.to(self.dtype)
+            images = nhwc.permute(0, 3, 1, 2)  # NCHW shape over NHWC memory = channels_last
+            return images if self.channels_last else images.contiguous()
+        return normalize_images(nhwc.contiguous(), self._mean, self._inv_std, self.dtype, self.channels_last)

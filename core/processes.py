@@ -1,5 +1,5 @@
 """Child processes with limits of their own (dying with their parent, a file size
-limit), set without ``preexec_fn``.
+limit, a gate their parent opens), set without ``preexec_fn``.
 
 ``subprocess`` runs a ``preexec_fn`` in a forked copy of the caller, with the
 caller's at-fork handlers. In a process where grpc has run, grpc's handler restarts
@@ -20,11 +20,11 @@ from collections.abc import Sequence
 
 __all__ = ["limited"]
 
-# argv: parent pid (0: not tied to it), file size limit in bytes (-1: none), command.
-# 1 is PR_SET_PDEATHSIG (linux/prctl.h).
+# argv: parent pid (0: not tied to it), file size limit in bytes (-1: none), gate
+# descriptor (-1: none), command. 1 is PR_SET_PDEATHSIG (linux/prctl.h).
 _PRELUDE = r"""
 import ctypes, os, resource, signal, sys
-parent, file_size = int(sys.argv[1]), int(sys.argv[2])
+parent, file_size, gate = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 if parent:
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
@@ -34,15 +34,20 @@ if parent:
         sys.exit(1)
 if file_size >= 0:
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+if gate >= 0:
+    if not os.read(gate, 1):
+        sys.exit(125)  # the parent went before it let the command run
+    os.close(gate)
 try:
-    os.execvp(sys.argv[3], sys.argv[3:])
+    os.execvp(sys.argv[4], sys.argv[4:])
 except OSError as e:
-    sys.stderr.write(f"cannot run {sys.argv[3]}: {e.strerror}\n")
+    sys.stderr.write(f"cannot run {sys.argv[4]}: {e.strerror}\n")
     sys.exit(127)
 """
 
 
-def limited(command: Sequence[str], die_with_parent: bool = False, file_size_bytes: int | None = None) -> list[str]:
+def limited(command: Sequence[str], die_with_parent: bool = False, file_size_bytes: int | None = None,
+            gate_fd: int | None = None) -> list[str]:
     """``command`` started through the prelude that sets its limits, for
     ``subprocess.Popen`` (same pid, same arguments once it execs).
 
@@ -53,6 +58,10 @@ def limited(command: Sequence[str], die_with_parent: bool = False, file_size_byt
             start it from a thread that lives as long as the child should.
         file_size_bytes: ``RLIMIT_FSIZE`` of the child: a write past it fails with
             EFBIG (as on a file system with a size limit).
+        gate_fd: the read end of a pipe (pass it in ``pass_fds``): the command runs
+            once a byte comes through it, and never if the pipe closes first (status
+            125), so the parent can record the child's pid wherever it must before
+            the command does anything.
 
     Raises:
         FileNotFoundError: ``command[0]`` cannot be found or run, as ``Popen`` would
@@ -62,4 +71,5 @@ def limited(command: Sequence[str], die_with_parent: bool = False, file_size_byt
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
     parent = os.getpid() if die_with_parent else 0
     size = -1 if file_size_bytes is None else file_size_bytes
-    return [sys.executable, "-I", "-S", "-c", _PRELUDE, str(parent), str(size), *command]
+    gate = -1 if gate_fd is None else gate_fd
+    return [sys.executable, "-I", "-S", "-c", _PRELUDE, str(parent), str(size), str(gate), *command]

@@ -3,18 +3,21 @@ and each stream's pipeline runs in flight (``--prefetch``) where they are not gi
 from what the streams measure, and keeps at it while streams open and close.
 
 Every ``interval_s`` it reads what happened since the last time: the images the
-streams delivered (their rate is what it climbs), how long their consumers waited
-for batches, how busy the decode pool's threads were and how much of the node's
-CPUs (those this process may run on) stood idle. Where no consumer waited (less
-than ``WAITING`` of the interval), the daemon is not what the jobs wait on, and it
-changes nothing. Where one did, it tries, the first that applies:
+streams delivered (their rate is what it climbs), how long their consumers were
+starved (waited for a batch the daemon was still making: ``starved_s``; a consumer
+slow to take its batches or to hand back its shared-memory slots is its own wait,
+not the daemon's, and is not counted), how busy the decode pool's threads were and
+how much of the node's CPUs (those this process may run on) stood idle. Where no
+consumer was starved (less than ``WAITING`` of the interval), the daemon is not what
+the jobs wait on, and it changes nothing. Where one was, it tries, the first that
+applies:
 
 - the pool busy (``BUSY`` of its threads' time) with CPU to spare (``SPARE``, half
   a CPU's time idle; 4 client processes on 2 busy cores left 12-16 % of the time
   idle, and a thread more there cost 10-30 %): a thread more (items that wait on something else than the CPU,
   as reads from a store do);
-- the pool not busy: a run more in flight for the stream whose consumer waited
-  longest (its decode thread count is not what holds it; the work it hands the pool
+- the pool not busy: a run more in flight for the stream whose consumer was
+  starved longest (its decode thread count is not what holds it; the work it hands the pool
   between batches is), if the memory budget has room for it;
 - no CPU to spare, with more threads than CPUs: a thread less;
 - the pool busy and no CPU to spare, with more runs in flight over the streams than
@@ -55,7 +58,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BUSY = 0.85  # share of the pool's thread time busy above which a thread more is tried
-WAITING = 0.05  # share of an interval a consumer waited for a batch above which the daemon is the slow side
+WAITING = 0.05  # share of an interval a consumer was starved above which the daemon is the slow side
 SPARE = 0.5  # CPUs' worth of the node's time idle from which a thread more may find one
 GAIN = 0.05  # how much better than the rate before a trial's rate must be to be kept
 TRIAL_INTERVALS = 2  # intervals a setting is measured over, before and after a change
@@ -69,7 +72,7 @@ class Tunable(Protocol):
 
     label: str
     samples_sent: int
-    consumer_wait_s: float
+    starved_s: float  # seconds its consumer waited for a batch the daemon was still making
     prefetch: int
 
 
@@ -113,14 +116,14 @@ class _Seen:
     """A stream's counters as last read."""
 
     samples: int
-    wait_s: float
+    starved_s: float
 
 
 @dataclass
 class _Interval:
     seconds: float
     images: int
-    waiting: dict[Tunable, float] = field(default_factory=dict)  # share of the interval each consumer waited
+    waiting: dict[Tunable, float] = field(default_factory=dict)  # share of the interval each consumer was starved
     busy: float = 0.0  # share of the pool's thread time busy
     cpus_used: float = 0.0  # by the daemon
     idle: float = 0.0  # share of the node's CPU time idle
@@ -163,8 +166,7 @@ class Tuner:
         self._rates: list[float] = []  # the last intervals' rates at the current setting
         self._trial: _Trial | None = None
         self._backoff: dict[_Move, tuple[float, float]] = {}  # move -> (not before, its next back-off)
-        if tune_threads:
-            gauges.tuned_threads(pool.threads)
+        gauges.tuned_threads(pool.threads)  # hand-set threads are shown too
 
     @property
     def tuning(self) -> bool:
@@ -212,10 +214,10 @@ class Tuner:
         seen: dict[Tunable, _Seen] = {}
         for stream in streams:
             last = self._seen.get(stream)
-            seen[stream] = _Seen(stream.samples_sent, stream.consumer_wait_s)
+            seen[stream] = _Seen(stream.samples_sent, stream.starved_s)
             if last is not None:
                 interval.images += stream.samples_sent - last.samples
-                interval.waiting[stream] = (stream.consumer_wait_s - last.wait_s) / seconds
+                interval.waiting[stream] = (stream.starved_s - last.starved_s) / seconds
         self._seen = seen
         return interval
 
@@ -273,7 +275,7 @@ class Tuner:
             return
         self._trial = _Trial(move, before, rate)
         log.info("autotune: %s %s (pool %.0f %% busy, node %.0f %% idle, daemon %.1f of %d CPUs, consumers "
-                 "waiting up to %.0f %%, %.0f images/s)", _name(move), _change(before, after), 100 * interval.busy,
+                 "starved up to %.0f %%, %.0f images/s)", _name(move), _change(before, after), 100 * interval.busy,
                  100 * interval.idle, interval.cpus_used, self._cpus, 100 * max(interval.waiting.values()), rate)
 
     def _judge(self, rate: float) -> None:

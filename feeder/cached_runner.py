@@ -4,8 +4,8 @@ Per batch, each sample is looked up by (dataset, split, sample index), a mixed
 stream's by its own dataset's (so plain and mixed streams of a dataset share entries):
 
 - **hit**: its crop window, drawn in original pixels, is mapped into the cached
-  image and OpenCV crops, resizes and mirrors it into the batch
-  (:class:`feeder.resize.BatchResizer`): no JPEG, no DALI.
+  image, and the C resize crops, resizes and mirrors it into the batch on the
+  workers, the GIL released (:class:`feeder.resize.BatchResizer`): no JPEG, no DALI.
 - **miss while the cache admits**: the whole image is decoded (a crop window would not
   serve the next epoch's crop), downscaled, admitted, then served like a hit, so a
   sample's pixels are the same on its first pass as on later ones.

@@ -15,8 +15,10 @@ from core.fields import cli
 from feeder.config_values import (
     BOUNDS,
     CPU_DECODERS,
+    DEFAULT_GPU_PREFETCH,
     DEFAULT_LOOKAHEAD,
     DEFAULT_PREFETCH,
+    DEFAULT_RING_SLOTS,
     LIBRARY_BYTES,
     check_cpu_decoder,
     cpu_decoder_in_use,
@@ -138,6 +140,15 @@ class ServerConfig:
         cpu_decoder: what decodes JPEG windows on the CPU: ``libjpeg-turbo`` (feeder's
             window decoder: 0.25 CPU ms per window of the sample data against 0.43),
             ``dali`` (DALI's ROI decode), or ``auto``: the first where it was built.
+        hw_decoder_load: on a GPU, the share of each batch's JPEG data decoded by
+            the GPU's hardware JPEG engines (separate from the SMs the training step
+            uses). Default: by GPU model, 0.99 on Hopper and Blackwell (NVIDIA's
+            MLPerf ResNet-50 setting on H100/H200), else DALI's 0.65.
+        cpu_decode_share: on a GPU, the share of each batch decoded and resized on
+            the daemon's CPU workers and uploaded into the batch (no SM time): 0 all
+            on the GPU, 1 all on the CPU. Default: tuned per pipeline from what it
+            measures, as much on the CPU as keeps up with the consumer (see
+            ``docs/performance.md``); 0 where the window decoder was not built.
         tls_cert: PEM certificate (chain) of the gRPC port; with ``tls_key``, the port
             speaks TLS only.
         tls_key: PEM private key of ``tls_cert``.
@@ -153,6 +164,8 @@ class ServerConfig:
         ring_slots: batches a same-host stream may have lent out at once (being
             queued, sent or held by the client); must cover the daemon's
             ``queue_batches`` plus the client's prefetch, or batches wait for slots.
+            0 (the default): exactly that, per stream: ``queue_batches`` + the
+            prefetch the client says it keeps + 2 (the batch it reads, one on the wire).
         shm_budget_bytes: shared memory all rings together may take (in /dev/shm,
             counted in the daemon's resident memory once written, beside
             ``max_memory_bytes``); a stream past it (or a ``/dev/shm`` too small or
@@ -267,6 +280,8 @@ class ServerConfig:
     log_level: str = "info"
     antialias: bool = False
     cpu_decoder: str = "auto"
+    hw_decoder_load: float | None = None
+    cpu_decode_share: float | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
@@ -274,7 +289,7 @@ class ServerConfig:
     insecure: bool = False
     socket_path: Path | None = field(default=None, metadata=cli(old=("--socket",)))
     shm_dir: Path = Path("/dev/shm")
-    ring_slots: int = 10
+    ring_slots: int = 0
     shm_budget_bytes: int = field(default=4 << 30, metadata=cli(old=("--shm-bytes",)))
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -317,6 +332,10 @@ class ServerConfig:
                 if not holds(getattr(self, name)):  # NaN fails each
                     raise ConfigError(f"{name}: must be {rule}, got {getattr(self, name)}")
         check_cpu_decoder(self.cpu_decoder)
+        for name in ("hw_decoder_load", "cpu_decode_share"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name}: must be in 0..1 (or left out: by GPU model / tuned), got {value}")
         self._check_security()
         self._check_decoded_cache()
         self._check_remote()
@@ -339,7 +358,7 @@ class ServerConfig:
         """The transports' settings."""
         from transport.base import TransportConfig
 
-        return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots,
+        return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots or DEFAULT_RING_SLOTS,
                                shm_budget_bytes=self.shm_budget_bytes)
 
     def _check_decoded_cache(self) -> None:
@@ -389,6 +408,21 @@ class ServerConfig:
     def stream_prefetch(self) -> int:
         """Runs in flight a stream starts with: ``prefetch``, or 2."""
         return self.prefetch or DEFAULT_PREFETCH
+
+    def stream_ring_slots(self, client_prefetch: int) -> int:
+        """Ring slots of a same-host stream whose client keeps ``client_prefetch``
+        batches ready (0: it did not say): ``ring_slots``, or what covers the
+        daemon's queue, the client's prefetch, the batch it reads and one on the wire."""
+        if self.ring_slots:
+            return self.ring_slots
+        if not client_prefetch:
+            return DEFAULT_RING_SLOTS
+        return self.queue_batches + client_prefetch + 2
+
+    @property
+    def gpu_stream_prefetch(self) -> int:
+        """Runs in flight a stream decoding on a GPU starts with: ``prefetch``, or 3."""
+        return self.prefetch or DEFAULT_GPU_PREFETCH
 
     @property
     def worker_threads(self) -> int:

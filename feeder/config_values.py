@@ -6,18 +6,20 @@ libraries take of it, the CPU JPEG decoders."""
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from core.cpus import CGROUP, usable_cpus
 from core.errors import ConfigError
 
 __all__ = [
     "BOUNDS",
     "CPU_DECODERS",
+    "DEFAULT_GPU_PREFETCH",
     "DEFAULT_LOOKAHEAD",
     "DEFAULT_PREFETCH",
+    "DEFAULT_RING_SLOTS",
     "LIBRARY_BYTES",
     "cgroup_memory_bytes",
     "check_cpu_decoder",
@@ -28,18 +30,24 @@ __all__ = [
     "usable_cpus",
 ]
 
-CGROUP = Path("/sys/fs/cgroup")
 # Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
 DEFAULT_LOOKAHEAD = 4
 # Pipeline runs in flight per stream where ``--prefetch`` is not given (where the tuner starts).
 DEFAULT_PREFETCH = 2
+# The same on a GPU: its runs are short, and the producer, the DALI run and the copy
+# into the slot then each have one in hand.
+DEFAULT_GPU_PREFETCH = 3
+# Ring slots of a stream whose client says nothing of its prefetch (FeederLoader's
+# default of 4, the daemon's queue of 4, the batch read, one on the wire).
+DEFAULT_RING_SLOTS = 10
 
 # The numeric options' bounds: (options, test, what the error says they must be).
 BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
     (("queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
-      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "ring_slots", "store_requests",
+      "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "store_requests",
       "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
-    (("threads", "prefetch", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads", "lookahead"),
+    (("threads", "prefetch", "ring_slots", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads",
+      "lookahead"),
      lambda v: v >= 0, ">= 0"),
     (("idle_timeout_s", "contended_idle_timeout_s", "pipeline_idle_s", "first_message_timeout_s",
       "metrics_timeout_s"), lambda v: v > 0, "> 0"),
@@ -106,25 +114,6 @@ def cgroup_memory_bytes(cgroup: Path = CGROUP) -> int | None:
         if text.isdigit():
             return int(text)
     return None
-
-
-def usable_cpus(cgroup: Path = CGROUP) -> int:
-    """The CPUs this process may use: those it is pinned to (``taskset``, Slurm's
-    ``--cpus-per-task``), at most its cgroup's CPU quota rounded up (a pod's
-    ``resources.limits.cpu``, v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    for quota_file, period_file in ((cgroup / "cpu.max", None),
-                                    (cgroup / "cpu" / "cpu.cfs_quota_us", cgroup / "cpu" / "cpu.cfs_period_us")):
-        try:
-            fields = quota_file.read_text().split()
-            if period_file is not None:
-                fields.append(period_file.read_text().strip())
-        except OSError:
-            continue
-        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
-            cpus = min(cpus, max(1, math.ceil(int(fields[0]) / int(fields[1]))))
-        break
-    return max(1, cpus)
 
 
 # Resident memory of a daemon with its libraries loaded (DALI, torch with CUDA,

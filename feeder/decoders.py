@@ -1,32 +1,35 @@
 """What turns a job's encoded samples into its output batch: one :class:`Decoder`
-interface, three implementations, chosen once when a pipeline is built
+interface, four implementations, chosen once when a pipeline is built
 (:func:`make_decoder`).
 
 - :class:`TurboDecoder` (CPU, libjpeg-turbo): only each crop window is decoded by
   :mod:`shards.jpeg` (rows and columns cropped before the IDCT and, on the sharder's
   JPEGs with restart markers, before the entropy decoding too; at a reduced DCT scale
-  where the window is at least twice the output), then OpenCV resizes and mirrors the
-  batch (:class:`feeder.resize.BatchResizer`). Per window on one core: 0.25 ms (0.32
-  without restart markers) where DALI's ``decoders.image_slice`` takes 0.43.
+  where the window is at least twice the output), then the GIL-free C resize
+  (:class:`feeder.resize.BatchResizer`) resizes and mirrors the batch on the workers.
+  Per window on one core: 0.25 ms (0.32 without restart markers) where DALI's
+  ``decoders.image_slice`` takes 0.43. Into a device slot it writes through pinned
+  staging memory and an upload on the slot's stream.
 - :class:`DaliCpuDecoder` (CPU, where the window decoder was not built): DALI's ROI
-  decode, then the same OpenCV resize (DALI's CPU resize costs ~1.2 ms per image
-  where OpenCV takes ~0.12 ms).
-- :class:`DaliGpuDecoder`: ``mixed`` ROI decode (nvJPEG) on the stream's device, then
-  DALI's resize and flip there; a batch whose slot is on a GPU (a CUDA IPC slot) is
-  copied device to device, never through host memory.
+  decode, then the same resize (DALI's CPU resize costs ~1.2 ms per image).
+- :class:`DaliGpuDecoder`: ``mixed`` ROI decode (nvJPEG, ``hw_decoder_load`` of it on
+  the hardware JPEG engines) on the stream's device, then DALI's resize and flip
+  there; a batch whose slot is on a GPU (a CUDA IPC slot) is copied device to device
+  on the slot's stream, never through host memory, and nothing waits on the host.
+- :class:`feeder.split_decoder.SplitDecoder`: a GPU pipeline's batches split between
+  the first two, the CPU's share tuned from what it measures.
 
 A decoder starts runs and finishes them in the order they were started; finishing
-raises :class:`feeder.jobs.SampleDecodeError` for a run whose samples failed.
+waits for the run (:meth:`collect`, which raises :class:`feeder.jobs.SampleDecodeError`
+for a run whose samples failed), then writes it into its slot (:meth:`write`).
 """
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Protocol
 
 import numpy as np
 
-from core.errors import FeederError
 from core.workers import Lane
 from feeder.jobs import Allocate, Job, SampleDecodeError
 from feeder.look_ahead import LookAhead
@@ -35,14 +38,19 @@ from feeder.resize import BatchResizer
 from shards import jpeg
 from transport.base import Slot
 
-__all__ = ["DaliCpuDecoder", "DaliGpuDecoder", "Decoder", "TurboDecoder", "make_decoder"]
+__all__ = ["DaliCpuDecoder", "DaliGpuDecoder", "Decoder", "PhasedDecoder", "TurboDecoder", "make_decoder"]
 
 
 class Decoder(Protocol):
     """Decodes, crops, resizes and mirrors jobs; runs finish in the order started."""
 
-    device_copies: int  # GPU outputs written into a device slot
-    host_copies: int  # GPU outputs copied through host memory
+    @property
+    def device_copies(self) -> int:
+        """GPU outputs written into a device slot."""
+
+    @property
+    def host_copies(self) -> int:
+        """GPU outputs copied through host memory."""
 
     @property
     def decoded_early(self) -> int:
@@ -82,7 +90,12 @@ def make_decoder(spec: PipelineSpec, lane: Lane) -> Decoder:
     """The decoder ``spec`` asks for (see the module doc); its CPU work runs on
     ``lane`` (DALI's own decoding on DALI's ``spec.threads`` threads)."""
     if spec.device == "gpu":
-        return DaliGpuDecoder(spec)
+        gpu = DaliGpuDecoder(spec)
+        if spec.cpu_decode_share == 0 or not jpeg.available():
+            return gpu
+        from feeder.split_decoder import CpuShare, SplitDecoder
+
+        return SplitDecoder(TurboDecoder(spec, lane), gpu, CpuShare(spec.cpu_decode_share))
     if spec.decoder == "libjpeg-turbo":
         return TurboDecoder(spec, lane)
     return DaliCpuDecoder(spec, lane)
@@ -92,8 +105,48 @@ def _shape(job: Job) -> tuple[int, int, int, int]:
     return (len(job), job.image_size, job.image_size, 3)
 
 
-class TurboDecoder:
-    """The libjpeg-turbo window decoder and OpenCV's resize, both on ``lane``."""
+class PhasedDecoder:
+    """``finish`` as two phases: :meth:`collect` waits for the run (and raises for
+    its failed samples), :meth:`write` puts it into its slot; a run nobody wants, or
+    whose slot could not be had, is given up with :meth:`discard`."""
+
+    def start(self, job: Job) -> Any:
+        raise NotImplementedError
+
+    def collect(self, started: Any) -> Any:
+        raise NotImplementedError
+
+    def write(self, collected: Any, slot: Slot) -> None:
+        raise NotImplementedError
+
+    def discard(self, collected: Any) -> None:
+        """Gives back what a collected run holds, without writing it."""
+
+    def shape(self, collected: Any) -> tuple[int, int, int, int]:
+        raise NotImplementedError
+
+    def release_buffers(self) -> None:
+        """Gives back buffers kept from run to run."""
+
+    def close(self) -> None:
+        """Frees threads and buffers now."""
+
+    def finish(self, started: Any, allocate: Allocate | None) -> Slot | None:
+        collected = self.collect(started)
+        if allocate is None:
+            self.discard(collected)
+            return None
+        try:
+            slot = allocate(self.shape(collected))
+        except BaseException:
+            self.discard(collected)
+            raise
+        self.write(collected, slot)
+        return slot
+
+
+class TurboDecoder(PhasedDecoder):
+    """The libjpeg-turbo window decoder and the C resize, both on ``lane``."""
 
     device_copies = host_copies = 0
 
@@ -105,6 +158,8 @@ class TurboDecoder:
         self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
         self._ahead = LookAhead(self._submit_early)
+        self._staging: Any = None  # PinnedStaging, for device slots (made when first needed)
+        self.uploads = 0  # batches written into a device slot through pinned memory
 
     @property
     def decoded_early(self) -> int:
@@ -127,7 +182,7 @@ class TurboDecoder:
     def _submit_early(self, job: Job, position: int) -> jpeg.BatchDecode:
         return self._windows.submit(job.jpegs, job.crops.boxes, _scales(job), positions=[position], own_buffers=True)
 
-    def finish(self, started: _Started, allocate: Allocate | None) -> Slot | None:
+    def collect(self, started: _Started) -> _Collected:
         job, decoding, early = started
         try:
             windows, failed = decoding.result()
@@ -135,21 +190,55 @@ class TurboDecoder:
                 ahead_windows, ahead_failed = ahead.result()
                 windows[position] = ahead_windows[position]
                 failed.update(ahead_failed)
-            if failed:
-                first = min(failed)
-                more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-                raise SampleDecodeError(f"{failed[first]}{more}", dict(failed))
-            if allocate is None:
-                return None
-            slot = allocate(_shape(job))
-            self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
-            return slot
+        except BaseException:
+            self._windows.recycle(decoding)
+            raise
+        if failed:
+            self._windows.recycle(decoding)
+            first = min(failed)
+            more = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+            raise SampleDecodeError(f"{failed[first]}{more}", dict(failed))
+        return job, decoding, windows
+
+    def shape(self, collected: _Collected) -> tuple[int, int, int, int]:
+        return _shape(collected[0])
+
+    def write(self, collected: _Collected, slot: Slot) -> None:
+        job, decoding, windows = collected
+        try:
+            if slot.tensor.device.type == "cpu":
+                self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
+            else:
+                self._upload(job, windows, slot)
         finally:
             self._windows.recycle(decoding)
+
+    def _upload(self, job: Job, windows: list[np.ndarray], slot: Slot) -> None:
+        """Resizes into pinned memory, then enqueues its copy into the device slot on
+        the slot's stream (no SM time, no host wait)."""
+        import torch
+
+        from feeder.device_writes import PinnedStaging, upload
+
+        if self._staging is None:
+            self._staging = PinnedStaging()
+        stream = slot.stream or torch.cuda.current_stream(slot.tensor.device)
+        nbytes = slot.tensor.numel()
+        staging = self._staging.take(nbytes)[:nbytes]
+        self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias,
+                             out=staging.numpy().reshape(tuple(slot.tensor.shape)))
+        upload(staging, slot.tensor, stream)
+        self._staging.give(staging, stream)
+        self.uploads += 1
+
+    def discard(self, collected: _Collected) -> None:
+        self._windows.recycle(collected[1])
 
     def release_buffers(self) -> None:
         self._ahead.drop()
         self._windows.release_buffers()
+        if self._staging is not None:
+            self._staging.clear()
 
     def close(self) -> None:
         self.release_buffers()  # the threads are the lane's
@@ -158,6 +247,8 @@ class TurboDecoder:
 # A started run of the window decoder: its job, its batch's decoding, and its windows
 # decoded ahead of it (position -> their decoding).
 _Started = tuple[Job, jpeg.BatchDecode, dict[int, jpeg.BatchDecode]]
+# A collected one: its job, its decoding (recycled once written) and its windows.
+_Collected = tuple[Job, jpeg.BatchDecode, list[np.ndarray]]
 
 
 def _scales(job: Job) -> np.ndarray:
@@ -176,9 +267,9 @@ def _feed(pipe: Any, job: Job, gpu: bool) -> None:
     pipe.schedule_run()
 
 
-def _outputs(pipe: Any, job: Job) -> Any:
+def _outputs(pipe: Any, job: Job, stream: Any = None) -> Any:
     try:
-        (out,) = pipe.outputs()
+        (out,) = pipe.outputs() if stream is None else pipe.outputs(cuda_stream=stream)
     except RuntimeError as e:
         raise dali_decode_error(e, len(job)) from e
     return out
@@ -190,7 +281,7 @@ def _shutdown(pipe: Any) -> None:
         shutdown()
 
 
-class _DaliDecoder:
+class _DaliDecoder(PhasedDecoder):
     """What both DALI decoders share: feeding a run, collecting it in order."""
 
     gpu = False
@@ -207,15 +298,13 @@ class _DaliDecoder:
         _feed(self._pipe, job, gpu=self.gpu)
         return job
 
-    def finish(self, job: Job, allocate: Allocate | None) -> Slot | None:
-        out = _outputs(self._pipe, job)
-        if allocate is None:
-            return None
-        slot = allocate(_shape(job))
-        self._write(out, job, slot)
-        return slot
+    def collect(self, job: Job) -> tuple[Job, Any]:
+        return job, _outputs(self._pipe, job)
 
-    def _write(self, out: Any, job: Job, slot: Slot) -> None:
+    def shape(self, collected: tuple[Job, Any]) -> tuple[int, int, int, int]:
+        return _shape(collected[0])
+
+    def write(self, collected: tuple[Job, Any], slot: Slot) -> None:
         raise NotImplementedError
 
     def release_buffers(self) -> None:
@@ -226,7 +315,7 @@ class _DaliDecoder:
 
 
 class DaliCpuDecoder(_DaliDecoder):
-    """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and OpenCV's resize
+    """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and the C resize
     (on ``lane``)."""
 
     device_copies = host_copies = 0
@@ -236,43 +325,53 @@ class DaliCpuDecoder(_DaliDecoder):
         self._resizer = BatchResizer(lane)
         self._antialias = spec.antialias
 
-    def _write(self, out: Any, job: Job, slot: Slot) -> None:
+    def write(self, collected: tuple[Job, Any], slot: Slot) -> None:
+        job, out = collected
         windows = [np.asarray(out[i]) for i in range(len(out))]
         self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
 
 
 class DaliGpuDecoder(_DaliDecoder):
-    """nvJPEG ROI decode, DALI's resize and flip on the stream's GPU."""
+    """nvJPEG ROI decode, DALI's resize and flip on the stream's GPU. Its outputs are
+    bound to a stream of its own; a device slot is written on the slot's stream after
+    it, and the output is kept until that copy is done (:class:`Held`): no host wait."""
 
     gpu = True
 
     def __init__(self, spec: PipelineSpec) -> None:
+        import torch
+
+        from feeder.device_writes import Held
+
         super().__init__(spec)
         self.device_copies = self.host_copies = 0
+        with torch.cuda.device(spec.device_id):
+            self._stream = torch.cuda.Stream(spec.device_id, priority=0)  # CUDA's lowest priority
+        self._held = Held()
 
-    def _write(self, out: Any, job: Job, slot: Slot) -> None:
-        if slot.tensor.device.type == "cuda":
-            _copy_on_device(out, slot.tensor)
-            self.device_copies += 1
-        else:
+    def collect(self, job: Job) -> tuple[Job, Any]:
+        return job, _outputs(self._pipe, job, self._stream)
+
+    def write(self, collected: tuple[Job, Any], slot: Slot) -> None:
+        import torch
+
+        from feeder.device_writes import copy_dali_output
+
+        _, out = collected
+        if slot.tensor.device.type != "cuda":
             np.copyto(slot.array, out.as_cpu().as_array())
             self.host_copies += 1
+            return
+        stream = slot.stream or torch.cuda.current_stream(slot.tensor.device)
+        stream.wait_stream(self._stream)  # DALI's work on the run, as its outputs are bound here
+        copy_dali_output(out, slot.tensor, stream)
+        self._stream.wait_stream(stream)  # what DALI does with the buffer next comes after the copy
+        self._held.hold(stream, out)
+        self.device_copies += 1
 
+    def release_buffers(self) -> None:
+        self._held.drain()
 
-def _copy_on_device(out: Any, dst: Any) -> None:
-    """DALI's GPU output (a TensorListGPU of equal-shaped samples) into ``dst``, a
-    contiguous uint8 CUDA tensor, device to device, on ``dst``'s device's current
-    stream (the CUDA IPC sender records the slot's event there).
-
-    ``outputs()`` returned the run finished (synchronised with the host). The copy
-    waits for its own end: DALI takes the source buffer back at the next
-    ``outputs()`` and may reuse it on its own streams, which are not ordered after
-    ours; a batch's copy takes tens of microseconds, its decoding milliseconds."""
-    import torch
-
-    shapes = [list(s) for s in out.shape()]
-    if not dst.is_contiguous() or shapes != [list(dst.shape[1:])] * int(dst.shape[0]):
-        raise FeederError(f"device output of {len(shapes)} samples does not fit {list(dst.shape)}")
-    with torch.cuda.device(dst.device):
-        stream = torch.cuda.current_stream(dst.device).cuda_stream
-        out.copy_to_external(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(stream), non_blocking=False)
+    def close(self) -> None:
+        self._held.drain()
+        super().close()

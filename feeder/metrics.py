@@ -99,13 +99,20 @@ class ServerMetrics:
             "decode threads since the stream opened.", ["stream"], registry=r,
         )
         self._job_metrics(r)
-        self._tuned_threads = Gauge("feeder_tuned_threads", "Decode threads as the tuner set them (--threads not "
-                                    "given).", registry=r)
+        self._tuned_threads = Gauge("feeder_tuned_threads", "Decode threads: as the tuner set them, or as --threads "
+                                    "gave them.", registry=r)
         self._tuned_prefetch = Gauge("feeder_tuned_prefetch", "Pipeline runs in flight each open stream has, as "
                                      "the tuner set them (--prefetch not given).", ["stream"], registry=r)
         self.stream_consumer_wait = Gauge(
-            "feeder_stream_consumer_wait_seconds", "Seconds each open stream's consumer has waited for a "
-            "batch since the stream opened.", ["stream"], registry=r,
+            "feeder_stream_consumer_wait_seconds", "Seconds each open stream's ready batches have waited for its "
+            "consumer since the stream opened: its producer held by a full ready queue or by a ring whose slots "
+            "are all lent (queued, being sent or held by the client). High: the daemon is ahead.", ["stream"],
+            registry=r,
+        )
+        self.stream_starved = Gauge(
+            "feeder_stream_starved_seconds", "Seconds each open stream's consumer has waited for a batch the "
+            "daemon was still making since the stream opened (not while the daemon waited for the consumer's "
+            "slots). High: the consumer waits on the daemon.", ["stream"], registry=r,
         )
         self.stage_s = Histogram(
             "feeder_stage_seconds", "Seconds per batch in each stage.", ["stage"],
@@ -233,12 +240,13 @@ class ServerMetrics:
         self.retries.inc()
 
     def stream_usage(self, stream: str, threads: float, queue_fill: float, consumer_wait_s: float,
-                     cpu_s: float = 0.0) -> None:
+                     starved_s: float = 0.0, cpu_s: float = 0.0) -> None:
         """What open stream ``stream`` uses now (see the ``feeder_stream_*`` gauges)."""
         self.stream_threads.labels(stream=stream).set(threads)
         self.stream_cpu.labels(stream=stream).set(cpu_s)
         self.stream_queue_fill.labels(stream=stream).set(queue_fill)
         self.stream_consumer_wait.labels(stream=stream).set(consumer_wait_s)
+        self.stream_starved.labels(stream=stream).set(starved_s)
 
     def tuned_threads(self, threads: int) -> None:
         self._tuned_threads.set(threads)
@@ -248,8 +256,8 @@ class ServerMetrics:
 
     def stream_gone(self, stream: str) -> None:
         """Stream ``stream`` closed: its gauges go."""
-        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait, self.stream_cpu,
-                      self._tuned_prefetch):
+        for gauge in (self.stream_threads, self.stream_queue_fill, self.stream_consumer_wait, self.stream_starved,
+                      self.stream_cpu, self._tuned_prefetch):
             try:
                 gauge.remove(stream)
             except KeyError:

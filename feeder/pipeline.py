@@ -59,6 +59,13 @@ class PipelineSpec:
         cpu_decoder: the CPU path's decoder: ``"libjpeg-turbo"`` (:mod:`shards.jpeg`),
             ``"dali"`` (DALI's ROI decode), or ``"auto"``: the first where it was
             built, else the second.
+        hw_decoder_load: GPU only: the share of each batch's JPEG data DALI gives the
+            GPU's hardware JPEG engines (separate from the SMs a training step
+            uses; ignored on a GPU without them). DALI's default is 0.65.
+        cpu_decode_share: GPU only: the share of each batch decoded on the CPU by the
+            window decoder and uploaded (no SM time): 0 decodes all of it on the GPU,
+            1 all of it on the CPU, None lets the decoder tune it from what it measures
+            (:mod:`feeder.split_decoder`). Where the window decoder was not built, 0.
     """
 
     device: str = "cpu"
@@ -68,11 +75,17 @@ class PipelineSpec:
     prefetch: int = 2
     antialias: bool = False
     cpu_decoder: str = "auto"
+    hw_decoder_load: float = 0.65
+    cpu_decode_share: float | None = 0.0
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
             raise ConfigError(f"device: {self.device!r} is not cpu or gpu")
         check_cpu_decoder(self.cpu_decoder)
+        for name in ("hw_decoder_load", "cpu_decode_share"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name}: must be in 0..1, got {value}")
         for name in ("max_batch_size", "threads", "prefetch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -85,10 +98,11 @@ class PipelineSpec:
         return "nvjpeg" if self.device == "gpu" else cpu_decoder_in_use(self.cpu_decoder)
 
 
-def _decode_window(jpegs, anchors, shapes, device: str):  # type: ignore[no-untyped-def]
+def _decode_window(jpegs, anchors, shapes, device: str, **mixed):  # type: ignore[no-untyped-def]
     return fn.decoders.image_slice(
         jpegs, anchors, shapes,
         device=device,
+        **mixed,
         output_type=types.DALIImageType.RGB,
         normalized_anchor=False,
         normalized_shape=False,
@@ -118,8 +132,9 @@ def crop_decode_pipeline():  # type: ignore[no-untyped-def]
 
 
 @pipeline_def
-def gpu_pipeline(antialias: bool):  # type: ignore[no-untyped-def]
-    """GPU: decode each window with nvJPEG, resize to the run's size, mirror.
+def gpu_pipeline(antialias: bool, hw_decoder_load: float = 0.65):  # type: ignore[no-untyped-def]
+    """GPU: decode each window with nvJPEG (``hw_decoder_load`` of the data on the
+    hardware JPEG engines, where the GPU has them), resize to the run's size, mirror.
 
     Inputs: as :func:`crop_decode_pipeline`, plus ``sizes`` (float32 ``[side]``) and
     ``flips`` (int32 scalar, 1 = mirror) per sample. Output: uint8 HWC, RGB.
@@ -127,7 +142,7 @@ def gpu_pipeline(antialias: bool):  # type: ignore[no-untyped-def]
     jpegs, anchors, shapes = _window_inputs()
     sizes = fn.external_source(name=SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
     flips = fn.external_source(name=FLIPS, dtype=types.DALIDataType.INT32, ndim=0)
-    images = _decode_window(jpegs, anchors, shapes, device="mixed")
+    images = _decode_window(jpegs, anchors, shapes, device="mixed", hw_decoder_load=hw_decoder_load)
     side = sizes[0]
     resized = fn.resize(images, resize_x=side, resize_y=side, antialias=antialias)
     return fn.flip(resized, horizontal=flips, vertical=0)  # type: ignore[arg-type]
@@ -146,7 +161,7 @@ def build_dali(spec: PipelineSpec) -> Pipeline:
         exec_dynamic=True,
     )
     if spec.device == "gpu":
-        pipe = gpu_pipeline(antialias=spec.antialias, **common)
+        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load, **common)
     else:
         pipe = crop_decode_pipeline(**common)
     pipe.build()

@@ -6,16 +6,22 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - the daemon already serving on the node's socket (or port) when there is one, so
   that a node's jobs share it; else one of its own, started with the serve options
   given and waited on until gRPC health says SERVING (a daemon that cannot start
-  ends the launcher with its reason; the command never starts);
+  ends the launcher with its reason; the command never starts). A daemon already
+  serving is shared only where it serves every dataset named with the identity the
+  launcher's own directories and pixel options give (:mod:`feeder.shared_daemon`);
+  else the launcher stops with one line naming both;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
-  ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's ``--shm-dir``) in the
-  command's environment, which the loader and the trainer read when not given them;
+  ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
+  in the command's environment, which the loader and the trainer read when not
+  given them;
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
+  what a daemon killed outright left (socket file, segments) is swept;
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
-  and the launcher exits with the command's status (128 + N for signal N).
+  and the launcher exits with the command's status (128 + N for signal N). A
+  launcher killed outright takes its command with it (:mod:`feeder.run_guard`).
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.errors import ConfigError
+from core.processes import limited
 from feeder.config import ServerConfig
 from feeder.launcher import DaemonProcess
 from feeder.run_config import RunConfig
+from feeder.run_guard import LauncherGuard, sweep_leftovers
 from feeder.security import read_token
-from protos import feeder_pb2, feeder_pb2_grpc
+from feeder.shared_daemon import SharedDaemon
 
 __all__ = ["ADDRESS_ENV", "SHM_DIR_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
 
@@ -76,18 +84,6 @@ def _serving(address: str, timeout_s: float = 1.0) -> bool:
     return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-def _served_names(address: str, token: str | None) -> set[str]:
-    metadata = [("authorization", f"Bearer {token}")] if token else []
-    with grpc.insecure_channel(address) as channel:
-        try:
-            reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(
-                feeder_pb2.ListDatasetsRequest(), timeout=10, metadata=metadata)
-        except grpc.RpcError as e:
-            raise ConfigError(f"the daemon serving on {address} refused ListDatasets ({e.code().name}): "
-                              "give its --token-file") from e
-    return {info.name for info in reply.datasets}
-
-
 def _say(text: str) -> None:
     print(f"feeder run: {text}", file=sys.stderr, flush=True)
 
@@ -118,12 +114,15 @@ class NodeLauncher:
         self._next_start = 0.0
         self._gave_up = False
         self._child: subprocess.Popen[bytes] | None = None
+        # The rings' directory the command is given: the launcher's, or a shared daemon's
+        # (where a daemon of the launcher's own replacing that one then puts them too).
+        self._shm_dir = Path(config.shm_dir).resolve()
+        self._guard: LauncherGuard | None = None
 
     @property
     def environment(self) -> dict[str, str]:
         """What the command finds in its environment besides the launcher's own."""
-        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with]),
-                 SHM_DIR_ENV: str(Path(self.config.shm_dir).resolve())}
+        found = {ADDRESS_ENV: ",".join([self.address, *self.config.pool_with]), SHM_DIR_ENV: str(self._shm_dir)}
         if self._token is not None:
             found[TOKEN_ENV] = self._token
         return found
@@ -137,9 +136,14 @@ class NodeLauncher:
         """
         self._have_daemon()
         try:
+            self._guard = LauncherGuard(self.config.grace_s + _STOP_MARGIN_S, self._shm_dir, self.config.socket_path)
+            if self.daemon is not None:
+                self._guard.daemon(self.daemon.pid)
             return self._run_command()
         finally:
             self._stop_daemon()
+            if self._guard is not None:
+                self._guard.close(command_ended=self._child is None or self._child.poll() is not None)
 
     @property
     def _known_address(self) -> bool:
@@ -159,33 +163,52 @@ class NodeLauncher:
             raise ConfigError(str(e)) from e
 
     def _use_shared(self) -> None:
-        missing = sorted(set(self.config.datasets) - _served_names(self.address, self._token))
-        if missing:
-            raise ConfigError(f"datasets: the daemon already serving on {self.address} does not serve "
-                              f"{', '.join(missing)}; give another --port or --socket-path for a daemon of its own")
+        shared = SharedDaemon.ask(self.address, self._token)
+        shared.check_datasets(self.config)
+        self._shm_dir = shared.shm_dir(self._shm_dir)
         self._say(f"using the daemon already serving on {self.address}")
+        not_had = shared.options_not_had(self.config, self._serve_args)
+        if not_had:
+            self._say(f"the shared daemon keeps its own options; not applied: {', '.join(not_had)}")
 
     def _start_daemon(self) -> None:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
-        daemon = DaemonProcess({}, (*self._serve_args, "--port", str(self._port)),
+        shm = () if self._shm_dir == Path(self.config.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
+        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
                                echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
                                start_timeout_s=self.config.start_timeout_s,
                                stop_timeout_s=self.config.grace_s + _STOP_MARGIN_S, die_with_parent=True,
                                health_address=health, new_session=True)
         daemon.start()
         self.daemon = daemon
+        if self._guard is not None:
+            self._guard.daemon(daemon.pid)
         if self.config.socket_path is None:
             self._port = int(daemon.address.rsplit(":", 1)[1])  # port 0: the one it chose, kept for restarts
             self.address = local_address(self.config, self._port)
         self._say(f"daemon serving on {self.address} (pid {daemon.pid}), ready in "
                   f"{time.monotonic() - started:.1f} s")
 
-    def _run_command(self) -> int:
+    def _start_command(self) -> subprocess.Popen[bytes]:
+        """The command, in a process group of its own, let run only once the guard
+        knows that group (a launcher killed in between leaves no command behind)."""
+        gate, let_run = os.pipe()
         try:
-            self._child = subprocess.Popen(self._command, env=os.environ | self.environment, process_group=0)
+            child = subprocess.Popen(limited(self._command, gate_fd=gate), env=os.environ | self.environment,
+                                     process_group=0, pass_fds=(gate,))
+            if self._guard is not None:
+                self._guard.command(child.pid)
+            os.write(let_run, b"x")
         except OSError as e:
             raise ConfigError(f"command: cannot run {self._command[0]} ({e.strerror})") from e
+        finally:
+            os.close(gate)
+            os.close(let_run)
+        return child
+
+    def _run_command(self) -> int:
+        self._child = self._start_command()
         previous = {sig: signal.signal(sig, self._pass_on) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             misses, next_check = 0, time.monotonic() + _SHARED_CHECK_S
@@ -221,6 +244,8 @@ class NodeLauncher:
             gone = self._why(self.daemon) if self.daemon is not None else "the shared one stopped answering"
             self._say(f"the daemon is gone ({gone}) and was started again {self.restarts} times; not again")
             self._gave_up = True
+            if self.daemon is not None:
+                sweep_leftovers(self.config.socket_path, self._shm_dir)
             return
         now = time.monotonic()
         if self._next_start == 0.0:
@@ -256,7 +281,5 @@ class NodeLauncher:
             return
         died = self.daemon.returncode is not None
         self.daemon.stop()
-        if died:  # killed before the launcher's SIGTERM: its segments are still there
-            from transport.shm import sweep_stale
-
-            sweep_stale(self.config.shm_dir)
+        if died:  # killed before the launcher's SIGTERM: its socket and segments are still there
+            sweep_leftovers(self.config.socket_path, self._shm_dir)

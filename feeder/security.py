@@ -6,7 +6,6 @@ from __future__ import annotations
 import hmac
 import logging
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import Any
@@ -19,14 +18,13 @@ from feeder.call_guard import HEALTH_PREFIX
 from feeder.config import ServerConfig
 from feeder.log_lines import RateLimitedLog
 from feeder.metrics import ServerMetrics
+from feeder.socket_claim import SocketClaim, answers, lock_path
 
 log = logging.getLogger(__name__)
 
 __all__ = ["TokenInterceptor", "listen_on_socket", "read_token", "server_credentials"]
 
 _SOCKET_MODE = 0o600
-_PROBE_TIMEOUT_S = 2.0  # a live daemon accepts at once; this only bounds a wedged one
-
 
 
 def read_token(path: Path) -> bytes:
@@ -101,40 +99,48 @@ class TokenInterceptor(grpc.ServerInterceptor):
         self._lines.flush()
 
 
-def _answers(path: Path) -> bool:
-    """True when something listens on the unix socket ``path`` (a connection is
-    accepted); False when nothing does (refused: a socket left by a daemon that died).
+def listen_on_socket(server: grpc.Server, path: Path) -> SocketClaim:
+    """Claim the unix socket ``path`` (:mod:`feeder.socket_claim`) and listen on it,
+    created with mode 0600. A socket nothing listens on (left by a daemon that died)
+    is replaced; a live one, or any other file at ``path``, is left alone.
+
+    Returns:
+        The claim: held until the server has stopped, then released (which removes
+        the socket file if the server left it).
 
     Raises:
-        ConfigError: the socket cannot be probed (another user's, say).
-    """
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(_PROBE_TIMEOUT_S)
-        try:
-            probe.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
-            return False
-        except OSError as e:
-            raise ConfigError(f"socket_path: {path} exists and cannot be checked ({e.strerror or e})") from e
-    return True
-
-
-def listen_on_socket(server: grpc.Server, path: Path) -> None:
-    """Listen on the unix socket ``path``, created with mode 0600. A socket nothing
-    listens on (left by a daemon that died) is replaced; a live one, or any other
-    file at ``path``, is left alone.
-
-    Raises:
-        ConfigError: a daemon is serving on ``path``, ``path`` is another kind of
-            file, or the socket cannot be made.
+        ConfigError: a daemon holds the claim or serves on ``path``, ``path`` is
+            another kind of file, or the socket cannot be made.
     """
     path = Path(path)
+    claim = SocketClaim.take(path)
+    if claim is None:
+        raise ConfigError(f"socket_path: a daemon is serving on {path} (it holds {lock_path(path)}); stop it or "
+                          "choose another --socket-path")
+    try:
+        _replace_stale(path)
+    except BaseException:
+        claim.release(remove_socket=False)  # what is there is not ours
+        raise
+    try:
+        _bind(server, path)
+    except BaseException:
+        claim.release()
+        raise
+    return claim
+
+
+def _replace_stale(path: Path) -> None:
+    """Remove a socket left at ``path`` by a daemon that died (the claim is held)."""
     if path.exists() or path.is_symlink():
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise ConfigError(f"socket_path: {path} exists and is not a socket")
-        if _answers(path):
+        if answers(path):  # a daemon that does not take the claim
             raise ConfigError(f"socket_path: a daemon is serving on {path}; stop it or choose another --socket-path")
         path.unlink()
+
+
+def _bind(server: grpc.Server, path: Path) -> None:
     previous = os.umask(0o777 & ~_SOCKET_MODE)  # the socket is never group/other-accessible
     try:
         bound = server.add_insecure_port(f"unix:{path}")

@@ -24,6 +24,7 @@ from feeder.remote import close_remote, remote_access
 from feeder.security import TokenInterceptor, listen_on_socket, read_token, server_credentials
 from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
+from feeder.socket_claim import SocketClaim
 from protos import feeder_pb2
 from shards import jpeg
 from transport.shm import sweep_stale
@@ -107,6 +108,7 @@ class FeederServer:
         )
         self._http: MetricsEndpoint | None = None
         self.metrics_port: int | None = None
+        self._socket: SocketClaim | None = None  # held from before the socket is bound until stopped
 
     def bind(self) -> int:
         """Listen on the configured address (TLS when configured) and unix socket;
@@ -122,7 +124,7 @@ class FeederServer:
         if port == 0:
             raise ConfigError(f"port: cannot listen on {address}")
         if self.config.socket_path is not None:
-            listen_on_socket(self._grpc, self.config.socket_path)
+            self._socket = listen_on_socket(self._grpc, self.config.socket_path)
         if self.config.metrics_port is not None:
             self._http = self._serve_metrics(self.config.metrics_port)
             self.metrics_port = self._http.port
@@ -157,6 +159,7 @@ class FeederServer:
                 check.flush()
             if self._http is not None:
                 self._http.close()
+            self.release_socket()
             done.set()
 
         threading.Thread(target=finish, name="feeder-stop", daemon=True).start()
@@ -165,6 +168,11 @@ class FeederServer:
     def wait_for_termination(self, timeout: float | None = None) -> bool:
         return self._grpc.wait_for_termination(timeout)
 
+    def release_socket(self) -> None:
+        """Give up the unix socket's claim, removing the socket if the server left it
+        (one bound but never started). Call once gRPC no longer serves on it."""
+        if self._socket is not None:
+            self._socket.release()
 
 
 def create_server(config: ServerConfig) -> tuple[FeederServer, int]:
@@ -184,6 +192,7 @@ def create_server(config: ServerConfig) -> tuple[FeederServer, int]:
     try:
         port = server.bind()
     except ConfigError:
+        server.release_socket()
         server.service.close()
         raise
     server.start()

@@ -208,7 +208,8 @@ class FeederService:
             placement = self.devices.place(transport.gpu_uuid)
             runner = self._lend_runner(self._pipeline_spec(spec, placement), parts)
             # On the client's own GPU the batches can stay there (CUDA IPC).
-            sender = self.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid)
+            sender = self.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid,
+                                                 slots=self.config.stream_ring_slots(transport.prefetch_batches))
             parts.callback(self.transports.close_sender, sender)
             limits = FailureLimits(self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction,
                                    len(part), source.part_lengths(part))
@@ -290,14 +291,17 @@ class FeederService:
             if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
                 pipelines = max(pipelines, self.devices.gpu_count)
             threads = thread_share(self.config.decode_threads, pipelines)
+        on_gpu = placement.device == "gpu"
         return PipelineSpec(
             device=placement.device,
             device_id=placement.device_id,
             max_batch_size=batch_bucket(spec.batch_size, self.config.max_batch_size),
             threads=threads,
-            prefetch=self.config.stream_prefetch,
+            prefetch=self.config.gpu_stream_prefetch if on_gpu else self.config.stream_prefetch,
             antialias=self.config.antialias if spec.antialias is None else spec.antialias,
             cpu_decoder=self.config.cpu_decoder,
+            hw_decoder_load=self.devices.hw_decoder_load(placement.device_id, self.config.hw_decoder_load),
+            cpu_decode_share=self.config.cpu_decode_share if on_gpu else 0.0,
         )
 
     def _cached(self, runner: PipelineRunner, dataset: str, split: SplitView) -> BatchRunner:

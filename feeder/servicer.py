@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 import grpc
 
 from core.errors import FeederError, grpc_code
 from feeder.log_lines import DETAIL_CHARS, clip
+from feeder.serve_options import option_texts
 from feeder.service import FeederService
 from protocol.request import from_request
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -26,6 +28,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def __init__(self, service: FeederService) -> None:
         self.service = service
+        self._serve_options = option_texts(service.config)  # the same for every call
 
     def _abort(self, context: grpc.ServicerContext, error: FeederError) -> NoReturn:
         self.service.metrics.error(type(error).__name__)
@@ -46,7 +49,9 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
                                                    manifest_sha256=dataset.manifest_sha256))
         config = self.service.config
         return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=config.max_batch_size,
-                                               pixel_options=config.pixel_options)
+                                               pixel_options=config.pixel_options,
+                                               shm_dir=str(Path(config.shm_dir).resolve()),
+                                               serve_options=self._serve_options)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
         try:

@@ -3,9 +3,14 @@
 (the servicer, or an in-process reader) drains it.
 
 The queue bound is the backpressure: a slow client fills its own queue, then its own
-producer waits, and nothing grows. A stream owns what it was opened with (its
-pipeline, its transport, its admission ticket, as an :class:`~contextlib.ExitStack`)
-and :meth:`BatchStream.close` gives all of it back, in one place, whatever ended it.
+producer waits, and nothing grows. Who waits on whom is counted both ways, apart:
+``consumer_wait_s``, the producer held by its consumer (a full queue, or a ring whose
+slots are all lent: queued, being sent or held by the client), and ``starved_s``, the
+consumer waiting for a batch while the producer was not held (the daemon behind).
+
+A stream owns what it was opened with (its pipeline, its transport, its admission
+ticket, as an :class:`~contextlib.ExitStack`) and :meth:`BatchStream.close` gives all
+of it back, in one place, whatever ended it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, closing
+from contextlib import ExitStack, closing, contextmanager
 
 from core.errors import FeederError
 from feeder.metrics import ServerMetrics
@@ -29,6 +34,31 @@ __all__ = ["BatchStream", "StreamOutcome"]
 
 _POLL_S = 0.1  # how often blocked queue operations look at the stop flag
 _END = object()
+
+
+class _HeldClock:
+    """Seconds a producer has been held by its consumer, the hold under way included.
+    Thread-safe: the producer holds, the consumer's thread reads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total_s = 0.0
+        self._since: float | None = None
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            self._since = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._total_s += time.monotonic() - (self._since or 0.0)
+                self._since = None
+
+    def total_s(self) -> float:
+        with self._lock:
+            return self._total_s + (time.monotonic() - self._since if self._since is not None else 0.0)
 
 
 class StreamOutcome(enum.Enum):
@@ -80,7 +110,8 @@ class BatchStream:
         # When the consumer last took a batch; None while it waits for the next one.
         self._taken_s: float | None = self.opened_s
         self.samples_sent = self.batches_sent = 0
-        self.consumer_wait_s = 0.0  # how long the consumer has waited for batches
+        self._held = _HeldClock()  # the producer held by its consumer
+        self.starved_s = 0.0  # how long the consumer has waited for a batch the producer was behind on
         self.outcome = StreamOutcome.OPEN
         self.detail = ""  # what ended it, for the log (an error, an idle timeout)
 
@@ -103,12 +134,20 @@ class BatchStream:
         taken = self._taken_s
         return 0.0 if taken is None else time.monotonic() - taken
 
+    @property
+    def consumer_wait_s(self) -> float:
+        """Seconds ready batches have waited for the consumer since the stream opened:
+        the producer held by a full ready queue, or by a ring whose every slot is lent
+        (queued, being sent, or held by the client)."""
+        return self._held.total_s()
+
     def __iter__(self) -> Iterator[ReadyBatch]:
         while True:
-            asked, self._taken_s = time.monotonic(), None
+            asked, self._taken_s, held_s = time.monotonic(), None, self._held.total_s()
             item = self._get()
             self._taken_s = time.monotonic()
-            self.consumer_wait_s += self._taken_s - asked
+            # Waiting on a producer that waits on the client's slots is not starvation.
+            self.starved_s += max(0.0, self._taken_s - asked - (self._held.total_s() - held_s))
             if item is _END:
                 if not self._stop.is_set():
                     self._end(StreamOutcome.FINISHED)
@@ -200,14 +239,15 @@ class BatchStream:
         return _END
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-            except queue.Full:
-                continue
-            if isinstance(item, ReadyBatch):
-                self._metrics.batch_queued(item_bytes(item))
-            return True
+        with self._held.held():
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=_POLL_S)
+                except queue.Full:
+                    continue
+                if isinstance(item, ReadyBatch):
+                    self._metrics.batch_queued(item_bytes(item))
+                return True
         return False
 
     def _drain_queue(self) -> None:
@@ -224,8 +264,9 @@ class BatchStream:
 
     def _slot_for(self, shape: tuple[int, ...]) -> Slot:
         """A slot of the stream's transport (waits while its ring is full: the
-        client's backpressure)."""
-        return self.sender.slot_for(shape)
+        client's backpressure, counted as the consumer's wait)."""
+        with self._held.held():
+            return self.sender.slot_for(shape)
 
     def _produce(self) -> None:
         try:

@@ -25,7 +25,10 @@ class Metered(Protocol):
 
     label: str
     samples_sent: int
-    consumer_wait_s: float
+    starved_s: float
+
+    @property
+    def consumer_wait_s(self) -> float: ...
 
     @property
     def busy_s(self) -> float: ...
@@ -103,7 +106,7 @@ class Usage:
                 job.busy_s += busy_s
                 job.images += images
                 self._metrics.stream_usage(stream.label, busy_s / interval_s, stream.queue_fill,
-                                           stream.consumer_wait_s, booked.cpu_s)
+                                           stream.consumer_wait_s, stream.starved_s, booked.cpu_s)
             for name, job in jobs.items():
                 self._metrics.job_rates(name, job.streams, job.busy_s / interval_s, job.images / interval_s)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from core.errors import IdentityMismatch
 
-__all__ = ["PIXEL_MATH_VERSION", "Identity", "check", "digest_for", "pixel_options"]
+__all__ = ["PIXEL_MATH_VERSION", "Identity", "check", "differing", "digest_for", "pixel_options"]
 
 # Bumped whenever the crop windows, flips or resize of a sample change for the same
 # inputs: daemons of two versions must not serve one stream.
@@ -77,6 +77,12 @@ class Identity:
 _FIELDS = ("manifest_sha256", "index_sha256", "pixel_options_sha256")
 
 
+def differing(expected: Identity, served: Identity) -> list[str]:
+    """The fields known on both sides ("" is not known) that differ."""
+    return [name for name in _FIELDS if getattr(expected, name) and getattr(served, name)
+            and getattr(expected, name) != getattr(served, name)]
+
+
 def check(expected: Identity, served: Identity, what: str) -> None:
     """Refuse a request that expects other data or pixels than are served.
 
@@ -88,9 +94,7 @@ def check(expected: Identity, served: Identity, what: str) -> None:
     Raises:
         IdentityMismatch: a field known on both sides that differs (names both).
     """
-    differs = [name for name in _FIELDS if getattr(expected, name) and getattr(served, name)
-               and getattr(expected, name) != getattr(served, name)]
-    if differs:
+    if differing(expected, served):
         raise IdentityMismatch(
             f"{what}: the request expects {expected.describe()}; this daemon serves {served.describe()} (another "
             "dataset under the name, re-sharded, or other --antialias / --max-pixels / --decoded-cache-side)")

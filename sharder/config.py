@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
+from core.cpus import capped_workers
 from core.errors import ConfigError
 from core.fields import OldName, cli
 from shards.objects import ObjectUrl, is_remote, local_path
@@ -206,6 +207,8 @@ class ShardConfig:
             raise ConfigError(f"--shard-size-bytes must be at least 1K, got {self.shard_size_bytes} bytes")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.ray is None:  # with Ray the cluster's CPUs set the tasks
+            object.__setattr__(self, "workers", capped_workers(self.workers, "--workers"))
         if self.ray_tasks_per_node is not None and (self.ray is None or self.ray_tasks_per_node < 1):
             raise ConfigError(f"--ray-tasks-per-node must be >= 1 and goes with --ray, got {self.ray_tasks_per_node}")
         if self.max_side_px is not None and self.max_side_px < 16:

@@ -9,7 +9,11 @@ Everything else that Pillow can fully decode (CMYK JPEG, PNG even when named
 ``.JPEG``, RGBA, palette, 16-bit, BMP, WebP, ...) is normalised to an RGB JPEG. The
 format is read from the content, never from the file name. Images over
 ``max_pixels`` are rejected before any decode (decompression bombs), or downscaled in
-the DCT domain when ``max_side_px`` is given.
+the DCT domain when ``max_side_px`` is given. With ``check="decode"`` a JPEG that is
+re-encoded (downscaled, or at another quality) is decode-checked too: Pillow says
+nothing about corrupt entropy-coded data (it fills the rest with grey), so a JPEG
+whose header claims 65000x65000 over a small image's data would become a one-colour
+sample with a real label.
 """
 
 from __future__ import annotations
@@ -208,10 +212,14 @@ def _load(data: bytes, max_pixels: int, max_side_px: int | None) -> Image.Image:
     return image
 
 
-def _decode_reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int) -> ProcessedImage:
+def _decode_reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int,
+                     strict: bool) -> ProcessedImage:
     try:
         with _load(data, max_pixels, max_side_px) as image:
+            size, is_jpeg = image.size, image.format == "JPEG"
             rgb = _shrunk(_to_rgb(image), max_side_px)
+        if strict and is_jpeg:
+            _check_decodes(data, size)
     except UnidentifiedImageError:
         return ProcessedImage(reject="not an image (content is no known image format)")
     except _TooManyPixels as e:
@@ -222,8 +230,27 @@ def _decode_reencode(data: bytes, max_side_px: int | None, quality: int, max_pix
     return ProcessedImage(_encode_rgb(rgb, quality), rgb.width, rgb.height, reencoded=True)
 
 
-def decoded_size(data: bytes) -> tuple[int, int]:
-    """(width, height) of ``data`` after a full, strict decode (no pixel limit).
+def _check_decodes(data: bytes, size: tuple[int, int]) -> None:
+    """Raise unless the JPEG ``data`` decodes without a decoder warning to ``size``
+    (what Pillow made of it), at the DCT scale that gives that size.
+
+    Raises:
+        ValueError: the decoder reports corrupt data, or another size.
+    """
+    header = parse_jpeg_header(data)
+    reduction = next((r for r in _REDUCTIONS if header is not None
+                      and (-(-header.width // r), -(-header.height // r)) == size), 1)
+    decoded = decoded_size(data, reduction)
+    if decoded != size:
+        raise ValueError(f"decodes to {decoded[0]}x{decoded[1]}, {size[0]}x{size[1]} expected")
+
+
+_REDUCTIONS = (1, 2, 4, 8)  # libjpeg's DCT-domain scales: 1/1 to 1/8
+
+
+def decoded_size(data: bytes, reduction: int = 1) -> tuple[int, int]:
+    """(width, height) of ``data`` after a full, strict decode (no pixel limit); a
+    JPEG at 1/``reduction`` of its size (1, 2, 4 or 8: decoded in the DCT domain).
 
     JPEGs are decoded by OpenCV: its libjpeg prints the decoder's warnings, which
     :func:`_strict_decoding` collects (Pillow's decoder silences them).
@@ -236,8 +263,10 @@ def decoded_size(data: bytes) -> tuple[int, int]:
             return image.size
     import cv2  # heavy import, needed only by decode checks
 
+    flags = {1: cv2.IMREAD_COLOR, 2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4,
+             8: cv2.IMREAD_REDUCED_COLOR_8}[reduction]
     with _strict_decoding() as messages:
-        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        pixels = cv2.imdecode(np.frombuffer(data, np.uint8), flags | cv2.IMREAD_IGNORE_ORIENTATION)
     if messages:
         raise ValueError(f"decoder reports corrupt data: {messages[0]}")
     if pixels is None:
@@ -295,12 +324,14 @@ def check_without_decode(
 
 
 def decode_and_reencode(
-    data: bytes, *, max_side_px: int | None = None, quality: int = 95, max_pixels: int = DEFAULT_MAX_PIXELS
+    data: bytes, *, max_side_px: int | None = None, quality: int = 95, max_pixels: int = DEFAULT_MAX_PIXELS,
+    check: str = "decode",
 ) -> ProcessedImage:
     """Decode ``data`` fully, convert to RGB, downscale, encode as JPEG at ``quality``;
     a reject when it is over ``max_pixels`` (after a JPEG's DCT-domain downscale) or
-    the decoder reports anything."""
-    return _decode_reencode(data, max_side_px, quality, max_pixels)
+    the decoder reports anything (with ``check`` decode, a JPEG's decoder warnings too:
+    :func:`_check_decodes`)."""
+    return _decode_reencode(data, max_side_px, quality, max_pixels, strict=check == "decode")
 
 
 def process_image(
@@ -319,8 +350,9 @@ def process_image(
         max_side_px: downscale when the longer side exceeds this (None = never).
         quality: re-encode every image at this quality (None = pass valid JPEGs through).
         reencode_quality: quality for normalised odd files when ``quality`` is None.
-        check: ``decode`` decodes a pass-through JPEG before accepting it; ``header``
-            checks its headers and end marker only.
+        check: ``decode`` decodes a pass-through JPEG before accepting it, and checks
+            the decode of a re-encoded one for decoder warnings; ``header`` checks a
+            pass-through JPEG's headers and end marker only.
         max_pixels: larger images are rejected (or downscaled, with ``max_side_px``).
 
     Returns:
@@ -329,4 +361,5 @@ def process_image(
     quick = check_without_decode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
     if quick is not None:
         return check_by_decode(quick, max_pixels) if check == "decode" and not quick.reject else quick
-    return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality, max_pixels)
+    return _decode_reencode(data, max_side_px, quality if quality is not None else reencode_quality, max_pixels,
+                            strict=check == "decode")

@@ -89,9 +89,9 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int,
+def _reencode(data: bytes, max_side_px: int | None, quality: int, max_pixels: int, check: str,
               restart_interval: int, half_copy: bool) -> ProcessedImage:
-    image = decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels)
+    image = decode_and_reencode(data, max_side_px=max_side_px, quality=quality, max_pixels=max_pixels, check=check)
     return _stored(image, restart_interval, half_copy)
 
 
@@ -172,7 +172,7 @@ def _process(data: bytes | ProcessedImage, options: tuple) -> ProcessedImage:
         return quick if interval == 0 and not half else _stored(quick, interval, half)
     if quick is not None:
         return _check(quick, max_pixels, interval, half)
-    return _reencode(data, max_side_px, reencode_quality, max_pixels, interval, half)
+    return _reencode(data, max_side_px, reencode_quality, max_pixels, check, interval, half)
 
 
 def options_of(config: ShardConfig) -> tuple:

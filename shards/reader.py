@@ -10,8 +10,6 @@ lists the members of the tars, ``.idx`` files and LMDB values.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from core.errors import DataError, Located, SampleCorrupt, SamplesUnreadable, Unreadable
+from shards.digests import manifest_sha256
 from shards.index import IndexColumns, check_split_shards, read_columns
 from shards.jpeg import dct_denominator
 from shards.layout import sample_checksum
@@ -362,6 +361,6 @@ class ShardDataset:
                  splits: dict[str, SplitIndex]) -> ShardDataset:
         """The dataset, with the digest of its manifest as its identity (its JSON,
         every key it holds, with sorted keys)."""
-        identity = hashlib.sha256(json.dumps(manifest.to_json(), sort_keys=True).encode()).hexdigest()
-        return cls(name=name, root=root, classes=list(manifest.classes), splits=splits, manifest_sha256=identity)
+        return cls(name=name, root=root, classes=list(manifest.classes), splits=splits,
+                   manifest_sha256=manifest_sha256(manifest))
 

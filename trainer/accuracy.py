@@ -42,7 +42,9 @@ def topk_correct(
 class EpochRecord:
     """One epoch's figures (a row of the CSV).
 
-    ``stall_fraction`` is the share of training time spent waiting for data;
+    ``stall_fraction`` is the share of training time the host spent waiting for
+    data; ``idle_fraction`` the share of the device's time it stood idle between
+    steps (CUDA events on a GPU, wall clock on the CPU: :mod:`clients.idle`);
     ``longest_wait_s`` the longest wait of any rank for one batch, past the epoch's
     first; ``wall_s`` counts from the start of training (after start-up).
     """
@@ -64,12 +66,13 @@ class EpochRecord:
     val_images: int = 0
     wall_s: float = 0.0
     longest_wait_s: float = 0.0
+    idle_fraction: float = 0.0
 
     def line(self) -> str:
         """The stdout line for this epoch."""
         return (f"epoch {self.epoch} phase {self.phase} size {self.image_size} "
                 f"bs {self.batch_size} lr {self.lr:.4g} loss {self.train_loss:.4f} "
-                f"{self.images_per_s:.1f} img/s stall {self.stall_fraction:.1%} "
+                f"{self.images_per_s:.1f} img/s stall {self.stall_fraction:.1%} idle {self.idle_fraction:.1%} "
                 f"val top1 {self.val_top1:.2%} top5 {self.val_top5:.2%} "
                 f"({self.val_images} images) wall {self.wall_s:.1f} s")
 

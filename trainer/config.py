@@ -10,11 +10,12 @@ from pathlib import Path
 from clients.channel import ADDRESS_ENV
 from core.errors import ConfigError
 
-__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "TrainConfig", "parse_mix"]
+__all__ = ["ARCHS", "DATA_SOURCES", "PRECISIONS", "STEP_PRIORITIES", "TrainConfig", "parse_mix"]
 
 ARCHS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")
 DATA_SOURCES = ("feeder", "synthetic")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+STEP_PRIORITIES = ("high", "normal")
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 
 
@@ -87,7 +88,11 @@ class TrainConfig:
             ImageNet's 1,281,167 without a daemon).
         prefetch_batches: Ready batches the loader holds per rank.
         reconnect_timeout_s: How long the loader keeps reconnecting to the daemon.
-        log_every_steps: Progress line every N steps on rank 0 (0: none).
+        log_every_steps: Progress line every N steps on rank 0 (0: none); the only
+            place the loss is read back during an epoch (a host synchronisation).
+        step_priority: ``high``: on CUDA, the steps run on a stream of the highest
+            priority (the input pipeline's GPU work, at the lowest, goes after
+            theirs); ``normal``: on the default stream.
     """
 
     server: str = ""
@@ -116,6 +121,7 @@ class TrainConfig:
     prefetch_batches: int = 4
     reconnect_timeout_s: float = 60.0
     log_every_steps: int = 50
+    step_priority: str = "high"
 
     def __post_init__(self) -> None:
         parse_mix(self.dataset)
@@ -133,6 +139,8 @@ class TrainConfig:
                               f"{', '.join(PRECISIONS)}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"--device {self.device!r}: choose auto, cpu or cuda")
+        if self.step_priority not in STEP_PRIORITIES:
+            raise ConfigError(f"--step-priority {self.step_priority!r}: choose one of {', '.join(STEP_PRIORITIES)}")
         if self.arch not in ARCHS:
             raise ConfigError(f"--arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         for name in ("epochs", "val_every_epochs", "checkpoint_every_steps",

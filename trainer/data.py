@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
+
 from clients import FeederLoader, SyntheticLoader
 from clients.channel import open_channel, resolve_token
 from core.errors import ConfigError
@@ -47,27 +49,28 @@ def _describe_synthetic(config: TrainConfig) -> tuple[int, int]:
 
 
 def make_loaders(
-    config: TrainConfig, dist: Dist, first: Phase
+    config: TrainConfig, dist: Dist, first: Phase, dtype: torch.dtype | None = None,
 ) -> tuple[FeederLoader | SyntheticLoader, FeederLoader | None, int]:
     """Builds ``(train loader, validation loader or None, number of classes)``.
 
-    The validation loader pads the last batch (every image once across ranks) and
-    yields the padding mask so the pads can be left out of the metrics.
+    Images come normalised in ``dtype`` (the autocast dtype; None: fp32). The
+    validation loader pads the last batch (every image once across ranks) and yields
+    the padding mask so the pads can be left out of the metrics.
     """
     if config.data == "synthetic":
         samples, classes = _describe_synthetic(config)
         train = SyntheticLoader(samples, classes, first.batch_size, first.image_size,
                                 world_size=dist.world_size, rank=dist.rank, device=dist.device,
-                                seed=config.seed)
+                                seed=config.seed, dtype=dtype or torch.float32)
         return train, None, classes
     common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
-                  seed=config.seed, job_id=job_id(config),
+                  seed=config.seed, job_id=job_id(config), dtype=dtype or torch.float32,
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(
         config.server, config.train_dataset, split=config.train_split, batch_size=first.batch_size,
         image_size=first.image_size, last_batch="drop", return_keys=config.visit_log is not None, augment="train",
-        min_scale=first.min_scale, **common)
+        min_scale=first.min_scale, max_batches_per_epoch=config.max_steps_per_epoch, **common)
     val_loader = None
     if config.val_every_epochs:
         val_loader = FeederLoader(

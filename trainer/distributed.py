@@ -21,12 +21,16 @@ class Dist:
         world_size: Ranks in the job.
         local_rank: Rank on this node (picks the CUDA device).
         device: This rank's device.
+        control: A gloo process group of its own for agreements on host values (a
+            stop request) that must not wait on the GPU, nor interleave with the
+            gradients' all-reduces; None for a single rank.
     """
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    control: object | None = None  # a gloo group for host-side agreements (None: the default group)
 
     @property
     def is_main(self) -> bool:
@@ -49,9 +53,11 @@ def init_distributed(device: str = "auto") -> Dist:
         where = torch.device("cuda", local_rank)
     else:
         where = torch.device("cpu")
+    control = None
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Dist(rank, world_size, local_rank, where)
+        control = dist.new_group(backend="gloo")  # every rank makes it, in the same order
+    return Dist(rank, world_size, local_rank, where, control)
 
 
 def shutdown_distributed() -> None:

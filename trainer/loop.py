@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from clients import merge_states
+from clients.idle import StepGaps
 from trainer.accuracy import EpochRecord, MetricsLog, plot_records
 from trainer.checkpoint import (
     capture_rng,
@@ -46,15 +47,27 @@ def train(config: TrainConfig) -> dict[str, Any]:
     alone). Returns the summary that is also written to ``out_dir/summary.json``."""
     dist = init_distributed(config.device)
     try:
-        trainer = Trainer(config, dist)
-        try:
-            with StopRequests(dist.device) as stops:
-                trainer.stops = stops
-                return trainer.run()
-        finally:
-            trainer.close()
+        with _step_stream(dist.device, config.step_priority):
+            trainer = Trainer(config, dist)
+            try:
+                with StopRequests(dist.device, dist.control) as stops:
+                    trainer.stops = stops
+                    return trainer.run()
+            finally:
+                trainer.close()
     finally:
         shutdown_distributed()
+
+
+def _step_stream(device: torch.device, priority: str) -> contextlib.AbstractContextManager:
+    """Where the steps' kernels go: on CUDA with ``high`` priority, a stream of the
+    highest priority CUDA has, so the block scheduler runs them before the input
+    pipeline's (the daemon's copies and DALI's kernels run at the lowest); the
+    loader's conversion of each batch runs there too, in order before the step."""
+    if device.type != "cuda" or priority != "high":
+        return contextlib.nullcontext()
+    _, highest = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]  # a static method
+    return torch.cuda.stream(torch.cuda.Stream(device, priority=highest))
 
 
 def _precision(config: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -74,7 +87,10 @@ class Trainer:
         self.total_epochs = config.epochs or self.schedule.total_epochs
         torch.manual_seed(config.seed)  # the same initial weights on every rank
         first = self.schedule.phases[0]
-        self.train_loader, self.val_loader, classes = make_loaders(config, dist, first)
+        self.amp_dtype = _precision(config, dist.device)
+        # The loader normalises straight into the autocast dtype: no conversion in the first layer.
+        self.train_loader, self.val_loader, classes = make_loaders(config, dist, first, self.amp_dtype)
+        self.gaps = StepGaps(dist.device)
         for start, phase in self.schedule.phase_starts()[1:]:  # the loader opens each phase's stream ahead
             self.train_loader.plan_sizes(start, phase.batch_size, phase.image_size, phase.min_scale)
         self.model = build_model(config.arch, classes, dist.device)
@@ -84,7 +100,6 @@ class Trainer:
             self.net = DistributedDataParallel(self.model, device_ids=ids,
                                                gradient_as_bucket_view=True)
         self.optimizer = build_optimizer(self.model, self.schedule.weight_decay)
-        self.amp_dtype = _precision(config, dist.device)
         self.scaler = torch.amp.GradScaler(dist.device.type,
                                            enabled=self.amp_dtype == torch.float16)
         self.log = MetricsLog(config.out_dir / "metrics.csv", write=dist.is_main)
@@ -140,31 +155,34 @@ class Trainer:
         loader.set_batch_size(phase.batch_size)
         loader.set_image_size(phase.image_size)
         loader.set_min_scale(phase.min_scale)
-        loss, images, train_s, stall = self._train_epoch(epoch, phase.momentum, started)
+        loss, images, train_s, stall, idle = self._train_epoch(epoch, phase.momentum, started)
         longest_wait_s = all_reduce_max([loader.longest_wait_s], self.dist.device)[0]
         evaluation = self._validate(epoch, phase)
         return EpochRecord(
             epoch=epoch, phase=index, image_size=phase.image_size, batch_size=phase.batch_size,
             lr=self.optimizer.param_groups[0]["lr"], momentum=phase.momentum,
             train_loss=loss, train_images=images, train_s=train_s,
-            images_per_s=images / train_s if train_s > 0 else 0.0, stall_fraction=stall,
+            images_per_s=images / train_s if train_s > 0 else 0.0, stall_fraction=stall, idle_fraction=idle,
             val_loss=evaluation.loss, val_top1=evaluation.top1, val_top5=evaluation.top5,
             val_images=evaluation.images, wall_s=time.perf_counter() - started, longest_wait_s=longest_wait_s,
         )
 
     def _train_epoch(self, epoch: int, momentum: float,
-                     started: float) -> tuple[float, int, float, float]:
+                     started: float) -> tuple[float, int, float, float, float]:
         loader, config = self.train_loader, self.config
         self.net.train()
         wait_before, t0 = loader.wait_seconds, time.perf_counter()
         loss_sum = torch.zeros((), device=self.dist.device)
         count = steps = 0
+        self.gaps.reset()
         progress = loader.epoch_progress  # of the whole job: the schedule follows samples seen, not steps
         for batch in loader:
             images, labels = batch[0], batch[1]
             self._set_hyper(self.schedule.lr_at(epoch + progress, self.dist.world_size), momentum)
             progress = loader.epoch_progress
+            self.gaps.started()
             loss_sum += self._step(images, labels) * len(labels)
+            self.gaps.ended()
             count += len(labels)
             steps += 1
             self.step += 1
@@ -174,12 +192,14 @@ class Trainer:
             if config.max_steps_per_epoch and steps >= config.max_steps_per_epoch:
                 break
         if self.dist.device.type == "cuda":
-            torch.cuda.synchronize(self.dist.device)
+            torch.cuda.synchronize(self.dist.device)  # once an epoch: the figures below are of work done
         train_s = time.perf_counter() - t0
         stall = (loader.wait_seconds - wait_before) / train_s if train_s > 0 else 0.0
-        total_loss, total, stall_sum = all_reduce_sum(
-            [float(loss_sum), count, stall], self.dist.device)
-        return total_loss / max(total, 1), int(total), train_s, stall_sum / self.dist.world_size
+        idle = self.gaps.share().fraction
+        total_loss, total, stall_sum, idle_sum = all_reduce_sum(
+            [float(loss_sum), count, stall, idle], self.dist.device)
+        ranks = self.dist.world_size
+        return total_loss / max(total, 1), int(total), train_s, stall_sum / ranks, idle_sum / ranks
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self._autocast():
@@ -273,7 +293,8 @@ class Trainer:
             (config.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             self._say(f"final top-1 {summary['val_top1']:.2%} top-5 {summary['val_top5']:.2%}, "
                       f"{summary['images_per_s']:.1f} img/s, stall "
-                      f"{summary['stall_fraction']:.1%}; log {self.log.path}")
+                      f"{summary['stall_fraction']:.1%}, device idle {summary['idle_fraction']:.1%}; "
+                      f"log {self.log.path}")
         return summary
 
     def _summary(self) -> dict[str, Any]:
@@ -283,11 +304,14 @@ class Trainer:
         images = sum(r.train_images for r in records)
         seconds = sum(r.train_s for r in records)
         waited = sum(r.stall_fraction * r.train_s for r in records)
+        idle = sum(r.idle_fraction * r.train_s for r in records)
         return {
             "epochs": len(records), "steps": self.step, "world_size": self.dist.world_size,
             "data": self.config.data, "arch": self.config.arch,
+            "transport": getattr(self.train_loader, "transport", ""),  # what carried the batches (feeder data)
             "images_per_s": images / seconds if seconds else 0.0,
             "stall_fraction": waited / seconds if seconds else 0.0,
+            "idle_fraction": idle / seconds if seconds else 0.0,
             "val_top1": last.val_top1 if last else float("nan"),
             "val_top5": last.val_top5 if last else float("nan"),
             "val_images": last.val_images if last else 0,

@@ -111,17 +111,33 @@ class Slot:
     """Where the producer writes one batch: lent by :meth:`BatchSender.slot_for`,
     handed on by :meth:`BatchSender.message`.
 
+    A device slot is written on its ``stream`` (the daemon's own, which has waited
+    for the client's last read of the slot), and :meth:`seal` then records its
+    ``ready`` event there: the client's stream waits on that event, not the host.
+
     Attributes:
         tensor: uint8 ``[N, H, W, C]`` to fill (host memory, or the client's GPU).
         index: Slot of the ring, or -1 for a batch that travels inline.
         generation: Times this slot has been lent; names this loan in releases.
         keep: What the memory belongs to (kept alive with the slot).
+        stream: Where a device slot is written (None for host memory).
+        ready: Recorded on ``stream`` once the slot is written (device slots).
     """
 
     tensor: torch.Tensor
     index: int = -1
     generation: int = 0
     keep: object = None
+    stream: torch.cuda.Stream | None = None
+    ready: torch.cuda.Event | None = None
+    sealed: bool = False
+
+    def seal(self) -> None:
+        """Says the slot is written (every write enqueued on ``stream``): records
+        ``ready`` there, once; nothing for host memory."""
+        if self.ready is not None and not self.sealed:
+            self.ready.record(self.stream)
+            self.sealed = True
 
     @property
     def array(self) -> np.ndarray:
@@ -227,11 +243,14 @@ class ReceivedBatch:
         images: uint8 ``[N, H, W, C]``, in host memory (shm, gRPC) or on the
             client's GPU (CUDA IPC).
         message: The received message (its pixels cut out).
+        ready: For device ``images``: the event the consumer's stream waits on
+            before reading them (the daemon's write); None in host memory.
     """
 
     images: torch.Tensor
     message: feeder_pb2.Batch
     _release: Callable[[torch.cuda.Event | None], None] | None = field(default=None, repr=False)
+    ready: torch.cuda.Event | None = None
 
     @property
     def meta(self) -> BatchMeta:
@@ -239,8 +258,9 @@ class ReceivedBatch:
         return from_message(self.message)
 
     def release(self, after: torch.cuda.Event | None = None) -> None:
-        """Hands the slot back now (once ``after`` has completed): call it as soon
-        as ``images`` has been copied elsewhere; ``images`` must not be used again.
+        """Hands the slot back now (once ``after`` has completed; for device
+        ``images``, once the current stream's work enqueued so far has): call it as
+        soon as ``images`` has been copied elsewhere; ``images`` must not be used again.
         Without a call the slot returns when ``images`` is no longer referenced
         (host slots). Idempotent; nothing to do for inline pixels."""
         if self._release is not None:

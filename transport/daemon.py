@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgument
 from protos import feeder_pb2
@@ -54,11 +54,14 @@ class TransportRequest:
             SHM (host shared memory, also for a client on the batches' GPU) or GRPC.
         client: The client's host, None when it did not say (a remote client).
         gpu_uuid: The client's CUDA device, empty for a CPU consumer.
+        prefetch_batches: Batches the client holds ready beyond the one it reads
+            (0: not said); a ring covers them.
     """
 
     preference: TransportKind = TransportKind.AUTO
     client: HostIdentity | None = None
     gpu_uuid: str = ""
+    prefetch_batches: int = 0
 
     @classmethod
     def from_message(cls, request: feeder_pb2.StreamRequest) -> TransportRequest:
@@ -76,6 +79,7 @@ class TransportRequest:
             preference=preference,
             client=HostIdentity.from_message(host) if host is not None else None,
             gpu_uuid=host.gpu_uuid if host is not None else "",
+            prefetch_batches=max(0, request.prefetch_batches),
         )
 
 
@@ -98,8 +102,10 @@ class TransportHub:
         self._retiring: list[BatchSender] = []  # closed, with a device ring a client may hold
         self._cuda_used = False
 
-    def open_sender(self, request: TransportRequest, slot_bytes: int, batch_gpu_uuid: str = "") -> BatchSender:
-        """A sender for a new stream whose batches are at most ``slot_bytes``.
+    def open_sender(self, request: TransportRequest, slot_bytes: int, batch_gpu_uuid: str = "",
+                    slots: int = 0) -> BatchSender:
+        """A sender for a new stream whose batches are at most ``slot_bytes``, with
+        ``slots`` ring slots (the config's ``ring_slots`` where 0).
 
         CUDA IPC when asked for (or AUTO) and the batches are produced on the
         client's GPU (``batch_gpu_uuid``); shared memory when asked for (or AUTO, or
@@ -110,7 +116,8 @@ class TransportHub:
         with self._lock:
             self._streams += 1
             stream_id = f"{self.prefix}{self._streams}"
-        sender = self._same_host_sender(request, stream_id, slot_bytes, batch_gpu_uuid)
+        config = replace(self.config, ring_slots=slots) if slots else self.config
+        sender = self._same_host_sender(request, config, stream_id, slot_bytes, batch_gpu_uuid)
         if sender is None:
             sender = GrpcPayloadSender(stream_id, self.config.head_reserve_bytes)
         with self._lock:
@@ -118,7 +125,8 @@ class TransportHub:
         return sender
 
     def _same_host_sender(
-        self, request: TransportRequest, stream_id: str, slot_bytes: int, batch_gpu_uuid: str
+        self, request: TransportRequest, config: TransportConfig, stream_id: str, slot_bytes: int,
+        batch_gpu_uuid: str,
     ) -> BatchSender | None:
         wanted = request.preference
         if wanted == TransportKind.GRPC:
@@ -133,15 +141,14 @@ class TransportHub:
             self._fall_back("cuda-device", f"CUDA IPC asked for, but the batches are not made on the client's GPU "
                             f"({request.gpu_uuid or 'the client named none'})", _SHM)
         if wanted in (TransportKind.AUTO, TransportKind.CUDA_IPC) and on_clients_gpu:
-            sender = self._try("cuda-ipc", lambda: _cuda_sender(stream_id, self.config, slot_bytes, batch_gpu_uuid),
-                               _SHM)
+            sender = self._try("cuda-ipc", lambda: _cuda_sender(stream_id, config, slot_bytes, batch_gpu_uuid), _SHM)
             if sender is not None:
                 self._cuda_used = True
                 return sender
-        if self.reserved_bytes() + self.config.ring_slots * slot_bytes > self.config.shm_budget_bytes:
+        if self.reserved_bytes() + config.ring_slots * slot_bytes > config.shm_budget_bytes:
             self._fall_back("budget", f"shared-memory budget of {self.config.shm_budget_bytes} bytes in use", _INLINE)
             return None
-        return self._try("shm", lambda: ShmSender(stream_id, self.config, slot_bytes), _INLINE)
+        return self._try("shm", lambda: ShmSender(stream_id, config, slot_bytes), _INLINE)
 
     def _try(self, reason: str, make: Callable[[], BatchSender], instead: str) -> BatchSender | None:
         try:

@@ -20,26 +20,38 @@ So each ring has a holder file, ``<stream id>.cuda`` in the daemon's ``--shm-dir
   ended meanwhile) finds the file gone, or unlinked under its lock, and does not open
   the ring: :class:`RingRetired`, and it asks for the rest of the stream again.
 
-A client that let go of the ring properly has decremented the counter itself; the
-daemon's decrement then takes it below 0, which torch treats as 0 (free), and
-torch never hands the same counter slot out again. Nothing here needs CUDA.
+Exactly one party decrements the ring's counter: the daemon, once. A client opens the
+ring with a counter of its own (:func:`own_counter`: torch's consumer storage always
+decrements the counter it was opened with when it is freed, so it is given one that
+only it uses), never the daemon's; the daemon gives its one share back when it
+retires the ring, and only while the counter is above 0 (torch's counter is unsigned:
+a second decrement would wrap it to 2**64 - 1, and the block would stay in limbo for
+the daemon's life). No client decrement races the daemon's: there is none. Nothing
+here needs a GPU but :func:`own_counter`.
 """
 
 from __future__ import annotations
 
 import fcntl
+import mmap
 import os
 import re
+import struct
 from pathlib import Path
 
 from transport.base import TransportClosed, TransportUnavailable
 
-__all__ = ["RingHolder", "RingRetired", "give_back_share", "hold_ring", "holder_path"]
+__all__ = ["RingHolder", "RingRetired", "counter_value", "give_back_share", "hold_ring", "holder_path", "own_counter"]
 
 _SUFFIX = ".cuda"
 _STREAM_ID = re.compile(r"^feeder-\d+-[0-9a-f]+-\d+$")  # transport.shm.instance_prefix + a number
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# torch's IPC counter files (``torch/csrc/CudaIPCTypes.h``): shm objects made by
+# at::RefcountedMapAllocator, a 64-byte header (its own mapping count) and then
+# CUDA_IPC_REF_COUNTER_FILE_SIZE counters of 8 bytes, unsigned.
+_COUNTER_HEADER_BYTES = 64
+_COUNTER = struct.Struct("<Q")
 
 
 class RingRetired(TransportClosed):
@@ -119,10 +131,56 @@ def hold_ring(path: Path) -> int:
     return fd
 
 
-def give_back_share(counter_handle: bytes, counter_offset: int) -> None:
-    """Decrements torch's IPC counter of a shared block on behalf of its consumer
-    (what the consumer's storage deleter does; a counter file already gone is
-    ignored, as torch does)."""
+def counter_value(counter_handle: bytes, counter_offset: int, shm_root: Path = Path("/dev/shm")) -> int | None:
+    """The value of torch's IPC counter ``counter_offset`` in the file ``counter_handle``
+    (an shm name, "/torch_..."); None when the file is gone (its producer exited)."""
+    name = counter_handle.decode(errors="replace").lstrip("/")
+    if not name or "/" in name:
+        return None
+    try:
+        fd = os.open(shm_root / name, _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        at = _COUNTER_HEADER_BYTES + _COUNTER.size * counter_offset
+        if counter_offset < 0 or os.fstat(fd).st_size < at + _COUNTER.size:
+            return None
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as view:
+            return int(_COUNTER.unpack_from(view, at)[0])
+    finally:
+        os.close(fd)
+
+
+def give_back_share(counter_handle: bytes, counter_offset: int) -> bool:
+    """Gives back the one consumer's share torch counts for a block shared with
+    ``_share_cuda_`` (what a consumer's storage deleter does), unless the counter is
+    0 already (a client that opened the ring with the daemon's own counter, and let
+    go of it, gave it back itself). A counter file already gone is ignored, as torch
+    does.
+
+    Returns:
+        True when it decremented the counter.
+    """
     import torch
 
+    value = counter_value(counter_handle, counter_offset)
+    if not value:
+        return False
     torch.UntypedStorage._release_ipc_counter_cuda(counter_handle, counter_offset)
+    return True
+
+
+def own_counter(device: int) -> tuple[object, bytes, int]:
+    """A counter of this process's for a consumer storage to decrement when it is freed
+    (``_new_shared_cuda`` takes one and always decrements it): a 1-byte block of this
+    process's, shared with ``_share_cuda_`` only to get a counter of torch's set to 1.
+
+    Returns:
+        ``(owner, handle, offset)``: keep ``owner`` until the consumer storage is
+        opened; once both are gone torch frees the block (its counter is then 0).
+    """
+    import torch
+
+    owner = torch.empty(1, dtype=torch.uint8, device=torch.device("cuda", device))
+    shared = owner.untyped_storage()._share_cuda_()
+    return owner, shared[4], shared[5]

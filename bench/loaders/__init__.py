@@ -45,10 +45,24 @@ STORE_LOADERS = ("feeder-s3", "streaming", "webdataset-s3", "litdata")
 MULTI_CLIENT = ("feeder-shm", "feeder-cuda-ipc", "feeder-grpc", "feeder-s3")
 
 
+# Top-level packages of this repository: a module of theirs missing is a bug, not a
+# loader's package that this install lacks.
+_OWN = ("bench", "clients", "core", "feeder", "protocol", "protos", "sharder", "shards", "trainer", "transport")
+
+
 def loader_module(name: str) -> ModuleType:
     """The module implementing loader ``name``.
 
     Raises:
         KeyError: ``name`` is not in ``LOADERS``.
+        LoaderUnavailable: a package it imports is not installed (one line naming it),
+            as after ``pip install .`` without the bench's extras.
     """
-    return import_module(f"bench.loaders.{LOADERS[name]}")
+    try:
+        return import_module(f"bench.loaders.{LOADERS[name]}")
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if not missing or missing in _OWN:
+            raise
+        raise LoaderUnavailable(f"needs the package {missing!r}, which is not installed here "
+                                "(pip install 'feeder[dev]' installs the bench's peers)") from e

@@ -21,9 +21,8 @@ from bench.proctree import kill_env, pids_with_env
 from tests.common.env import ROOT
 
 BUDGET_S = 240  # the rehearsal's
-OUTPUTS = ["gpu-tests.xml", "logs.txt", "pipeline-224.json", "summary.json", "summary.txt", "throughput-128.json",
-           "throughput-224.json"]
-STEPS = ["unpack", "machine", "protoc", "data", "throughput-224", "pipeline-224", "throughput-128", "gpu-tests"]
+OUTPUTS = ["gpu-tests.xml", "logs.txt", "summary.json", "summary.txt", "throughput-224.json", "train.json"]
+STEPS = ["unpack", "machine", "protoc", "data", "gpu-tests", "train", "throughput-224"]
 
 
 def _fresh_copy(tree: Path) -> None:
@@ -83,7 +82,12 @@ def test_the_rehearsal_ends_inside_its_budget_with_its_files_and_nothing_left_ru
     for size in summary["sizes"]:
         assert size["daemon_loader"] == "feeder-shm" and size["errors"] == {}
         assert size["daemon_images_per_s"] > 0 and size["inprocess_images_per_s"] > 0 and size["gpu_host_copies"] == 0
-    assert summary["sizes"][0]["pipeline_alone_images_per_s"] > 0
+    variants = summary["train"]["variants"]
+    assert set(variants) == {"split", "cpu"}  # the trainer fed by each daemon, against synthetic
+    for variant in variants.values():
+        assert set(variant["sizes"]) == {"32", "24"} and variant["projected_minutes"] > 0
+        assert all(0 < f["feeder_over_synthetic"] for f in variant["sizes"].values())
+    assert "trainer images/s per rank" in done.stdout and "n/a on the CPU" in done.stdout
     assert summary["tests"] and {t["outcome"] for t in summary["tests"]} == {"skipped"}  # no CUDA here
     assert (site / "feeder_carried_probe.py").is_file() and "===== unpack: ok" in logs
     assert list(work.iterdir()) == []  # its work folder (and the sample data in it) is gone
@@ -92,10 +96,12 @@ def test_the_rehearsal_ends_inside_its_budget_with_its_files_and_nothing_left_ru
 @pytest.mark.cluster
 def test_a_step_at_its_limit_is_killed_with_everything_it_started_and_the_rest_is_skipped(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    prepare_sample(cache)  # so that the budget runs out in the first throughput step
-    out, mark, budget_s = tmp_path / "out", f"cut-{os.getpid()}", 45
+    prepare_sample(cache)  # so that the budget runs out in the trainer's step
+    prepare_sample(cache, train_per_class=8)
+    out, mark, budget_s = tmp_path / "out", f"cut-{os.getpid()}", 70
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "BENCH_CACHE": str(cache),
-           "BUDGET_S": str(budget_s), "WINDOW_S": "600", "FEEDER_TEST_RUN": mark}  # a step that cannot finish
+           "BUDGET_S": str(budget_s), "ARCH": "resnet152", "TRAIN_SIZES": "224,192",  # a step that cannot finish
+           "FEEDER_TEST_RUN": mark}
     started = time.monotonic()
     try:
         done = subprocess.run(["bash", "bench/gpu_check.sh", "--rehearse"], cwd=ROOT, env=env, capture_output=True,
@@ -107,5 +113,5 @@ def test_a_step_at_its_limit_is_killed_with_everything_it_started_and_the_rest_i
     steps = {s["name"]: s["status"] for s in json.loads((out / "summary.json").read_text())["steps"]}
     assert done.returncode == 1 and "step(s) not ok" in done.stdout.splitlines()[0]
     assert elapsed_s < budget_s + 10 and left == []
-    assert steps["throughput-224"] == "killed at its limit", steps  # its workers ran in sessions of their own
-    assert steps["gpu-tests"] == "skipped (budget)"
+    assert steps["train"] == "killed at its limit", steps  # its daemons and ranks ran in sessions of their own
+    assert steps["throughput-224"] == "skipped (budget)"

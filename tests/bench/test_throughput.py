@@ -143,6 +143,28 @@ def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards:
         assert row["problems"] == [] and row["images_per_s"] > 0
 
 
+def test_a_loader_whose_package_is_not_installed_is_skipped_with_one_line(
+    tmp_path: Path, bench_shards: Path, bench_source: Path
+) -> None:
+    # As after `pip install .` without the bench's extras: torchvision is not there.
+    blocked = tmp_path / "without-torchvision" / "torchvision"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text('raise ModuleNotFoundError("No module named \'torchvision\'", '
+                                         'name="torchvision")\n')
+    out = tmp_path / "result.json"
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(blocked.parent), env["PYTHONPATH"]])
+    done = subprocess.run(
+        [sys.executable, "bench/throughput.py", "--data", str(bench_shards), "--source", str(bench_source),
+         "--loaders", "torchvision,inprocess", "--image-size", str(IMAGE_SIZE_PX), "--batch-size", str(BATCH),
+         "--threads", str(THREADS), "--seconds", "0.3", "--warmup", "0.1", "--repeats", "1", "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    rows = {r["loader"]: r for r in json.loads(out.read_text())["results"]}
+    assert "needs the package 'torchvision'" in rows["torchvision"]["skipped"]
+    assert "\n" not in rows["torchvision"]["skipped"] and rows["inprocess"]["images_per_s"] > 0
+
+
 def _stand_in_environment(cache: Path, name: str) -> None:
     """``cache/venv-<name>`` made as a plain interpreter without the peer's packages."""
     env = loader_module(name).ENVIRONMENT

@@ -137,7 +137,7 @@ def _failover(address: str, spec: StreamSpec, open_stream=None, **options) -> Fa
     if open_stream is not None:
         pool.members[0].connection.stream_batches = open_stream
     window = StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch, part, part)
-    failover = Failover(pool, to_request(spec), window, config, pin=False)
+    failover = Failover(pool, to_request(spec), window, config, pin=None)
     failover.close = lambda close=failover.close: (close(), pool.close())  # type: ignore[method-assign]
     return failover
 

@@ -237,3 +237,17 @@ def test_a_planned_size_change_opens_its_stream_before_the_old_one_drains(shards
         assert opened_ahead[-1] and not opened_ahead[0]
     finally:
         server.stop(0).wait(10)
+
+
+def test_epochs_cut_short_open_the_next_epochs_stream_ahead(daemon) -> None:
+    # An epoch ended after max_batches_per_epoch: its stream asked for only those, so
+    # the next epoch's stream is opened while the cut one drains, not once it is asked.
+    with _loader(daemon, max_batches_per_epoch=3) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert len(loader) == 3
+            taken = _drain(loader)
+            assert len(taken) == 3 and loader.position.epoch == epoch + 1
+            streams = loader._streams
+            ahead = streams.successor or streams.current
+            assert ahead is not None and ahead.fetcher.request.epoch == epoch + 1  # opened already

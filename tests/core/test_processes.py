@@ -56,3 +56,18 @@ def test_a_command_that_cannot_be_found_is_refused_as_popen_would(tmp_path):
     with pytest.raises(FileNotFoundError) as caught:
         limited([gone, "-c", "pass"])
     assert caught.value.filename == gone
+
+
+def test_a_gated_command_runs_once_let_and_never_if_its_gate_closes_first(tmp_path):
+    import os
+
+    for let in (True, False):
+        marker = tmp_path / f"ran-{let}"
+        read, write = os.pipe()
+        proc = subprocess.Popen(limited(["touch", str(marker)], gate_fd=read), pass_fds=(read,))
+        os.close(read)
+        if let:
+            os.write(write, b"x")
+        os.close(write)
+        assert proc.wait(60) == (0 if let else 125)
+        assert marker.exists() is let

@@ -155,7 +155,25 @@ def test_the_transport_and_the_daemon_have_one_ring_size_by_default(tmp_path):
     from transport.base import TransportConfig
 
     daemon = ServerConfig(datasets={"d": tmp_path})
-    assert daemon.transport.ring_slots == TransportConfig().ring_slots == daemon.ring_slots
+    assert daemon.ring_slots == 0  # sized per stream
+    assert daemon.transport.ring_slots == TransportConfig().ring_slots == daemon.stream_ring_slots(0)
+
+
+def test_a_streams_ring_covers_the_daemons_queue_and_the_clients_prefetch(tmp_path):
+    daemon = ServerConfig(datasets={"d": tmp_path}, queue_batches=4)
+    assert daemon.stream_ring_slots(4) == 10  # 4 queued, 4 held ready, 1 read, 1 on the wire
+    assert daemon.stream_ring_slots(16) == 22
+    assert ServerConfig(datasets={"d": tmp_path}, ring_slots=6).stream_ring_slots(16) == 6  # given: kept
+    with pytest.raises(ConfigError, match="ring_slots"):
+        ServerConfig(datasets={"d": tmp_path}, ring_slots=-1)
+
+
+def test_gpu_decode_shares_are_checked(tmp_path):
+    for name in ("hw_decoder_load", "cpu_decode_share"):
+        for bad in (-0.1, 1.5, float("nan")):
+            with pytest.raises(ConfigError, match=name):
+                ServerConfig(datasets={"d": tmp_path}, **{name: bad})
+    assert ServerConfig(datasets={"d": tmp_path}, cpu_decode_share=1.0).cpu_decode_share == 1.0
 
 
 def test_threads_and_prefetch_left_at_0_are_tuned_from_their_defaults_and_given_ones_are_kept():

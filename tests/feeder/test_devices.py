@@ -140,3 +140,14 @@ def test_a_gpu_rank_s_pipeline_is_on_its_gpu_with_a_share_per_gpu(service):
     assert (on_gpu.device, on_gpu.device_id, on_gpu.threads) == ("gpu", 1, 2)  # its node's 2 ranks
     for_cpu_client = service._pipeline_spec(spec, service.devices.place(""))
     assert (for_cpu_client.device, for_cpu_client.device_id, for_cpu_client.threads) == ("gpu", 0, 4)
+
+
+def test_the_hardware_jpeg_engines_get_most_of_the_data_from_hopper_on() -> None:
+    from feeder.devices import hw_decoder_load_for
+
+    assert hw_decoder_load_for(9) == hw_decoder_load_for(10) == hw_decoder_load_for(12) == 0.99  # H100/H200, B200
+    assert hw_decoder_load_for(8) == 0.65  # A100: DALI's own default
+    placer = DevicePlacer("gpu", UUIDS, majors=[8, 9])
+    assert [placer.hw_decoder_load(i) for i in (0, 1)] == [0.65, 0.99]
+    assert placer.hw_decoder_load(1, given=0.3) == 0.3  # --hw-decoder-load given: kept
+    assert DevicePlacer("gpu", UUIDS).hw_decoder_load(1) == 0.65  # capability not known

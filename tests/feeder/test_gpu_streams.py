@@ -49,7 +49,10 @@ def _drain(service: FeederService, transport: TransportRequest) -> tuple[object,
                 pixels.append(images.copy())
                 devices.add("cpu")
             else:
-                pixels.append(images.cpu().numpy())  # same stream as the write: ordered after it
+                import torch
+
+                torch.cuda.current_stream(images.device).wait_event(batch.slot.ready)  # the write, on its stream
+                pixels.append(images.cpu().numpy())
                 devices.add(str(images.device))
             if batch.slot is not None and batch.slot.index >= 0:
                 stream.sender.release(batch.slot.index, batch.slot.generation)

@@ -93,7 +93,7 @@ USUAL = dict(
     client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
     consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
     batch_stride=[0, 1, 3], batch_offset=[0],
-    manifest_sha256=[""], index_sha256=[""], pixel_options_sha256=[""],
+    manifest_sha256=[""], index_sha256=[""], pixel_options_sha256=[""], prefetch_batches=[0, 4, 16],
     mix=[[], [feeder_pb2.MixPart(dataset="sample", weight=1.0)]], epoch_samples=[0, 50],
 )
 # Anything the wire can carry in each field.
@@ -112,7 +112,7 @@ ODD = dict(
                                 cursors=st.lists(_ints(*INT64), max_size=4)), max_size=3),
     batch_stride=_ints(*INT32), batch_offset=_ints(*INT32),
     manifest_sha256=st.text(max_size=80), index_sha256=st.sampled_from(["", "0" * 64, "A" * 64, "f" * 65]),
-    pixel_options_sha256=st.text(alphabet="0123456789abcdef", max_size=70),
+    pixel_options_sha256=st.text(alphabet="0123456789abcdef", max_size=70), prefetch_batches=_ints(*INT32),
     mix=st.lists(st.builds(feeder_pb2.MixPart, dataset=st.sampled_from(["sample", "", "other", "sample/x"]),
                            weight=st.one_of(_floats(), st.floats()), manifest_sha256=st.text(max_size=70),
                            index_sha256=st.sampled_from(["", "0" * 64, "g" * 64])), max_size=3),

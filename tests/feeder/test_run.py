@@ -6,77 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.proctree import kill_env, pids_with_env
+from bench.proctree import pids_with_env
 from feeder.launcher import DaemonProcess
-from tests.common.env import ROOT, child_env
+from tests.common.env import ROOT
+from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
 from tests.common.shards import build_sample_shards
 from tests.common.waiting import wait_for
-
-# Reads an epoch through FEEDER_ADDRESS (FEEDER_TOKEN, FEEDER_SHM_DIR), one batch per PAUSE_S,
-# writing each batch's count to PROGRESS; prints what it saw; exits with STATUS.
-_CONSUMER = r"""
-import os, signal, sys, time
-from collections import Counter
-from pathlib import Path
-from clients import FeederLoader
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(os.environ.get("ON_TERM", "143"))))
-print("address", os.environ["FEEDER_ADDRESS"], "token", os.environ.get("FEEDER_TOKEN", "-"), flush=True)
-pause, progress = float(os.environ.get("PAUSE_S", "0")), Path(os.environ["PROGRESS"])
-seen = Counter()
-with FeederLoader(None, "sample", batch_size=4, image_size=32, rank=0, world_size=1, return_keys=True,
-                  reconnect_timeout_s=60) as loader:
-    for _, _, keys in loader:
-        seen.update(keys)
-        progress.write_text(str(sum(seen.values())))
-        time.sleep(pause)
-    print("samples", sum(seen.values()), "most", max(seen.values()), loader.transport, flush=True)
-time.sleep(float(os.environ.get("LINGER_S", "0")))
-sys.exit(int(os.environ.get("STATUS", "0")))
-"""
-
-
-class Run:
-    """A ``feeder run`` process, its lines (stdout: the command's; stderr: the
-    launcher's and its daemon's) gathered as they come."""
-
-    def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "feeder", "run", *args], cwd=ROOT, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._readers = [threading.Thread(target=self._gather, args=(stream, lines), daemon=True)
-                         for stream, lines in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for reader in self._readers:
-            reader.start()
-
-    @staticmethod
-    def _gather(stream, lines: list[str]) -> None:
-        for line in stream:
-            lines.append(line.rstrip("\n"))
-
-    def said(self, text: str) -> list[str]:
-        return [line for line in list(self.err) if text in line]
-
-    def daemon_pids(self) -> list[int]:
-        return [int(line.split("(pid ")[1].split(")")[0]) for line in self.said("feeder run: daemon serving on")]
-
-    def wait(self, timeout_s: float = 120) -> int:
-        code = self.proc.wait(timeout_s)
-        for reader in self._readers:
-            reader.join(10)  # every line read
-        return code
-
-
-N_TRAIN = 4 * 24
 
 
 @pytest.fixture(scope="module")
@@ -87,80 +27,52 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def node(tmp_path: Path, shards: Path) -> Iterator[dict]:
-    """Paths of one node (socket, shm dir, progress file), and its processes marked."""
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    mark = uuid.uuid4().hex
-    progress = tmp_path / "progress"
-    found = {"shards": shards, "shm": shm, "socket": tmp_path / "feeder.sock", "progress": progress, "mark": mark,
-             "env": child_env(FEEDER_TEST_RUN=mark, PROGRESS=str(progress))}
-    for name in ("FEEDER_ADDRESS", "FEEDER_TOKEN", "FEEDER_SHM_DIR"):
-        found["env"].pop(name, None)
-    yield found
-    left = pids_with_env("FEEDER_TEST_RUN", mark)
-    kill_env("FEEDER_TEST_RUN", mark)
-    assert not left, f"processes left behind: {left}"
-
-
-def _serve_args(node: dict, *more: str) -> list[str]:
-    return ["--dataset", f"sample={node['shards']}", "--device", "cpu", "--threads", "1", "--port", "0",
-            "--socket-path", str(node["socket"]), "--shm-dir", str(node["shm"]), "--grace-s", "1", *more]
-
-
-def _consumer(tmp_path: Path) -> list[str]:
-    script = tmp_path / "consume.py"
-    script.write_text(_CONSUMER)
-    return [sys.executable, str(script)]
-
-
-def _nothing_left(node: dict) -> None:
-    assert not pids_with_env("FEEDER_TEST_RUN", node["mark"])
-    assert not list(node["shm"].iterdir())  # no segment
-    assert not node["socket"].exists()
+    with node_of(tmp_path, shards) as found:
+        yield found
 
 
 def test_the_command_reads_through_the_daemon_it_was_given_and_its_status_is_the_runs(node, tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
-    run = Run([*_serve_args(node, "--token-file", str(token)), "--", *_consumer(tmp_path)],
+    run = Run([*serve_args(node, "--token-file", str(token)), "--", *consumer(tmp_path)],
               node["env"] | {"STATUS": "3"})
     assert run.wait() == 3
     assert run.out[0] == f"address unix:{node['socket']} token s3cret-token"
     assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
     assert len(run.daemon_pids()) == 1 and run.said("ready in")
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_daemon_that_cannot_start_ends_the_run_in_one_line_and_the_command_never_runs(node, tmp_path):
     empty = tmp_path / "not-shards"
     empty.mkdir()
     marker = tmp_path / "ran"
-    args = [a if a != f"sample={node['shards']}" else f"sample={empty}" for a in _serve_args(node)]
+    args = [a if a != f"sample={node['shards']}" else f"sample={empty}" for a in serve_args(node)]
     run = Run([*args, "--start-timeout-s", "60", "--", "touch", str(marker)], node["env"])
     assert run.wait() == 1
     errors = run.said("feeder: error:")
     assert len(errors) == 1 and "feeder serve did not start" in errors[0] and str(empty) in errors[0]
     assert not marker.exists()
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_command_that_cannot_run_is_one_line_and_the_daemon_is_stopped(node):
-    run = Run([*_serve_args(node), "--", "/no/such/trainer"], node["env"])
+    run = Run([*serve_args(node), "--", "/no/such/trainer"], node["env"])
     assert run.wait() == 1
     assert run.said("feeder: error: command: cannot run /no/such/trainer")
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_bad_launcher_options_are_refused_before_anything_starts(node):
     for bad, message in ((["--restarts", "-1"], "restarts: must be >= 0"),
                          (["--pool-with", "nohost"], "pool_with: 'nohost' is not HOST:PORT"),
                          ([], "command: give it after --")):
-        run = Run([*_serve_args(node), *bad, *([] if not bad else ["--", "true"])], node["env"])
+        run = Run([*serve_args(node), *bad, *([] if not bad else ["--", "true"])], node["env"])
         assert run.wait() == 1
         errors = [line for line in run.err if line.startswith("feeder: error:")]
         assert len(errors) == 1 and message in errors[0], run.err
         assert not run.daemon_pids()
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_daemon_already_serving_on_the_socket_is_used_and_left_running(node, tmp_path):
@@ -169,22 +81,22 @@ def test_a_daemon_already_serving_on_the_socket_is_used_and_left_running(node, t
                           cwd=ROOT, health_address=f"unix:{node['socket']}")
     first.start()
     try:
-        run = Run([*_serve_args(node), "--", *_consumer(tmp_path)], node["env"])
+        run = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"])
         assert run.wait() == 0
         assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
         assert run.said(f"using the daemon already serving on unix:{node['socket']}") and not run.daemon_pids()
         assert first.returncode is None  # not the run's to stop
 
-        other = Run([*_serve_args(node), "--dataset", "imagenet=/nowhere", "--", "true"], node["env"])
+        other = Run([*serve_args(node), "--dataset", "imagenet=/nowhere", "--", "true"], node["env"])
         assert other.wait() == 1
         assert other.said("does not serve imagenet")
     finally:
         first.stop()
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_daemon_killed_mid_epoch_is_started_again_and_the_epoch_stays_whole(node, tmp_path):
-    run = Run([*_serve_args(node), "--", *_consumer(tmp_path)], node["env"] | {"PAUSE_S": "0.1"})
+    run = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"] | {"PAUSE_S": "0.1"})
     assert wait_for(lambda: node["progress"].exists() and int(node["progress"].read_text() or 0) >= 12,
                     timeout_s=90)
     os.kill(run.daemon_pids()[0], signal.SIGKILL)
@@ -192,34 +104,73 @@ def test_a_daemon_killed_mid_epoch_is_started_again_and_the_epoch_stays_whole(no
     assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"  # every sample once across the restart
     assert len(run.said("the daemon is gone (SIGKILL); starting one again in 1 s (restart 1 of 5)")) == 1
     assert len(run.daemon_pids()) == 2
-    _nothing_left(node)  # the killed daemon's segments too
+    nothing_left(node)  # the killed daemon's segments too
 
 
 def test_sigterm_reaches_the_command_and_the_daemon_is_stopped_after_it(node, tmp_path):
-    run = Run([*_serve_args(node), "--", *_consumer(tmp_path)],
+    run = Run([*serve_args(node), "--", *consumer(tmp_path)],
               node["env"] | {"PAUSE_S": "0.5", "ON_TERM": "7"})
     assert wait_for(lambda: node["progress"].exists(), timeout_s=90)
     run.proc.send_signal(signal.SIGTERM)
     assert run.wait() == 7  # the command's own status
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_command_killed_by_a_signal_is_reported_as_a_shell_does(node):
-    run = Run([*_serve_args(node), "--", "sh", "-c", "kill -9 $$"], node["env"])
+    run = Run([*serve_args(node), "--", "sh", "-c", "kill -9 $$"], node["env"])
     assert run.wait() == 128 + signal.SIGKILL
-    _nothing_left(node)
+    nothing_left(node)
 
 
 def test_a_node_shared_by_two_runs_keeps_serving_when_the_first_run_ends(node, tmp_path):
     # The first run's command outlasts the second launcher's start, the second's epoch
     # (24 batches, 0.5 s each) outlasts the first run, on a busy machine too.
-    first = Run([*_serve_args(node), "--", "sleep", "6"], node["env"])
+    first = Run([*serve_args(node), "--", "sleep", "6"], node["env"])
     assert wait_for(lambda: bool(first.daemon_pids()), timeout_s=90)
-    second = Run([*_serve_args(node), "--", *_consumer(tmp_path)], node["env"] | {"PAUSE_S": "0.5"})
+    second = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"] | {"PAUSE_S": "0.5"})
     assert first.wait() == 0  # and stops the daemon it started, under the second's stream
     assert second.wait() == 0
     assert second.said("using the daemon already serving on")
     assert second.said("the daemon is gone (the shared one stopped answering); starting one again")
     assert len(second.daemon_pids()) == 1  # its own, from then on
     assert second.out[-1] == f"samples {N_TRAIN} most 1 shm"
-    _nothing_left(node)
+    nothing_left(node)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_a_launcher_killed_outright_takes_its_command_and_leaves_nothing(node, tmp_path):
+    pid_file = tmp_path / "command.pid"
+    run = Run([*serve_args(node), "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 600"], node["env"])
+    assert wait_for(lambda: pid_file.exists() and bool(pid_file.read_text().strip()), timeout_s=90)
+    command, (daemon,) = int(pid_file.read_text()), run.daemon_pids()
+    run.proc.kill()
+    assert run.wait() == -signal.SIGKILL  # the launcher had no chance to stop anything itself
+    assert wait_for(lambda: not _alive(command), timeout_s=30), "the command outlived its launcher"
+    assert wait_for(lambda: not _alive(daemon), timeout_s=30)
+    assert wait_for(lambda: not node["socket"].exists(), timeout_s=30), "the socket file stayed"
+    assert run.said("the launcher is gone; ending its command")
+    assert wait_for(lambda: not pids_with_env("FEEDER_TEST_RUN", node["mark"]), timeout_s=30)
+    nothing_left(node)
+
+
+def test_a_daemon_killed_with_no_restarts_left_leaves_no_socket(node, tmp_path):
+    stop = tmp_path / "stop"
+    run = Run([*serve_args(node, "--restarts", "0"), "--", "sh", "-c",
+               f"while [ ! -e {stop} ]; do sleep 0.1; done"], node["env"])
+    assert wait_for(lambda: bool(run.daemon_pids()), timeout_s=90)
+    assert node["socket"].exists()
+    os.kill(run.daemon_pids()[0], signal.SIGKILL)
+    assert wait_for(lambda: bool(run.said("the daemon is gone (SIGKILL) and was started again 0 times; not again")),
+                    timeout_s=30)
+    assert wait_for(lambda: not node["socket"].exists(), timeout_s=10), "the dead daemon's socket stayed"
+    assert run.proc.poll() is None  # swept while the command still runs
+    stop.touch()
+    assert run.wait() == 0
+    nothing_left(node)

@@ -1,8 +1,10 @@
 """What each open stream uses, in the ``feeder_stream_*`` gauges: the decode threads
-it kept busy, how full its ready queue is and how long its consumer has waited; a
-closed stream's gauges go."""
+it kept busy, how full its ready queue is, how long its batches waited for its
+consumer and how long its consumer was starved; a closed stream's gauges go."""
 
 from __future__ import annotations
+
+import time
 
 from protos import feeder_pb2_grpc
 from tests.common.waiting import wait_for
@@ -28,7 +30,7 @@ def test_an_unread_stream_shows_a_full_queue_and_a_read_one_its_threads_and_wait
         try:
             for _ in read:  # taken as fast as it comes: its consumer waits on the daemon
                 busy = {k: v for k, v in _gauges(server, "threads").items() if k != slow}
-                waited = {k: v for k, v in _gauges(server, "consumer_wait_seconds").items() if k != slow}
+                waited = {k: v for k, v in _gauges(server, "starved_seconds").items() if k != slow}
                 if busy and min(busy.values()) > 0 and waited and min(waited.values()) > 0:
                     break
         finally:
@@ -36,5 +38,26 @@ def test_an_unread_stream_shows_a_full_queue_and_a_read_one_its_threads_and_wait
         (fast,) = busy
         assert 0 < busy[fast] <= 1.0 + 0.05  # --threads 1: at most the whole budget
         assert wait_for(lambda: _gauges(server, "threads")[slow] == 0.0)  # a full queue asks for no decodes
+        held = _gauges(server, "consumer_wait_seconds")[slow]
+        assert wait_for(lambda: _gauges(server, "consumer_wait_seconds")[slow] > held)  # its batches wait for it
         unread.cancel()
     assert wait_for(lambda: not _gauges(server, "queue_fill")), "a closed stream's gauges stayed"
+
+
+def test_a_slow_consumer_over_shared_memory_waits_for_itself_not_for_the_daemon(private_server, tmp_path):
+    from clients import FeederLoader
+
+    server, port = private_server(shm_dir=tmp_path)
+    waited: dict[str, float] = {}
+    with FeederLoader(f"127.0.0.1:{port}", "sample", batch_size=4, image_size=16, rank=0, world_size=1,
+                      transport="shm", shm_dir=tmp_path) as loader:
+        for step, _ in enumerate(loader):
+            time.sleep(0.2)  # the training step: far slower than the daemon makes 4 images of 16 px
+            if step == 10:
+                assert loader.transport == "shm"  # the ring's slots held by this client meanwhile
+                assert wait_for(lambda: bool(_gauges(server, "consumer_wait_seconds")))
+                (stream,) = _gauges(server, "consumer_wait_seconds")
+                waited = {"consumer": _gauges(server, "consumer_wait_seconds")[stream],
+                          "starved": _gauges(server, "starved_seconds")[stream]}
+    assert waited["consumer"] > 0  # the daemon held by the client's slots and its full queue
+    assert waited["starved"] < waited["consumer"], waited  # not counted as the daemon being behind

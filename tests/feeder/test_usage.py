@@ -19,6 +19,7 @@ class _Stream:
     cpu_s: float = 0.0
     samples_sent: int = 0
     consumer_wait_s: float = 0.0
+    starved_s: float = 0.0
     queue_fill: float = 0.0
 
     def work(self, seconds: float, images: int) -> None:

@@ -81,6 +81,15 @@ def huge_jpeg(side: int = 20000) -> bytes:
     return encode(Image.new("L", (side, side), 128), "JPEG", quality=10)
 
 
+def forged_size_jpeg(side: int = 65000) -> bytes:
+    """A small JPEG whose frame header claims ``side`` x ``side``: far fewer bytes of
+    image data than the size needs (decoders warn, then fill the rest with grey)."""
+    data = bytearray(rgb_jpeg(7))
+    frame = data.index(b"\xff\xc0")
+    data[frame + 5 : frame + 9] = side.to_bytes(2, "big") * 2  # height, width
+    return bytes(data)
+
+
 def make_unlistable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
     """Listing ``folder`` fails with EACCES, as it would for a user without read
     permission. Tests run as root, for whom ``chmod 000`` does not stop a listing, so

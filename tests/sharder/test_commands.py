@@ -182,3 +182,18 @@ def test_ray_at_an_address_nothing_answers_is_one_line_naming_it(src: Path, tmp_
     pytest.importorskip("ray")
     _one_line_error(_run("shard", src, tmp_path / "out", "--ray", "127.0.0.1:1"), "--ray 127.0.0.1:1",
                     "no Ray cluster answers")
+
+
+def test_workers_past_the_cpus_are_one_warning_and_the_run_goes_on(src: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    from core.cpus import usable_cpus
+    from tests.common.env import ROOT, child_env
+
+    result = subprocess.run([sys.executable, "-m", "feeder", "shard", str(src), str(tmp_path / "out"), "--workers",
+                             "1000", "--no-progress"], cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    cpus = usable_cpus()
+    line = f"--workers 1000: more than the {cpus} CPUs this process may use; using {cpus}"
+    assert result.stderr.splitlines() == [line]
+    assert result.stdout.startswith("sharded 8 images")

@@ -71,3 +71,17 @@ def test_verify_takes_a_config_or_a_path(tmp_path_factory: pytest.TempPathFactor
     assert by_config == by_path and not by_config.problems and by_config.decoded == 10
     with pytest.raises(TypeError):
         verify(VerifyConfig(shards), full=True)
+
+
+def test_more_workers_than_cpus_are_cut_to_the_cpus_with_one_line(tmp_path: Path, caplog) -> None:
+    from core.cpus import usable_cpus
+
+    cpus = usable_cpus()
+    with caplog.at_level("WARNING"):
+        config = ShardConfig(tmp_path / "src", tmp_path / "out", workers=1000)
+    assert config.workers == cpus
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--workers 1000: more than the {cpus} CPUs this process may use; using {cpus}"]
+    caplog.clear()
+    assert ShardConfig(tmp_path / "src", tmp_path / "out", workers=cpus).workers == cpus and not caplog.records
+    assert ShardConfig(tmp_path / "src", tmp_path / "out", workers=1000, ray="local").workers == 1000  # Ray's own

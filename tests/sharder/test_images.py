@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from sharder.images import parse_jpeg_header, process_image
-from tests.sharder.odd_files import corrupt_scan_jpeg, encode, huge_jpeg, odd_inputs, rgb_jpeg
+from tests.sharder.odd_files import corrupt_scan_jpeg, encode, forged_size_jpeg, huge_jpeg, odd_inputs, rgb_jpeg
 
 ODD = odd_inputs()
 
@@ -97,3 +97,21 @@ def test_a_decompression_bomb_is_rejected_without_a_decode_or_downscaled(huge: b
     assert "--max-pixels" in process_image(huge, max_pixels=10_000_000, check="header").reject
     small = process_image(huge, max_side_px=500)
     assert not small.reject and (small.width, small.height) == (500, 500)
+
+
+def test_a_jpeg_claiming_more_pixels_than_its_data_holds_is_rejected_downscaled_or_not() -> None:
+    forged = forged_size_jpeg(65000)
+    assert "65000x65000" in process_image(forged).reject  # over --max-pixels, by its header
+    downscaled = process_image(forged, max_side_px=128)  # decoded at 1/8: 8125 x 8125 from a few KB
+    assert not downscaled.data and downscaled.reject.startswith("corrupt image: decoder reports corrupt data"), \
+        downscaled.reject
+    assert process_image(forged, max_side_px=128, check="header").data  # a header check lets it through
+
+
+def test_a_reencoded_jpeg_with_corrupt_scan_data_is_rejected() -> None:
+    corrupt = corrupt_scan_jpeg()
+    for options in ({"quality": 50}, {"max_side_px": 64}):
+        result = process_image(corrupt, **options)
+        assert not result.data and "corrupt" in result.reject, (options, result.reject)
+    good = process_image(rgb_jpeg(3), quality=50)
+    assert good.reencoded and not good.reject

@@ -17,7 +17,15 @@ from sharder import ShardConfig, shard
 from sharder.verify import verify
 from shards.reader import ShardDataset
 from tests.common.shards import build_sample_tree
-from tests.sharder.odd_files import corrupt_scan_jpeg, huge_jpeg, make_unlistable, odd_inputs, rgb_jpeg, write_tree
+from tests.sharder.odd_files import (
+    corrupt_scan_jpeg,
+    forged_size_jpeg,
+    huge_jpeg,
+    make_unlistable,
+    odd_inputs,
+    rgb_jpeg,
+    write_tree,
+)
 
 
 def _manifest(out: Path) -> dict:
@@ -250,6 +258,20 @@ def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_pat
     downscaled = shard(ShardConfig(src, tmp_path / "small", max_side_px=256))
     assert downscaled.total("rejected") == 1 and downscaled.total("accepted") == 6
     assert not verify(tmp_path / "small", full=True).problems
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_downscaling_decodes_every_image_it_stores(tmp_path: Path, workers: int) -> None:
+    good = {f"img{i}.jpg": rgb_jpeg(20 + i) for i in range(4)}
+    forged = {"forged.jpg": forged_size_jpeg(65000), "ok.jpg": rgb_jpeg(30)}
+    src = write_tree(tmp_path / "src", {"a": good, "b": forged})
+    out = tmp_path / "out"
+    report = shard(ShardConfig(src, out, max_side_px=128, workers=workers))
+    reasons = {r["source"]: r["reason"] for r in _manifest(out)["splits"]["train"]["rejects"]}
+    assert list(reasons) == ["b/forged.jpg"] and reasons["b/forged.jpg"].startswith("corrupt image: decoder reports")
+    assert report.total("rejected") == 1 and report.total("accepted") == 5
+    assert "b/forged.jpg" not in {row["source"] for row in _rows(out, "train")}
+    assert not verify(out, full=True).problems
 
 
 def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(

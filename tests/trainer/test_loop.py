@@ -83,6 +83,13 @@ def test_accuracy_climbs_well_above_chance(reference: Path, shards: Path) -> Non
     assert (reference / "metrics.png").stat().st_size > 0
 
 
+def test_each_epoch_records_the_devices_idle_share_and_the_transport(reference: Path) -> None:
+    summary = json.loads((reference / "summary.json").read_text())
+    idle = [r["idle_fraction"] for r in summary["records"]]
+    assert len(idle) == 6 and all(0 < share < 1 for share in idle)  # the wall clock between steps, on the CPU
+    assert 0 < summary["idle_fraction"] < 1 and summary["transport"] == "shm"
+
+
 def test_phase_change_switches_image_and_batch_size(reference: Path) -> None:
     with (reference / "metrics.csv").open() as rows:
         records = list(csv.DictReader(rows))

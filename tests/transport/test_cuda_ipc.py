@@ -29,8 +29,9 @@ released = []
 receiver = CudaIpcReceiver(lambda ref, after=None: released.append((ref.index, ref.generation)), Path(sys.argv[2]))
 batch = receiver.receive(parse_batch(Path(sys.argv[1]).read_bytes()))
 assert batch.images.device.type == "cuda"
-total = int(batch.images.sum())  # ordered after the daemon's write by the slot's event
-batch.release(torch.cuda.Event())
+torch.cuda.current_stream().wait_event(batch.ready)  # the daemon's write, on the GPU
+total = int(batch.images.sum())
+batch.release()  # records the slot's free event after the read: no host wait
 print(total, batch.images.device.index, released, flush=True)
 if len(sys.argv) > 3 and sys.argv[3] == "let-go":  # drops the ring, then lives on
     import gc
@@ -49,14 +50,17 @@ def _client(message: Path, shm_dir: Path, *more: str) -> subprocess.Popen[str]:
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _sent(sender, tmp_path: Path):
-    """Writes a batch into a slot of ``sender`` and its message into a file."""
+def _sent(sender, tmp_path: Path, name: str = "msg"):
+    """Writes a batch into a slot of ``sender`` (on the slot's stream, as a producer
+    does) and its message into a file."""
     import torch
 
     pixels, meta = make_batch()
     slot = sender.slot_for(pixels.shape)
-    slot.tensor.copy_(torch.from_numpy(pixels).to(slot.tensor.device))
-    (tmp_path / "msg").write_bytes(sender.message(slot, meta))
+    with torch.cuda.stream(slot.stream):
+        slot.tensor.copy_(torch.from_numpy(pixels).to(slot.tensor.device))
+    (tmp_path / f"{name}.part").write_bytes(sender.message(slot, meta))
+    (tmp_path / f"{name}.part").rename(tmp_path / name)
     return pixels, slot
 
 
@@ -152,6 +156,68 @@ def test_a_live_client_that_let_go_of_the_ring_frees_it(shm_dir, tmp_path):
         assert client.stdout.readline().strip() == "let go"  # and dropped it (its storage's finalizer)
         hub.close_sender(sender)
         assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before)
+        assert client.poll() is None  # alive all along
+    finally:
+        client.kill()
+        client.wait(10)
+
+
+_CLIENT_OF_MANY = """
+import gc, sys, time
+from pathlib import Path
+import torch
+from transport.cuda_ipc import CudaIpcReceiver
+from transport.grpc_payload import parse_batch
+folder, shm_dir, count = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+for i in range(count):
+    message = folder / f"msg-{i}"
+    while not message.exists():
+        time.sleep(0.005)
+    receiver = CudaIpcReceiver(lambda ref, after=None: None, shm_dir)
+    batch = receiver.receive(parse_batch(message.read_bytes()))
+    torch.cuda.current_stream().wait_event(batch.ready)
+    total = int(batch.images.sum())
+    batch.release()
+    del batch
+    receiver.close()  # the stream's ring let go of, as a stream closed normally
+    gc.collect()
+    print(i, total, flush=True)
+time.sleep(600)
+"""
+
+
+def _device_used_bytes() -> int:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(0)
+    return total - free
+
+
+@pytest.mark.gpu
+def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path):
+    # Each stream's ring (10 slots) is opened by a live client that reads a batch and
+    # lets go, as every stream closed normally does; each must be freed, in the daemon
+    # (its allocator) and on the device (the client's mapping).
+    import torch
+
+    hub, request, before = _hub(shm_dir)
+    client = subprocess.Popen([sys.executable, "-c", _CLIENT_OF_MANY, str(tmp_path), str(shm_dir), "50"], cwd=ROOT,
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    used_after_first = 0
+    try:
+        for i in range(50):
+            sender = hub.open_sender(request, 8 << 20, batch_gpu_uuid=request.gpu_uuid)  # 80 MiB a ring
+            pixels, slot = _sent(sender, tmp_path, f"msg-{i}")
+            assert client.stdout is not None
+            line = client.stdout.readline().split()
+            assert line == [str(i), str(int(np.asarray(pixels, dtype=np.int64).sum()))], client.stderr
+            sender.release(slot.index, slot.generation)
+            hub.close_sender(sender)
+            assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before), i
+            torch.cuda.synchronize()
+            if i == 0:
+                used_after_first = _device_used_bytes()
+        assert _device_used_bytes() - used_after_first <= 64 << 20
         assert client.poll() is None  # alive all along
     finally:
         client.kill()

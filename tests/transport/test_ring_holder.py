@@ -19,7 +19,7 @@ import torch
 from tests.common.env import child_env
 from transport.base import TransportUnavailable
 from transport.cuda_ipc import hold_while_alive
-from transport.ring_holder import RingHolder, RingRetired, give_back_share, hold_ring, holder_path
+from transport.ring_holder import RingHolder, RingRetired, counter_value, give_back_share, hold_ring, holder_path
 from transport.shm import sweep_stale
 
 STREAM = "feeder-123-0a1b2c3d-7"
@@ -112,15 +112,41 @@ def test_a_holder_file_of_a_dead_daemon_is_swept(shm_dir: Path) -> None:
     assert alive.path.exists() and alive.retire()
 
 
-def test_the_consumers_share_of_torchs_counter_is_given_back() -> None:
-    # torch keeps a shared block's IPC counters in a file made by the same allocator
-    # as a CPU storage shared by file name: one of those stands in for it here.
+def _torch_counters() -> tuple[torch.Tensor, bytes]:
+    """A file of IPC counters as torch makes them: the same allocator (a 64-byte header,
+    then 8-byte counters) as a CPU storage shared by file name, which stands in for it."""
     counters = torch.zeros(10_000, dtype=torch.int64)
     _, handle, _ = counters.untyped_storage()._share_filename_cpu_()
+    return counters, handle
+
+
+def test_the_consumers_share_of_torchs_counter_is_given_back() -> None:
+    counters, handle = _torch_counters()
     counters[7] = 1  # one consumer holds the block
-    give_back_share(handle, 7)
+    assert counter_value(handle, 7) == 1  # read where torch's own release writes
+    assert give_back_share(handle, 7)
     assert counters[7] == 0 and counters.sum() == 0
-    give_back_share(b"/torch_no_such_counter_file", 7)  # the producer's file is gone: nothing to do
+    assert counter_value(b"/torch_no_such_counter_file", 7) is None
+    assert not give_back_share(b"/torch_no_such_counter_file", 7)  # the producer's file is gone: nothing to do
+
+
+def test_a_share_given_back_already_is_not_given_back_again() -> None:
+    # torch's counter is unsigned: a second decrement would make it 2**64 - 1, and
+    # the producer would keep the block in limbo for good.
+    counters, handle = _torch_counters()
+    counters[3] = 1
+    torch.UntypedStorage._release_ipc_counter_cuda(handle, 3)  # what a consumer storage's deleter does
+    assert counter_value(handle, 3) == 0
+    assert not give_back_share(handle, 3)
+    assert counters[3] == 0 and counter_value(handle, 3) == 0
+    torch.UntypedStorage._release_ipc_counter_cuda(handle, 3)  # the double decrement this prevents
+    assert counter_value(handle, 3) == 2**64 - 1
+
+
+def test_counter_values_out_of_the_file_are_none() -> None:
+    _, handle = _torch_counters()
+    assert counter_value(handle, 10_000) is None and counter_value(handle, -1) is None
+    assert counter_value(b"/../etc/passwd", 0) is None and counter_value(b"", 0) is None
 
 
 def test_the_lock_goes_with_the_last_view_of_the_ring(shm_dir: Path) -> None:
