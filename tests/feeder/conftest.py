@@ -80,8 +80,10 @@ def private_server(shards: Path):
 @pytest.fixture()
 def two_thread_service(shards: Path) -> Iterator[FeederService]:
     """A daemon's service in this process, without gRPC, on a decode pool of 2 threads
-    (the tests that compare streams' shares of it)."""
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=2, max_batch_size=64)
+    and 2 runs in flight a stream, both given (the tests that compare streams' shares of
+    the pool: the tuner, which would take a run from a stream once the pool is busy,
+    is what they do not measure)."""
+    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=2, prefetch=2, max_batch_size=64)
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     yield service
     service.close()
