@@ -73,7 +73,8 @@ def _train(address: str, out: Path, args: argparse.Namespace, *options: str) -> 
                "--server", address, "--dataset", "bench", "--arch", args.arch,
                "--out-dir", str(out), "--log-every-steps", "0", "--seed", str(args.seed),
                "--prefetch-batches", str(args.prefetch_batches), *options]
-    result = subprocess.run(command, cwd=_REPO, env=trainer_env(args.nproc), capture_output=True, text=True)
+    env = trainer_env(args.nproc) | {"TMPDIR": str(out.parent)}  # torchrun's files go with the bench's folder
+    result = subprocess.run(command, cwd=_REPO, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise RuntimeError(f"trainer failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
     print(result.stdout.strip().splitlines()[-1], flush=True)
