@@ -4,14 +4,16 @@ Per batch, each sample is looked up by (dataset, split, sample index), a mixed
 stream's by its own dataset's (so plain and mixed streams of a dataset share entries):
 
 - **hit**: its crop window, drawn in original pixels, is mapped into the cached
-  image, and the C resize crops, resizes and mirrors it into the batch on the
-  workers, the GIL released (:class:`feeder.resize.BatchResizer`): no JPEG, no DALI.
+  image, and the C resize (``feeder/_resize.c``; OpenCV's where it was not built)
+  crops, resizes and mirrors it into the batch on the workers, the GIL released
+  (:class:`feeder.resize.BatchResizer`): no JPEG, no DALI.
 - **miss while the cache admits**: the whole image is decoded (a crop window would not
   serve the next epoch's crop), downscaled, admitted, then served like a hit, so a
   sample's pixels are the same on its first pass as on later ones.
 - **miss once the cache is full**, or an image that did not decode: the stream's own
-  DALI runner ROI-decodes it from JPEG as without a cache; a sample that fails to
-  decode is never cached.
+  runner (:class:`feeder.runner.PipelineRunner`, its decoder chosen as without a cache:
+  :mod:`feeder.decoders`) decodes its window from JPEG; a sample that fails to decode
+  is never cached.
 - **bypass**: a batch whose image size exceeds the cache's side would upscale cached
   pixels, so it is decoded from JPEG as without a cache, and counted.
 

@@ -6,7 +6,9 @@ interface, four implementations, chosen once when a pipeline is built
   :mod:`shards.jpeg` (rows and columns cropped before the IDCT and, on the sharder's
   JPEGs with restart markers, before the entropy decoding too; at a reduced DCT scale
   where the window is at least twice the output), then the GIL-free C resize
-  (:class:`feeder.resize.BatchResizer`) resizes and mirrors the batch on the workers.
+  (``feeder/_resize.c`` through :class:`feeder.resize.BatchResizer`; OpenCV's, image
+  by image, where that library was not built) resizes and mirrors the batch on the
+  workers.
   Per window on one core: 0.25 ms (0.32 without restart markers) where DALI's
   ``decoders.image_slice`` takes 0.43. Into a device slot it writes through pinned
   staging memory and an upload on the slot's stream.
