@@ -169,7 +169,7 @@ def _check_paths(document: Path, repo: Path, prose: list[tuple[int, str]], block
                     yield Problem(document, number, f"no such file in the repository: {text}")
             elif "/" not in text and text.endswith((".json", ".png")) and _COMMIT.search(line) \
                     and text.split(".")[0].split("-")[0] in stems:
-                if not (repo / "bench" / "results" / text).exists() and not (repo / text).exists():
+                if not _exists(repo, f"bench/results/{text}") and not _exists(repo, text):
                     yield Problem(document, number, f"no such result file in bench/results/: {text}")
 
 
