@@ -6,7 +6,10 @@ README.md) it reports:
 - a repository path it names (``bench/results/x.json``, ``feeder/foo.py``,
   ``docs/x.md``, a link) that does not exist, or a link's ``#anchor`` that is no
   heading of the page it points to;
-- a result file named bare (``throughput-256.json``) that is not in ``bench/results/``;
+- a result file named bare (``throughput-256.json``) on a line naming a commit that is
+  not in ``bench/results/``;
+- an inline ``package.module.Name`` of the project's packages that does not import, or
+  an inline bare source file name (``loader.py``) that no file of the repository has;
 - a command in a shell code block (or an inline ``make``/``python``/``feeder`` span)
   that would not parse: ``make TARGET`` against the Makefile's targets, the project's
   console scripts and ``python -m MODULE`` / ``torchrun -m MODULE`` through their real
@@ -45,6 +48,7 @@ _PYTHONS = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
 _WRAPPERS = {"srun", "nice", "exec", "env", "time", "nohup", "sudo"}
 # A path-like token: letters, digits and ./_-*, in parts separated by slashes.
 _PATH_TOKEN = re.compile(r"[\w.*-]+(?:/[\w.*-]+)*/?")
+_SOURCE_SUFFIXES = (".py", ".c", ".sh", ".proto")
 # A commit named as a figure's source (`25431d3`): a bare result file on its line is in bench/results/.
 _COMMIT = re.compile(r"`[0-9a-f]{7,40}`")
 # What a span of prose may leave out when it names a command (`feeder serve`, `--cache-dir`).
@@ -171,6 +175,56 @@ def _check_paths(document: Path, repo: Path, prose: list[tuple[int, str]], block
                     and text.split(".")[0].split("-")[0] in stems:
                 if not _exists(repo, f"bench/results/{text}") and not _exists(repo, text):
                     yield Problem(document, number, f"no such result file in bench/results/: {text}")
+
+
+def _packages(repo: Path) -> set[str]:
+    """The repository's top-level Python packages (``feeder``, ``clients``, ...)."""
+    return {p.parent.name for p in repo.glob("*/__init__.py")}
+
+
+def _file_names(repo: Path) -> set[str]:
+    """The names of the repository's source files, wherever they are."""
+    tops = _top_names(repo)
+    return {p.name for top in tops if (repo / top).is_dir() for p in (repo / top).rglob("*")
+            if "__pycache__" not in p.parts} | {p.name for p in repo.iterdir() if p.is_file()}
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` (``feeder.cli``, ``clients.FeederLoader``, ``feeder.resize.BatchResizer``)
+    is a module, or an attribute of the longest module it starts with."""
+    parts = name.split(".")
+    if "__main__" in parts:  # importing it would run it
+        return _find_spec(name) is not None
+    for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
+        if _find_spec(module) is None:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # an old name is still a name
+            target: object = importlib.import_module(module)
+            for attr in parts[cut:]:
+                if not hasattr(target, attr):
+                    return False
+                target = getattr(target, attr)
+        return True
+    return False
+
+
+def _check_names(document: Path, repo: Path, prose: list[tuple[int, str]]) -> Iterator[Problem]:
+    """Inline ``module.names`` of the project's packages resolve; inline bare source file
+    names (``loader.py``) are some file of the repository."""
+    packages, files = _packages(repo), None
+    for number, line in prose:
+        for span in re.finditer(r"`([A-Za-z_][\w.]*)(?:\(\))?`", line):
+            text = span.group(1)
+            if "." not in text or text.endswith("."):
+                continue
+            if text.endswith(_SOURCE_SUFFIXES):
+                files = files if files is not None else _file_names(repo)
+                if "/" not in text and text not in files:
+                    yield Problem(document, number, f"no source file of that name in the repository: {text}")
+            elif text.split(".", 1)[0] in packages and not _resolves(text):
+                yield Problem(document, number, f"no such module or name: {text}")
 
 
 def _check_link(document: Path, repo: Path, number: int, target: str) -> Iterator[Problem]:
@@ -488,7 +542,8 @@ def check_document(document: Path, repo: Path = REPO, checker: _Checker | None =
     """Everything ``document`` says that is not so in ``repo``."""
     prose, blocks = _split(document.read_text(encoding="utf-8"))
     checker = checker or _Checker(repo)
-    return [*_check_paths(document, repo, prose, blocks), *_check_commands(document, checker, prose, blocks)]
+    return [*_check_paths(document, repo, prose, blocks), *_check_names(document, repo, prose),
+            *_check_commands(document, checker, prose, blocks)]
 
 
 def check_repository(repo: Path = REPO) -> list[Problem]:
