@@ -148,7 +148,7 @@ class ServerConfig:
             the daemon's CPU workers and uploaded into the batch (no SM time): 0 all
             on the GPU, 1 all on the CPU. Default: tuned per pipeline from what it
             measures, as much on the CPU as keeps up with the consumer (see
-            ``docs/performance.md``); 0 where the window decoder was not built.
+            ``docs/serving.md``, On GPU nodes); 0 where the window decoder was not built.
         tls_cert: PEM certificate (chain) of the gRPC port; with ``tls_key``, the port
             speaks TLS only.
         tls_key: PEM private key of ``tls_cert``.
