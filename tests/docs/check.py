@@ -14,7 +14,9 @@ README.md) it reports:
   that would not parse: ``make TARGET`` against the Makefile's targets, the project's
   console scripts and ``python -m MODULE`` / ``torchrun -m MODULE`` through their real
   typer or argparse parsers, ``python SCRIPT.py`` through the script's own parser.
-  Nothing is run: the parse is stopped as soon as it has succeeded.
+  Nothing is run: the parse is stopped as soon as it has succeeded;
+- a Python block that does not parse, or calls what it imports from the project with
+  a keyword its signature lacks; a TOML block that does not parse.
 
 Everything is read at check time (the repository's folders, the Makefile, the console
 scripts in pyproject.toml, the modules themselves), so a module moved or an option
@@ -24,10 +26,12 @@ renamed is checked as it is, not as a list here remembers it.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import fnmatch
 import importlib
 import importlib.util
+import inspect
 import io
 import re
 import runpy
@@ -225,6 +229,51 @@ def _check_names(document: Path, repo: Path, prose: list[tuple[int, str]]) -> It
                     yield Problem(document, number, f"no source file of that name in the repository: {text}")
             elif text.split(".", 1)[0] in packages and not _resolves(text):
                 yield Problem(document, number, f"no such module or name: {text}")
+
+
+def _check_code(document: Path, repo: Path, blocks: list[_Block]) -> Iterator[Problem]:
+    """Python blocks parse, and a call of something they import from the project's
+    packages names only keywords its signature has; TOML blocks parse."""
+    for block in blocks:
+        source = "\n".join(block.lines)
+        if block.language == "toml":
+            try:
+                tomllib.loads(source)
+            except tomllib.TOMLDecodeError as e:
+                yield Problem(document, block.first_line, f"TOML does not parse: {e}")
+        elif block.language == "python":
+            try:
+                tree = ast.parse(source)
+            except SyntaxError as e:
+                yield Problem(document, block.first_line + (e.lineno or 1) - 1, f"Python does not parse: {e.msg}")
+                continue
+            for line, why in _call_problems(tree, _packages(repo)):
+                yield Problem(document, block.first_line + line - 1, why)
+
+
+def _call_problems(tree: ast.Module, packages: set[str]) -> Iterator[tuple[int, str]]:
+    imported: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in packages:
+            for alias in node.names:
+                imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in imported):
+            continue
+        name = imported[node.func.id]
+        if not _resolves(name):
+            yield node.lineno, f"no such module or name: {name}"
+            continue
+        module, _, attr = name.rpartition(".")
+        try:
+            parameters = inspect.signature(getattr(importlib.import_module(module), attr)).parameters
+        except (TypeError, ValueError):  # no signature to check against
+            continue
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            continue
+        for keyword in node.keywords:
+            if keyword.arg is not None and keyword.arg not in parameters:
+                yield node.lineno, f"{name} takes no argument {keyword.arg!r}"
 
 
 def _check_link(document: Path, repo: Path, number: int, target: str) -> Iterator[Problem]:
@@ -543,7 +592,7 @@ def check_document(document: Path, repo: Path = REPO, checker: _Checker | None =
     prose, blocks = _split(document.read_text(encoding="utf-8"))
     checker = checker or _Checker(repo)
     return [*_check_paths(document, repo, prose, blocks), *_check_names(document, repo, prose),
-            *_check_commands(document, checker, prose, blocks)]
+            *_check_code(document, repo, blocks), *_check_commands(document, checker, prose, blocks)]
 
 
 def check_repository(repo: Path = REPO) -> list[Problem]:

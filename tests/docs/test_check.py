@@ -68,6 +68,29 @@ def test_a_module_or_name_that_moved_is_reported(tmp_path: Path) -> None:
                         "no source file of that name in the repository: no_such_module.py"]
 
 
+def test_python_and_toml_blocks_are_checked(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, """\
+        ```python
+        from clients import FeederLoader
+
+        loader = FeederLoader("127.0.0.1:50051", dataset="imagenet", batch_size=256)
+        loader = FeederLoader("127.0.0.1:50051", dataset="imagenet", no_such_argument=1)
+        ```
+
+        ```python
+        for x in
+        ```
+
+        ```toml
+        [phase
+        ```
+        """)
+    assert len(problems) == 3, problems
+    assert problems[0].endswith("takes no argument 'no_such_argument'")
+    assert problems[1].startswith("Python does not parse")
+    assert problems[2].startswith("TOML does not parse")
+
+
 def test_an_unknown_make_target_is_reported(tmp_path: Path) -> None:
     assert _problems(tmp_path, "```bash\nmake test\nmake chaos SEEDS=20\nmake no-such-target\n```\n") == [
         "make has no target 'no-such-target'"]
