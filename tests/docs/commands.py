@@ -20,7 +20,7 @@ from pathlib import Path
 from tests.docs.markdown import SHELL_LANGUAGES, Block, Problem
 from tests.docs.references import find_spec
 
-__all__ = ["CommandChecker", "check_commands"]
+__all__ = ["CommandChecker", "check_commands", "console_scripts"]
 
 _PYTHONS = re.compile(r"^(?:\S*/)?python(?:3(?:\.\d+)?)?$")
 # Programs that run another command given after their own options.
@@ -110,7 +110,7 @@ class CommandChecker:
     def __init__(self, repo: Path) -> None:
         self.repo = repo
         self.targets = _make_targets(repo / "Makefile")
-        self.scripts = _console_scripts(repo / "pyproject.toml")
+        self.scripts = console_scripts(repo / "pyproject.toml")
 
     def check(self, argv: list[str]) -> str | None:
         """None when ``argv`` parses, else why not."""
@@ -302,7 +302,7 @@ def _make_targets(makefile: Path) -> set[str]:
     return targets
 
 
-def _console_scripts(pyproject: Path) -> dict[str, str]:
+def console_scripts(pyproject: Path) -> dict[str, str]:
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     return dict(data.get("project", {}).get("scripts", {}))
 

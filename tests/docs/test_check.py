@@ -91,6 +91,16 @@ def test_python_and_toml_blocks_are_checked(tmp_path: Path) -> None:
     assert problems[2].startswith("TOML does not parse")
 
 
+def test_a_default_that_is_not_the_parsers_is_reported(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, """\
+        `--restarts` (default 5), `--shm-budget-bytes` (default 4 GiB), `--max-pixels` (default
+        89,478,485), `--max-memory-bytes` (default: half the machine's), `--grace-s` (default 5 s).
+        `--restarts` (default 7); `--cache-bytes` (default 10G).
+        """)
+    assert problems == ["--restarts: the document says default 7, the parser has 5",
+                        "--cache-bytes: the document says default 10G, the parser has '100G'"]
+
+
 def test_an_unknown_make_target_is_reported(tmp_path: Path) -> None:
     assert _problems(tmp_path, "```bash\nmake test\nmake chaos SEEDS=20\nmake no-such-target\n```\n") == [
         "make has no target 'no-such-target'"]
