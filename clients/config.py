@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -21,7 +19,7 @@ from protocol.plan import LastBatch
 from protocol.request import AugmentKind, MixPart, StreamSpec, mix_name
 from transport.base import TransportKind
 
-__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "MovedToConfig", "OnePass"]
+__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "OnePass"]
 
 LAST_BATCHES = tuple(policy.value for policy in LastBatch)
 AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
@@ -286,21 +284,6 @@ class LoaderConfig:
         return TransportKind[self.transport.upper()]
 
 
-class MovedToConfig:
-    """An attribute a loader once had of its own, now read from ``loader.config``
-    (with a deprecation warning)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: Any, owner: type | None = None) -> Any:
-        if loader is None:
-            return self
-        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(loader.config, self.name)
-
-
 class OnePass:
     """Who iterates a loader now: one pass at a time (a second pass meanwhile would
     take batches of the first one's epoch, and move the position under it)."""
@@ -326,16 +309,3 @@ class OnePass:
             self._thread = ""
             self._lock.release()
 
-
-# The trainer's configuration had this module's name before the trainer had a package
-# of its own: its names still resolve here, with a DeprecationWarning.
-_MOVED_TO_TRAINER = ("ARCHS", "DATA_SOURCES", "IMAGENET_TRAIN_SAMPLES", "PRECISIONS", "TrainConfig")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED_TO_TRAINER:
-        raise AttributeError(f"module 'clients.config' has no attribute {name!r}")
-    warnings.warn(f"clients.config.{name} is deprecated, use trainer.config.{name}", DeprecationWarning, stacklevel=2)
-    from trainer import config  # a deprecated alias: allowed up a layer (tests/test_imports.py)
-
-    return getattr(config, name)

@@ -17,7 +17,7 @@ import torch
 from prometheus_client import Gauge
 
 from clients.channel import check_address
-from clients.config import LoaderConfig, MovedToConfig, OnePass
+from clients.config import LoaderConfig, OnePass
 from clients.elastic import check_identity, check_state, resume, segments_to
 from clients.host_batch import HostBatch, PinnedFields
 from clients.idle import IdleShare, StepGaps
@@ -31,7 +31,7 @@ from core.errors import DataError
 from protocol.plan import remaining_length
 from transport.base import HostIdentity
 
-__all__ = ["DAEMONS_IN_USE", "FeederLoader", "LoaderConfig"]
+__all__ = ["DAEMONS_IN_USE", "FeederLoader"]
 
 # In the process's default registry: a training script's own Prometheus endpoint shows it.
 DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
@@ -136,12 +136,6 @@ class FeederLoader(Positioned):
         c = self.config
         return (f"FeederLoader({c.address!r}, {c.dataset_name!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
-
-    last_batch = MovedToConfig()
-    augment = MovedToConfig()
-    return_keys = MovedToConfig()
-    return_padding = MovedToConfig()
-    job_id = MovedToConfig()
 
     # -- what the daemon has and what is asked for -----------------------------
     @property

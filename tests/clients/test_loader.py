@@ -180,13 +180,6 @@ def test_unknown_dataset_is_not_found(daemon) -> None:
         _loader(daemon, dataset="nope")
 
 
-def test_attributes_moved_to_the_config_still_read_with_a_warning(daemon) -> None:
-    with _loader(daemon, last_batch="pad") as loader:
-        with pytest.warns(DeprecationWarning, match="loader.config.last_batch"):
-            assert loader.last_batch == "pad"
-        assert loader.config.return_keys and loader.dataset == "sample"
-
-
 @pytest.mark.gpu
 def test_cuda_batches_match_cpu_batches(daemon) -> None:
     options = dict(split="val", augment="val", batch_size=8, image_size=32)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clients import FeederLoader
-from clients.loader import LoaderConfig
+from clients.config import LoaderConfig
 from core.errors import ConfigError, Unauthenticated
 from feeder.config import ServerConfig
 from feeder.server import create_server
