@@ -68,18 +68,18 @@ class LoaderConfig:
     and defaults), checked once here.
 
     Args:
-        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
-            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
-            serving the same dataset, as a list or comma-separated, the one on this
-            host first (a host name with several addresses counts as a pool); None
-            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
-            sets it).
         dataset: Name of a dataset the daemon serves, or a mix of several: a mapping
             of their names to positive weights (``{"imagenet": 0.8, "extra": 0.2}``),
             each dataset read in its own sequence of passes and giving its weight's
             share of every epoch and of every batch (docs/loader.md). Labels then
             index the union of their class names in the order given (``classes``)
             and keys are ``NAME/key``.
+        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
+            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
+            serving the same dataset, as a list or comma-separated, the one on this
+            host first (a host name with several addresses counts as a pool); None
+            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
+            sets it).
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
         image_size: Side of the square output images, pixels.
@@ -155,8 +155,8 @@ class LoaderConfig:
             field's name.
     """
 
-    address: str | Sequence[str] | None
     dataset: str | Mapping[str, float]
+    address: str | Sequence[str] | None = None
     split: str = "train"
     batch_size: int = 256
     image_size: int = 224

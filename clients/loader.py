@@ -72,9 +72,9 @@ class FeederLoader(Positioned):
 
     def __init__(
         self,
-        address: str | Sequence[str] | None,
         dataset: str | Mapping[str, float],
         *,
+        address: str | Sequence[str] | None = None,
         split: str = "train",
         batch_size: int = 256,
         image_size: int = 224,
@@ -134,7 +134,7 @@ class FeederLoader(Positioned):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"FeederLoader({c.address!r}, {c.dataset_name!r}, split={c.split!r}, "
+        return (f"FeederLoader({c.dataset_name!r}, address={c.address!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
 
     # -- what the daemon has and what is asked for -----------------------------

@@ -92,7 +92,7 @@ def _loader(address: str, **options) -> FeederLoader:
     base = {"dataset": "fake", "batch_size": 4, "image_size": SIDE, "rank": 0, "world_size": 1,
             "return_keys": True, "normalize": False, "prefetch_batches": 1,
             "stall_timeout_s": 0.5, "reconnect_timeout_s": 5.0}
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def test_stalled_stream_reopens_at_its_cursor_without_loss_or_repeat(fake_daemon) -> None:
@@ -191,7 +191,7 @@ def test_get_gives_up_even_when_the_stream_ignores_cancel(fake_daemon) -> None:
 @pytest.mark.slow
 def test_stopped_daemon_process_is_a_clear_error_not_a_hang(shards) -> None:
     with DaemonProcess({"sample": shards}, options=("--device", "cpu", "--threads", "1")) as daemon:
-        loader = FeederLoader(daemon.address, dataset="sample", batch_size=2, image_size=32,
+        loader = FeederLoader(address=daemon.address, dataset="sample", batch_size=2, image_size=32,
                               rank=0, world_size=1, prefetch_batches=1, stall_timeout_s=1.0,
                               reconnect_timeout_s=2.0)
         batches = iter(loader)

@@ -29,7 +29,7 @@ def labels(shards: Path) -> dict[str, dict[str, int]]:
 def _loader(address: str, **options) -> FeederLoader:
     base = dict(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1,
                 return_keys=True)
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def _drain(loader: FeederLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
