@@ -16,7 +16,7 @@ from clients.channel import check_address, check_token, resolve_address, resolve
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
-from protocol.request import AugmentKind, MixPart, StreamSpec, mix_name
+from protocol.request import AugmentKind, ClientHost, MixPart, StreamSpec, mix_name
 from transport.base import TransportKind
 
 __all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "OnePass"]
@@ -252,11 +252,12 @@ class LoaderConfig:
         return Sizes(self.batch_size, self.image_size, self.min_scale)
 
     def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0,
-                    epoch_samples: int | None = None) -> StreamSpec:
+                    epoch_samples: int | None = None, client_host: ClientHost | None = None) -> StreamSpec:
         """What this loader's streams ask for (each sets its own epoch, cursor, epoch
         count and sizes), as the daemon reads it. A mix's epoch length is
         ``epoch_samples`` where given (the daemons' sizes known), else the configured
-        one (1 standing in where it is not known yet).
+        one (1 standing in where it is not known yet); ``client_host``: where this
+        process runs (None before it is known).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
@@ -266,7 +267,8 @@ class LoaderConfig:
         return make_spec(self.sizes, dataset=mix_name(mix) if mix else self.dataset_name, split=self.split,
                          rank=rank, world_size=world_size, seed=self.seed, last_batch=self.last_batch_policy,
                          augment=self.augment_kind, job_id=self.job_id, local_world_size=local_world_size,
-                         mix=mix, epoch_samples=length)
+                         mix=mix, epoch_samples=length, transport=self.transport_kind.value,
+                         client_host=client_host, prefetch_batches=self.prefetch_batches)
 
     @property
     def last_batch_policy(self) -> LastBatch:

@@ -243,4 +243,4 @@ def test_epochs_cut_short_open_the_next_epochs_stream_ahead(daemon) -> None:
             assert len(taken) == 3 and loader.position.epoch == epoch + 1
             streams = loader._streams
             ahead = streams.successor or streams.current
-            assert ahead is not None and ahead.fetcher.request.epoch == epoch + 1  # opened already
+            assert ahead is not None and ahead.fetcher.spec.epoch == epoch + 1  # opened already
