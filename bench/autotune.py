@@ -77,7 +77,7 @@ def _client(address: str, scenario: Scenario, rank: int, job: int, seed: int, se
     (seconds since the go, images taken so far) after every batch for ``seconds``."""
     from clients import FeederLoader
 
-    loader = FeederLoader(address, "bench", split="train", batch_size=scenario.batch_size,
+    loader = FeederLoader("bench", address=address, split="train", batch_size=scenario.batch_size,
                           image_size=scenario.image_size, seed=seed, normalize=False, augment="train",
                           transport="shm", rank=rank, world_size=scenario.ranks, job_id=f"job-{job}")
     with loader:

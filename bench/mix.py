@@ -57,7 +57,7 @@ def measure(address: str, dataset: str | dict[str, float], epoch_samples: int | 
             daemon_pid: int) -> dict[str, Any]:
     """One stream's images/s over ``args.epochs`` epochs, from its first batch on, and
     the daemon's CPU seconds per image meanwhile."""
-    with FeederLoader(address, dataset, batch_size=args.batch_size, image_size=args.image_size, seed=1, rank=0,
+    with FeederLoader(dataset, address=address, batch_size=args.batch_size, image_size=args.image_size, seed=1, rank=0,
                       world_size=1, normalize=False, transport="shm", epoch_samples=epoch_samples) as loader:
         batches = iter(loader)
         next(batches)  # the pipeline's first run: setup, not rate
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data = prepare_sample(args.cache)
     with DaemonProcess({"a": data.shards, "b": data.shards}, ("--threads", str(args.threads))) as daemon:
-        with FeederLoader(daemon.address, "a", rank=0, world_size=1) as probe:
+        with FeederLoader("a", address=daemon.address, rank=0, world_size=1) as probe:
             size = probe.num_samples
         rounds = _rounds(daemon.address, size, args, daemon.pid)
     summary = _summary(rounds)

@@ -96,9 +96,9 @@ def _daemons(shards: Path, count: int, cpus: float, threads: int, batch: int) ->
 
 def _loader(addresses: list[str], args: argparse.Namespace, return_keys: bool = False,
             pool_stall_timeout_s: float = 1.0, pool: str = "all") -> FeederLoader:
-    return FeederLoader(addresses, "bench", split="train", batch_size=args.batch_size, image_size=args.image_size,
-                        seed=args.seed, rank=0, world_size=1, normalize=False, augment="train",
-                        return_keys=return_keys, pool_stall_timeout_s=pool_stall_timeout_s, pool=pool)
+    return FeederLoader("bench", address=addresses, split="train", batch_size=args.batch_size,
+                        image_size=args.image_size, seed=args.seed, rank=0, world_size=1, normalize=False,
+                        augment="train", return_keys=return_keys, pool_stall_timeout_s=pool_stall_timeout_s, pool=pool)
 
 
 def _endless(loader: FeederLoader) -> Iterator[tuple]:

@@ -105,8 +105,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
             options = ("--device", "cpu", "--threads", str(args.threads), "--s3-endpoint", server.endpoint_url,
                        "--cache-dir", str(Path(tmp) / f"cache-{n}"), "--cache-bytes", str(cache_bytes))
             with DaemonProcess({"bench": url}, options, die_with_parent=True) as daemon:
-                loader = FeederLoader(daemon.address, "bench", split="train", batch_size=64, image_size=224, seed=0,
-                                      normalize=False, augment="train", transport="shm")
+                loader = FeederLoader("bench", address=daemon.address, split="train", batch_size=64, image_size=224,
+                                      seed=0, normalize=False, augment="train", transport="shm")
                 with loader:
                     for epoch in range(1, args.epochs + 1):
                         row = {"cache_bytes": cache_bytes, "cache_x_split": round(cache_bytes / split_bytes, 2),

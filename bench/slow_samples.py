@@ -147,7 +147,7 @@ def _run(shards: Path, lookahead: int, args: argparse.Namespace) -> dict:
     options = ("--device", "cpu", "--threads", str(args.threads), "--lookahead", str(lookahead),
                "--max-batch-size", str(args.batch_size))
     with DaemonProcess({"bench": shards}, options) as daemon:
-        loader = FeederLoader(daemon.address, "bench", split="train", batch_size=args.batch_size,
+        loader = FeederLoader("bench", address=daemon.address, split="train", batch_size=args.batch_size,
                               image_size=args.image_size, seed=args.seed, normalize=False, augment="train",
                               transport="shm")
         with loader:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -18,10 +16,10 @@ from clients.channel import check_address, check_token, resolve_address, resolve
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
-from protocol.request import AugmentKind, MixPart, StreamSpec, mix_name
+from protocol.request import AugmentKind, ClientHost, MixPart, StreamSpec, mix_name
 from transport.base import TransportKind
 
-__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "MovedToConfig", "OnePass"]
+__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "OnePass"]
 
 LAST_BATCHES = tuple(policy.value for policy in LastBatch)
 AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
@@ -70,18 +68,18 @@ class LoaderConfig:
     and defaults), checked once here.
 
     Args:
-        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
-            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
-            serving the same dataset, as a list or comma-separated, the one on this
-            host first (a host name with several addresses counts as a pool); None
-            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
-            sets it).
         dataset: Name of a dataset the daemon serves, or a mix of several: a mapping
             of their names to positive weights (``{"imagenet": 0.8, "extra": 0.2}``),
             each dataset read in its own sequence of passes and giving its weight's
             share of every epoch and of every batch (docs/loader.md). Labels then
             index the union of their class names in the order given (``classes``)
             and keys are ``NAME/key``.
+        address: ``host:port`` of the daemon, ``[v6]:port``, ``dns:///host:port``, or
+            ``unix:/path`` of its socket; or a pool of daemons (on other hosts too)
+            serving the same dataset, as a list or comma-separated, the one on this
+            host first (a host name with several addresses counts as a pool); None
+            or empty: the ``FEEDER_ADDRESS`` environment variable (``feeder run``
+            sets it).
         split: Split of the dataset (``train``, ``val``).
         batch_size: Samples per batch, per rank.
         image_size: Side of the square output images, pixels.
@@ -157,8 +155,8 @@ class LoaderConfig:
             field's name.
     """
 
-    address: str | Sequence[str] | None
     dataset: str | Mapping[str, float]
+    address: str | Sequence[str] | None = None
     split: str = "train"
     batch_size: int = 256
     image_size: int = 224
@@ -254,11 +252,12 @@ class LoaderConfig:
         return Sizes(self.batch_size, self.image_size, self.min_scale)
 
     def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0,
-                    epoch_samples: int | None = None) -> StreamSpec:
+                    epoch_samples: int | None = None, client_host: ClientHost | None = None) -> StreamSpec:
         """What this loader's streams ask for (each sets its own epoch, cursor, epoch
         count and sizes), as the daemon reads it. A mix's epoch length is
         ``epoch_samples`` where given (the daemons' sizes known), else the configured
-        one (1 standing in where it is not known yet).
+        one (1 standing in where it is not known yet); ``client_host``: where this
+        process runs (None before it is known).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
@@ -268,7 +267,8 @@ class LoaderConfig:
         return make_spec(self.sizes, dataset=mix_name(mix) if mix else self.dataset_name, split=self.split,
                          rank=rank, world_size=world_size, seed=self.seed, last_batch=self.last_batch_policy,
                          augment=self.augment_kind, job_id=self.job_id, local_world_size=local_world_size,
-                         mix=mix, epoch_samples=length)
+                         mix=mix, epoch_samples=length, transport=self.transport_kind.value,
+                         client_host=client_host, prefetch_batches=self.prefetch_batches)
 
     @property
     def last_batch_policy(self) -> LastBatch:
@@ -284,21 +284,6 @@ class LoaderConfig:
     def transport_kind(self) -> TransportKind:
         """``transport`` as the request's kind."""
         return TransportKind[self.transport.upper()]
-
-
-class MovedToConfig:
-    """An attribute a loader once had of its own, now read from ``loader.config``
-    (with a deprecation warning)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, loader: Any, owner: type | None = None) -> Any:
-        if loader is None:
-            return self
-        warnings.warn(f"FeederLoader.{self.name} is deprecated; use loader.config.{self.name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(loader.config, self.name)
 
 
 class OnePass:
@@ -326,16 +311,3 @@ class OnePass:
             self._thread = ""
             self._lock.release()
 
-
-# The trainer's configuration had this module's name before the trainer had a package
-# of its own: its names still resolve here, with a DeprecationWarning.
-_MOVED_TO_TRAINER = ("ARCHS", "DATA_SOURCES", "IMAGENET_TRAIN_SAMPLES", "PRECISIONS", "TrainConfig")
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MOVED_TO_TRAINER:
-        raise AttributeError(f"module 'clients.config' has no attribute {name!r}")
-    warnings.warn(f"clients.config.{name} is deprecated, use trainer.config.{name}", DeprecationWarning, stacklevel=2)
-    from trainer import config  # a deprecated alias: allowed up a layer (tests/test_imports.py)
-
-    return getattr(config, name)

@@ -9,7 +9,8 @@ number of the next batch it owes; every call, first or reopened, starts there
 (:meth:`StreamWindow.from_number`, offset 0), so reopening can neither skip nor
 repeat a batch, and every batch received is checked against the plan (its epoch,
 cursor and part) before it is handed out: a daemon whose batch is not the plan's is
-left, never believed.
+left, never believed. A call's request is made from the stream's spec moved to that
+batch (:meth:`Failover.spec_from`), checked as the first was, the message made last.
 
 Calls never retry (:class:`clients.stream_call.StreamCall`); each failure is
 classified once (:mod:`clients.verdicts`) and acted on here:
@@ -44,11 +45,12 @@ from clients.config import LoaderConfig
 from clients.host_batch import HostBatch, PinnedFields
 from clients.pool import DaemonPool, Member
 from clients.pool_size import PoolSizer
+from clients.spec import respec
 from clients.stream_call import END, PENDING, Broke, StreamCall
 from clients.verdicts import Failure, Verdict, of_rpc, retry
 from core.errors import DataError, FeederError, ServiceUnavailable
+from protocol.request import StreamSpec, to_request
 from protocol.stream_plan import StreamWindow
-from protos import feeder_pb2
 from transport.base import TransportKind, TransportUnavailable
 from transport.ring_holder import RingRetired
 
@@ -78,22 +80,22 @@ class _Share:
 
 
 class Failover:
-    """The batches of ``request`` (as one daemon alone would stream them), from ``pool``.
+    """The batches of ``spec`` (as one daemon alone would stream them), from ``pool``.
 
     Args:
         pool: the daemons (one, or several).
-        request: what one daemon alone would be asked for; its ``transport`` follows
-            what this process can use.
-        window: the request's batches, as the daemon numbers them.
+        spec: what one daemon alone would be asked for (checked); its ``transport``
+            follows what this process can use.
+        window: the spec's batches, as the daemon numbers them.
         config: prefetch depth, timeouts, pool mode.
         pin: where host batches are pinned (None: not pinned).
         daemons: how many daemons to start on (``as-needed``: what the loader's
             last stream ended with; 0: the pool mode's own start).
     """
 
-    def __init__(self, pool: DaemonPool, request: feeder_pb2.StreamRequest, window: StreamWindow,
+    def __init__(self, pool: DaemonPool, spec: StreamSpec, window: StreamWindow,
                  config: LoaderConfig, pin: PinnedFields | None, daemons: int = 0) -> None:
-        self.request, self._window = request, window
+        self.spec, self._window = spec, window
         self._pool, self._config, self._pin = pool, config, pin
         self.end_epoch = window.epoch + window.epochs  # first epoch not streamed
         self.finished = threading.Event()  # every batch was handed out
@@ -235,16 +237,22 @@ class Failover:
             return max(limit, min(_FIRST_BATCH_S, 3 * usual) if usual else _FIRST_BATCH_S)
         return limit
 
+    def spec_from(self, number: int, stride: int) -> StreamSpec:
+        """What a call for this stream's batches from ``number`` on, every ``stride``-th,
+        asks for: the stream's spec moved to that batch, checked as the first was.
+
+        Raises:
+            ConfigError: what the daemon would refuse, with its message.
+        """
+        window = self._window.from_number(number)
+        # What earlier ranks consumed was of the first epoch only.
+        consumed = self.spec.consumed if window.epoch == self._window.epoch else ()
+        return respec(self.spec, epoch=window.epoch, start_cursor=window.start_cursor, epochs=window.epochs,
+                      max_samples=window.max_samples, consumed=consumed, batch_stride=stride, batch_offset=0)
+
     def _open(self, share: _Share) -> StreamCall:
         """A call for the batches ``share`` owes: from the next one, every k-th."""
-        window = self._window.from_number(share.owes)
-        request = feeder_pb2.StreamRequest()
-        request.CopyFrom(self.request)
-        request.epoch, request.start_cursor, request.epochs = window.epoch, window.start_cursor, window.epochs
-        request.max_samples = window.max_samples
-        if window.epoch != self._window.epoch:
-            del request.consumed[:]  # what earlier ranks consumed was of the first epoch only
-        request.batch_stride, request.batch_offset = len(self._shares), 0
+        request = to_request(self.spec_from(share.owes, len(self._shares)))
         conn, config = share.member.connection, self._config
         return StreamCall(conn.stream_batches, request, config.prefetch_batches, self._pin, release=conn.releaser,
                           shm_dir=config.shm_path)
@@ -266,7 +274,7 @@ class Failover:
         IPC here, another mount of /dev/shm): every call from now on asks for the next
         one down, CUDA IPC -> shared memory -> the gRPC payload, with one warning; the
         share is reopened at once."""
-        failed, asked = broke.transport, TransportKind(self.request.transport)
+        failed, asked = broke.transport, TransportKind(self.spec.transport)
         # Below both what failed and what was asked for: a daemon that answered a
         # request for shared memory with CUDA IPC again must not make this loop.
         below = max(_DOWN.index(k) if k in _DOWN else 0 for k in (failed, asked)) + 1
@@ -275,7 +283,7 @@ class Failover:
         instead = _DOWN[below]
         _log.warning("daemon %s: %s unusable here (%s); batches come over %s", share.member.address,
                      _NAMES[failed], broke.error, _NAMES[instead])
-        self.request.transport = instead.value
+        self.spec = respec(self.spec, transport=instead.value)
         self._drop_call(share)
         self.reconnects += 1
 
@@ -324,7 +332,7 @@ class Failover:
         since, limit = self._failing_since, self._config.reconnect_timeout_s
         if since is None or time.monotonic() - since <= limit:
             return
-        r, (epoch, cursor) = self.request, self._place_of_next()
+        r, (epoch, cursor) = self.spec, self._place_of_next()
         what = (f"streaming dataset {r.dataset!r} split {r.split!r} to rank {r.rank} of {r.world_size}, "
                 f"epoch {epoch}, cursor {cursor}")
         who = f"daemon {self._pool.members[0].address}" if len(self._pool.members) == 1 else \

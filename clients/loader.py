@@ -17,7 +17,7 @@ import torch
 from prometheus_client import Gauge
 
 from clients.channel import check_address
-from clients.config import LoaderConfig, MovedToConfig, OnePass
+from clients.config import LoaderConfig, OnePass
 from clients.elastic import check_identity, check_state, resume, segments_to
 from clients.host_batch import HostBatch, PinnedFields
 from clients.idle import IdleShare, StepGaps
@@ -29,9 +29,10 @@ from clients.streams import Streams, checked_specs
 from clients.transfer import DeviceTransfer
 from core.errors import DataError
 from protocol.plan import remaining_length
+from protocol.request import ClientHost
 from transport.base import HostIdentity
 
-__all__ = ["DAEMONS_IN_USE", "FeederLoader", "LoaderConfig"]
+__all__ = ["DAEMONS_IN_USE", "FeederLoader"]
 
 # In the process's default registry: a training script's own Prometheus endpoint shows it.
 DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
@@ -72,9 +73,9 @@ class FeederLoader(Positioned):
 
     def __init__(
         self,
-        address: str | Sequence[str] | None,
         dataset: str | Mapping[str, float],
         *,
+        address: str | Sequence[str] | None = None,
         split: str = "train",
         batch_size: int = 256,
         image_size: int = 224,
@@ -114,11 +115,11 @@ class FeederLoader(Positioned):
         config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))  # refused before connecting
         self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
-        client_host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
+        host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
-        self._specs = checked_specs(daemons, config, self.rank, self.world_size)
+        self._specs = checked_specs(daemons, config, self.rank, self.world_size, ClientHost.from_message(host))
         self._pinned = PinnedFields() if self.device.type == "cuda" else None
-        self._streams = Streams(daemons, self._specs, config, client_host, pin=self._pinned)
+        self._streams = Streams(daemons, self._specs, config, pin=self._pinned)
         # Runs once: on close(), when the loader is collected, or at interpreter exit.
         self._release = weakref.finalize(self, self._streams.release)
         self.position = Position()
@@ -134,14 +135,8 @@ class FeederLoader(Positioned):
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"FeederLoader({c.address!r}, {c.dataset_name!r}, split={c.split!r}, "
+        return (f"FeederLoader({c.dataset_name!r}, address={c.address!r}, split={c.split!r}, "
                 f"rank={self.rank}, world_size={self.world_size})")
-
-    last_batch = MovedToConfig()
-    augment = MovedToConfig()
-    return_keys = MovedToConfig()
-    return_padding = MovedToConfig()
-    job_id = MovedToConfig()
 
     # -- what the daemon has and what is asked for -----------------------------
     @property

@@ -202,16 +202,18 @@ class StreamSpecs:
             raise
 
     def spec(self, epoch: int, cursor: int, sizes: Sizes, epochs: int = 1,
-             consumed: tuple[Segment, ...] = (), max_samples: int = 0) -> StreamSpec:
+             consumed: tuple[Segment, ...] = (), max_samples: int = 0, transport: int | None = None) -> StreamSpec:
         """The spec of a stream of ``epochs`` epochs from ``(epoch, cursor)`` at ``sizes``
         (``consumed``: of ``epoch``, at earlier world sizes; ``max_samples``: of the
-        first epoch, 0 for all).
+        first epoch, 0 for all; ``transport``: in place of the configured one, None
+        for that).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
         """
+        changes = {} if transport is None else {"transport": transport}
         return respec(self.base, sizes, epoch=epoch, start_cursor=cursor, epochs=epochs, consumed=consumed,
-                      max_samples=max_samples)
+                      max_samples=max_samples, **changes)
 
     def window(self, spec: StreamSpec) -> StreamWindow:
         """The batches of a stream of ``spec`` (one of these specs), numbered as the

@@ -18,8 +18,7 @@ from clients.pool import DaemonPool
 from clients.ranks import local_world_size
 from clients.spec import Sizes, StreamSpecs
 from core.errors import ConfigError, NotFound
-from protocol.request import MAX_EPOCH, to_request
-from protos import feeder_pb2
+from protocol.request import MAX_EPOCH, ClientHost
 from transport.base import TransportKind
 
 __all__ = ["Streams", "checked_specs"]
@@ -29,10 +28,11 @@ __all__ = ["Streams", "checked_specs"]
 _EPOCHS_PER_STREAM = 1000
 
 
-def checked_specs(pool: DaemonPool, config: LoaderConfig, rank: int, world_size: int) -> StreamSpecs:
-    """The loader's requests, checked against the daemons' answer to ``ListDatasets``
-    (a mix's epoch length: the configured one, else its datasets' samples together);
-    closes ``pool`` if that fails.
+def checked_specs(pool: DaemonPool, config: LoaderConfig, rank: int, world_size: int,
+                  client_host: ClientHost) -> StreamSpecs:
+    """The loader's requests from this process's ``client_host``, checked against the
+    daemons' answer to ``ListDatasets`` (a mix's epoch length: the configured one,
+    else its datasets' samples together); closes ``pool`` if that fails.
 
     Raises:
         ConfigError: a request the daemons would refuse; a dataset of a mix (or its
@@ -46,7 +46,8 @@ def checked_specs(pool: DaemonPool, config: LoaderConfig, rank: int, world_size:
                 raise
             raise ConfigError(f"dataset: {e}") from e
         length = (config.epoch_samples or served.num_samples) if config.mix else None
-        return StreamSpecs(config.stream_spec(rank, world_size, local_world_size(world_size), length), served)
+        base = config.stream_spec(rank, world_size, local_world_size(world_size), length, client_host)
+        return StreamSpecs(base, served)
     except BaseException:
         pool.close()
         raise
@@ -66,16 +67,16 @@ class Streams:
     Args:
         pool: The daemons the streams are opened on (closed by :meth:`release`): one
             daemon's stream where there is one, else a stream drawn from all of them.
-        specs: What each stream asks for.
-        config: Prefetch depth, timeouts, transport and shm directory.
-        client_host: This process's host (and GPU), sent with each request.
+        specs: What each stream asks for (this process's host, transport and
+            prefetch depth included).
+        config: Prefetch depth, timeouts and shm directory.
         pin: Where host batches are pinned (a CUDA consumer; None: not pinned).
     """
 
     def __init__(self, pool: DaemonPool, specs: StreamSpecs, config: LoaderConfig,
-                 client_host: feeder_pb2.ClientHost, pin: PinnedFields | None) -> None:
+                 pin: PinnedFields | None) -> None:
         self.pool = pool
-        self._specs, self._config, self._client_host, self._pin = specs, config, client_host, pin
+        self._specs, self._config, self._pin = specs, config, pin
         self.current: OpenStream | None = None
         self.successor: OpenStream | None = None  # opened ahead of a planned size change
         self.pending: HostBatch | None = None  # first batch of the next epoch, already taken
@@ -141,7 +142,7 @@ class Streams:
             return self.current.fetcher
         successor = self.successor
         if successor is not None and successor.sizes == sizes and \
-                (successor.fetcher.request.epoch, successor.fetcher.request.start_cursor) == (epoch, cursor):
+                (successor.fetcher.spec.epoch, successor.fetcher.spec.start_cursor) == (epoch, cursor):
             self.successor = None
             self.drop()
             self.current = successor
@@ -176,20 +177,17 @@ class Streams:
         else:
             end = epoch + 1
         spec = self._specs.spec(epoch, cursor, sizes, epochs=min(end, MAX_EPOCH + 1) - epoch,
-                                consumed=self._specs.consumed.get(epoch, ()), max_samples=max(0, cut - cursor))
-        request = to_request(spec)
-        request.transport = self._usable_transport().value
-        request.client_host.CopyFrom(self._client_host)
-        request.prefetch_batches = config.prefetch_batches  # the daemon's ring covers what this side holds
-        failover = Failover(self.pool, request, self._specs.window(spec), config, self._pin, daemons=self._in_use)
+                                consumed=self._specs.consumed.get(epoch, ()), max_samples=max(0, cut - cursor),
+                                transport=self._usable_transport().value)
+        failover = Failover(self.pool, spec, self._specs.window(spec), config, self._pin, daemons=self._in_use)
         return OpenStream(failover, sizes)
 
     def _usable_transport(self) -> TransportKind:
-        """The transport new streams ask for: a fetcher changes its request only to
+        """The transport new streams ask for: a fetcher changes its spec's only to
         fall back, so one that differs is what works here."""
         for stream in (self.current, self.successor):
-            if stream is not None and stream.fetcher.request.transport != self._transport.value:
-                self._transport = TransportKind(stream.fetcher.request.transport)
+            if stream is not None and stream.fetcher.spec.transport != self._transport.value:
+                self._transport = TransportKind(stream.fetcher.spec.transport)
         return self._transport
 
     def drop(self) -> None:

@@ -93,7 +93,7 @@ def _stream_epoch(address: str, shards: Path, image_size: int) -> None:
     from shards.manifest import read_manifest
 
     expected = read_manifest(shards).splits["train"].num_samples
-    loader = FeederLoader(address, DATASET, split="train", batch_size=32, image_size=image_size,
+    loader = FeederLoader(DATASET, address=address, split="train", batch_size=32, image_size=image_size,
                           rank=0, world_size=1, device="cpu", normalize=False,
                           last_batch="pad", return_keys=True, return_padding=True)
     seen: Counter[str] = Counter()

@@ -33,6 +33,7 @@ __all__ = [
     "MIN_CROP_SCALE",
     "MIN_IMAGE_SIZE",
     "AugmentKind",
+    "ClientHost",
     "CropRange",
     "MixPart",
     "StreamSpec",
@@ -172,6 +173,35 @@ def _check_mix(spec: StreamSpec) -> None:
         raise InvalidArgument("manifest_sha256: a mix carries each dataset's in its part")
 
 
+@dataclass(frozen=True)
+class ClientHost:
+    """Where the client runs, as its request says (``feeder.v1.ClientHost``): the
+    daemon gives a client on its own host (same kernel, same shm filesystem) shared
+    memory, and one on the GPU that makes its batches CUDA IPC.
+
+    Attributes:
+        boot_id: the client's kernel (``/proc/sys/kernel/random/boot_id``).
+        hostname: for messages.
+        shm_device: ``st_dev`` of the client's shm directory.
+        gpu_uuid: the client's CUDA device, empty for a CPU consumer.
+        pid: the client's process (the daemon's per-client limits; 0: not said).
+    """
+
+    boot_id: str = ""
+    hostname: str = ""
+    shm_device: int = 0
+    gpu_uuid: str = ""
+    pid: int = 0
+
+    @classmethod
+    def from_message(cls, message: feeder_pb2.ClientHost) -> ClientHost:
+        return cls(message.boot_id, message.hostname, message.shm_device, message.gpu_uuid, message.pid)
+
+    def to_message(self) -> feeder_pb2.ClientHost:
+        return feeder_pb2.ClientHost(boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device,
+                                     gpu_uuid=self.gpu_uuid, pid=self.pid)
+
+
 # Inclusive ranges of the integer fields (batch_size is also checked against the
 # daemon's limit, start_cursor against the rank's part).
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -186,7 +216,9 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "start_cursor": (0, _MAX_INT64),
     "max_samples": (0, _MAX_INT64),
     "batch_stride": (1, MAX_BATCH_STRIDE),
+    "prefetch_batches": (0, _MAX_INT32),
 }
+_TRANSPORTS = frozenset(feeder_pb2.Transport.values())
 
 
 @dataclass(frozen=True)
@@ -206,7 +238,10 @@ class StreamSpec:
     must serve (:mod:`protocol.identity`; "" not checked). ``mix``: the datasets of a
     mixed stream (``dataset`` is then :func:`mix_name` of them, and each part carries
     its own manifest and index digests) and ``epoch_samples`` its epoch's length
-    (:mod:`protocol.mix`).
+    (:mod:`protocol.mix`). ``transport``: the ``feeder.v1.Transport`` the client asks
+    for (0: auto); ``client_host``: where the client runs (None: not said, a remote
+    client); ``prefetch_batches``: batches it holds ready beyond the one it
+    consumes (0: not said).
 
     Raises:
         InvalidArgument: a field out of range (the message starts with its name).
@@ -237,12 +272,17 @@ class StreamSpec:
     pixel_options_sha256: str = ""
     mix: tuple[MixPart, ...] = ()
     epoch_samples: int = 0
+    transport: int = feeder_pb2.TRANSPORT_AUTO
+    client_host: ClientHost | None = None
+    prefetch_batches: int = 0
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
             value = getattr(self, name)
             if not low <= value <= high:
                 raise InvalidArgument(f"{name}: {value} is not in {low}..{high}")
+        if self.transport not in _TRANSPORTS:
+            raise InvalidArgument(f"transport: unknown value {self.transport}")
         if self.epoch + self.epochs - 1 > MAX_EPOCH:
             raise InvalidArgument(f"epochs: {self.epochs} epochs from epoch {self.epoch} pass {MAX_EPOCH}")
         if not 0 <= self.batch_offset < self.batch_stride:
@@ -303,7 +343,7 @@ _AUGMENT = {
 # Fields copied as they are between StreamSpec and StreamRequest.
 _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "batch_size", "image_size",
          "start_cursor", "max_samples", "local_world_size", "batch_offset", "manifest_sha256", "index_sha256",
-         "pixel_options_sha256", "epoch_samples")
+         "pixel_options_sha256", "epoch_samples", "transport", "prefetch_batches")
 
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
@@ -338,6 +378,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         antialias=request.antialias if request.HasField("antialias") else None,
         consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
         mix=tuple(MixPart(p.dataset, p.weight, p.manifest_sha256, p.index_sha256) for p in request.mix),
+        client_host=ClientHost.from_message(request.client_host) if request.HasField("client_host") else None,
     )
 
 
@@ -347,7 +388,7 @@ _AUGMENT_WIRE: dict[AugmentKind | None, Any] = {value: number for number, value 
 
 
 def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
-    """The ``StreamRequest`` of ``spec`` (transport and client host not set)."""
+    """The ``StreamRequest`` of ``spec``."""
     request = feeder_pb2.StreamRequest(
         **{name: getattr(spec, name) for name in _SAME},
         epochs=spec.epochs,
@@ -359,6 +400,8 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     )
     if spec.antialias is not None:
         request.antialias = spec.antialias
+    if spec.client_host is not None:
+        request.client_host.CopyFrom(spec.client_host.to_message())
     for segment in spec.consumed:
         request.consumed.add(world_size=segment.world_size, cursors=segment.cursors)
     for part in spec.mix:

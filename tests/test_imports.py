@@ -20,13 +20,6 @@ LAYERS = {
     "feeder.cli": 5, "feeder.demo": 5, "feeder.__main__": 5,
     "bench": 6,
 }
-# Deprecated aliases, each allowed up a layer to the one module it stands for (an old
-# name that keeps working with a warning): nothing else runs up a layer.
-DEPRECATED_ALIASES = {
-    "clients": "trainer.schedule",  # clients.Phase, Schedule, load_schedule
-    "clients.config": "trainer.config",  # clients.config.TrainConfig
-    "clients.train": "trainer.train",  # python -m clients.train
-}
 
 
 def _module_name(path: Path) -> str:
@@ -116,17 +109,11 @@ def test_no_import_cycles() -> None:
 def test_packages_import_only_downwards() -> None:
     wrong = []
     for module, targets in _graph().items():
-        for target in targets - {DEPRECATED_ALIASES.get(module)}:
+        for target in targets:
             same_package = module.split(".")[0] == target.split(".")[0]
             if _layer(target) > _layer(module) or (not same_package and _layer(target) == _layer(module)):
                 wrong.append(f"{module} -> {target}")
     assert wrong == []
-
-
-def test_each_deprecated_alias_is_a_module_that_imports_what_it_stands_for() -> None:
-    graph = _graph()
-    assert {module: target for module, target in DEPRECATED_ALIASES.items() if target in graph.get(module, ())} == (
-        DEPRECATED_ALIASES)
 
 
 def test_the_checker_sees_a_cycle() -> None:

@@ -68,13 +68,13 @@ def make_loaders(
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(
-        config.server, config.train_dataset, split=config.train_split, batch_size=first.batch_size,
+        config.train_dataset, address=config.server, split=config.train_split, batch_size=first.batch_size,
         image_size=first.image_size, last_batch="drop", return_keys=config.visit_log is not None, augment="train",
         min_scale=first.min_scale, max_batches_per_epoch=config.max_steps_per_epoch, **common)
     val_loader = None
     if config.val_every_epochs:
         val_loader = FeederLoader(
-            config.server, config.validation_dataset, split=config.val_split, batch_size=first.batch_size,
+            config.validation_dataset, address=config.server, split=config.val_split, batch_size=first.batch_size,
             image_size=first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
             prefetch_next_epoch=False, **common)
     if val_loader is not None:

@@ -92,7 +92,7 @@ def open_loader(spec: LoaderSpec, shared: object = None, transport: str = "grpc"
     else:
         seed, rank, world, job = spec.seed, spec.client_rank, spec.clients, "bench"
     loader = FeederLoader(
-        shared, DATASET, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
+        DATASET, address=shared, split=spec.split, batch_size=spec.batch_size, image_size=spec.image_size_px,
         seed=seed, rank=rank, world_size=world, device=_device(spec), normalize=False, augment="train",
         job_id=job, transport=transport,
     )

@@ -58,7 +58,7 @@ def main(config_path: str) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     with open(out, "w") as records:
         try:
-            loader = FeederLoader(config["addresses"], split="train", rank=config["rank"],
+            loader = FeederLoader(address=config["addresses"], split="train", rank=config["rank"],
                                   world_size=config["world_size"], batch_size=config["batch_size"],
                                   image_size=config["image_size"], seed=config["seed"], normalize=False,
                                   return_keys=True, return_padding=True, **config["loader"])

@@ -125,7 +125,7 @@ def reference(config: RunConfig, datasets: dict[str, Path], epochs: int) -> Refe
     try:
         for rank in range(config.world_size):
             found[rank] = {}
-            with FeederLoader(f"127.0.0.1:{port}", **config.loader_dataset(), rank=rank,
+            with FeederLoader(address=f"127.0.0.1:{port}", **config.loader_dataset(), rank=rank,
                               world_size=config.world_size, batch_size=64, image_size=config.image_size,
                               seed=config.seed, normalize=False, return_keys=True, return_padding=True) as loader:
                 for epoch in range(epochs):

@@ -25,8 +25,8 @@ def test_the_constructors_parameters_are_the_configs_fields() -> None:
         default = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
         assert parameter.default == default, field.name
     kinds = [p.kind for p in parameters]
-    assert kinds[:2] == [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 2  # address, dataset
-    assert set(kinds[2:]) == {inspect.Parameter.KEYWORD_ONLY}
+    assert kinds[0] == inspect.Parameter.POSITIONAL_OR_KEYWORD  # dataset: the one argument without a default
+    assert set(kinds[1:]) == {inspect.Parameter.KEYWORD_ONLY}
 
 
 @pytest.mark.parametrize("fields,name", [

@@ -18,9 +18,9 @@ _OLD_BATCH, _NEW_BATCH = 4, 3
 
 
 def _loader(daemon: str, rank: int, world: int, batch: int, policy: str) -> FeederLoader:
-    return FeederLoader(daemon, "sample", split="train", batch_size=batch, image_size=16, rank=rank, world_size=world,
-                        last_batch=policy, return_keys=True, return_padding=True, normalize=False, seed=3,
-                        prefetch_next_epoch=False)
+    return FeederLoader("sample", address=daemon, split="train", batch_size=batch, image_size=16, rank=rank,
+                        world_size=world, last_batch=policy, return_keys=True, return_padding=True, normalize=False,
+                        seed=3, prefetch_next_epoch=False)
 
 
 def _take(loader: FeederLoader, batches: int | None) -> list[str]:

@@ -48,7 +48,7 @@ def reference(shards: Path) -> Iterator[dict[int, list[str]]]:
     """The keys of epochs 0-3 at 64 px, from one daemon without faults."""
     with ExitStack() as stack:
         _, address = _daemon(stack, shards)
-        with FeederLoader(address, "sample", image_size=64, **_KW) as loader:
+        with FeederLoader("sample", address=address, image_size=64, **_KW) as loader:
             yield {epoch: _epoch(loader) for epoch in range(4)}
 
 
@@ -60,8 +60,8 @@ def test_a_share_cancelled_for_idleness_resumes_at_the_batch_it_owes(shards, ref
         daemons = [_daemon(stack, shards, idle_timeout_s=1.0, contended_idle_timeout_s=1.0) for _ in range(3)]
         # Batches of 1 MB over the gRPC payload: a share the consumer does not read
         # fills its call's flow-control window, and its daemon's stream idles.
-        with FeederLoader([a for _, a in daemons], "sample", image_size=288, transport="grpc", prefetch_batches=1,
-                          **_KW) as loader:
+        with FeederLoader("sample", address=[a for _, a in daemons], image_size=288, transport="grpc",
+                          prefetch_batches=1, **_KW) as loader:
             keys = _epoch(loader, pause_after=4, pause_s=3.0)
             cancelled = sum(server.metrics.idle_cancelled._value.get() for server, _ in daemons)
             assert cancelled >= 1, "the daemons cancelled an idle share"
@@ -78,7 +78,7 @@ def test_a_share_whose_connection_is_reset_resumes_at_the_batch_it_owes(shards, 
         _, second = _daemon(stack, shards)
         proxy = stack.enter_context(TcpProxy(first))
         # 1 MB batches: the share's call is still streaming when it is cut.
-        with FeederLoader([proxy.address, second], "sample", image_size=288, transport="grpc", **_KW) as loader:
+        with FeederLoader("sample", address=[proxy.address, second], image_size=288, transport="grpc", **_KW) as loader:
             keys: list[str] = []
             for n, (_, _, batch_keys) in enumerate(loader):
                 keys += batch_keys
@@ -97,7 +97,7 @@ def test_a_member_that_refuses_the_request_is_left_and_the_others_serve_it(shard
     with ExitStack() as stack:
         _, roomy = _daemon(stack, shards)
         _, small = _daemon(stack, shards, max_batch_size=2)
-        with FeederLoader([roomy, small], "sample", image_size=64, **_KW) as loader:
+        with FeederLoader("sample", address=[roomy, small], image_size=64, **_KW) as loader:
             keys, in_use = [], set()
             for _, _, batch_keys in loader:
                 keys += batch_keys
@@ -114,7 +114,7 @@ def test_as_needed_takes_the_second_daemon_and_keeps_every_epoch_whole(shards, r
     with ExitStack() as stack:
         addresses = [_daemon(stack, shards)[1] for _ in range(2)]
         kw = _KW | dict(seed=1, prefetch_next_epoch=True)
-        with FeederLoader(addresses, "sample", image_size=64, pool="as-needed", **kw) as loader:
+        with FeederLoader("sample", address=addresses, image_size=64, pool="as-needed", **kw) as loader:
             in_use, started = [], time.monotonic()
             epoch = 0
             while epoch < 4 or (in_use[-2:] != [2, 2] and time.monotonic() - started < 60):

@@ -2,10 +2,12 @@
 loader reconnect at its cursor, and give up with a clear error, never hang (a fake
 daemon in process; a ``feeder serve`` stopped with SIGSTOP in the slow test); a
 request the daemon refuses ends the stream at once; a transport this process cannot
-use falls back to the next one down."""
+use falls back to the next one down; a reopened call asks for the stream's spec moved
+to its batch, through the same checks as the first."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -26,7 +28,7 @@ from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
 from feeder.launcher import DaemonProcess
 from protocol.batch import BatchMeta, to_message
 from protocol.plan import LastBatch, plan_length
-from protocol.request import StreamSpec, to_request
+from protocol.request import MAX_BATCH_STRIDE, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow
 from protos import feeder_pb2, feeder_pb2_grpc
 from transport.base import TransportKind
@@ -43,6 +45,7 @@ class StallingFeeder(feeder_pb2_grpc.FeederServicer):
                  ends: Callable[[int, int], bool] = lambda c, k: False) -> None:
         self.stalls, self.ends = stalls, ends
         self.calls = 0
+        self.requests: list[feeder_pb2.StreamRequest] = []  # as received, in order
         self._lock = threading.Lock()
 
     def ListDatasets(self, request, context):
@@ -53,6 +56,7 @@ class StallingFeeder(feeder_pb2_grpc.FeederServicer):
     def StreamBatches(self, request, context) -> Iterator[feeder_pb2.Batch]:
         with self._lock:
             call, self.calls = self.calls, self.calls + 1
+            self.requests.append(request)
         part = SAMPLES // request.world_size  # rank r's samples, as keys r, r + w, ... would be
         for epoch in range(request.epoch, request.epoch + max(1, request.epochs)):
             cursor = request.start_cursor if epoch == request.epoch else 0
@@ -92,7 +96,7 @@ def _loader(address: str, **options) -> FeederLoader:
     base = {"dataset": "fake", "batch_size": 4, "image_size": SIDE, "rank": 0, "world_size": 1,
             "return_keys": True, "normalize": False, "prefetch_batches": 1,
             "stall_timeout_s": 0.5, "reconnect_timeout_s": 5.0}
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def test_stalled_stream_reopens_at_its_cursor_without_loss_or_repeat(fake_daemon) -> None:
@@ -113,6 +117,45 @@ def test_a_stream_that_ends_before_its_plan_does_is_reopened_at_its_cursor(fake_
         keys = [k for _, _, batch_keys in loader for k in batch_keys]
         assert loader.reconnects == 1
     assert keys == [str(i) for i in range(SAMPLES)]
+
+
+def test_a_reopened_call_asks_for_the_first_calls_spec_moved_to_its_cursor() -> None:
+    feeder = StallingFeeder(lambda call, cursor: call == 0 and cursor == 8)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    feeder_pb2_grpc.add_FeederServicer_to_server(feeder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with _loader(f"127.0.0.1:{port}", transport="grpc") as loader:
+            keys = [k for _, _, batch_keys in loader for k in batch_keys]
+            assert loader.reconnects == 1
+    finally:
+        server.stop(0).wait(10)
+    assert keys == [str(i) for i in range(SAMPLES)]
+    first, reopened = feeder.requests[:2]
+    spec = from_request(first)
+    # Everything the loader asks for is on the spec: the transport, its host, its prefetch.
+    assert spec.transport == feeder_pb2.TRANSPORT_GRPC and spec.client_host is not None and spec.client_host.pid
+    assert spec.prefetch_batches == 1 and spec.start_cursor == 0
+    assert reopened == to_request(dataclasses.replace(spec, start_cursor=8))
+
+
+def test_a_reopen_the_daemon_would_refuse_is_refused_with_its_message(fake_daemon) -> None:
+    spec = StreamSpec("fake", "train", batch_size=4, image_size=SIDE)
+    failover = _failover(fake_daemon(lambda call, cursor: False), spec)
+    try:
+        assert to_request(failover.spec_from(2, 3)) == to_request(
+            dataclasses.replace(spec, start_cursor=8, batch_stride=3))
+        # A share of a pool wider than a stride may be: the request the daemon would get.
+        request = to_request(spec)
+        request.start_cursor, request.batch_stride = 8, MAX_BATCH_STRIDE + 1
+        with pytest.raises(InvalidArgument) as daemon_says:
+            from_request(request)
+        with pytest.raises(ConfigError) as refused:
+            failover.spec_from(2, MAX_BATCH_STRIDE + 1)
+        assert str(refused.value) == str(daemon_says.value) and str(refused.value).startswith("batch_stride: ")
+    finally:
+        failover.close()
 
 
 def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> None:
@@ -137,7 +180,7 @@ def _failover(address: str, spec: StreamSpec, open_stream=None, **options) -> Fa
     if open_stream is not None:
         pool.members[0].connection.stream_batches = open_stream
     window = StreamWindow(spec.epoch, spec.epochs, spec.start_cursor, spec.batch_size, spec.last_batch, part, part)
-    failover = Failover(pool, to_request(spec), window, config, pin=None)
+    failover = Failover(pool, spec, window, config, pin=None)
     failover.close = lambda close=failover.close: (close(), pool.close())  # type: ignore[method-assign]
     return failover
 
@@ -191,7 +234,7 @@ def test_get_gives_up_even_when_the_stream_ignores_cancel(fake_daemon) -> None:
 @pytest.mark.slow
 def test_stopped_daemon_process_is_a_clear_error_not_a_hang(shards) -> None:
     with DaemonProcess({"sample": shards}, options=("--device", "cpu", "--threads", "1")) as daemon:
-        loader = FeederLoader(daemon.address, dataset="sample", batch_size=2, image_size=32,
+        loader = FeederLoader(address=daemon.address, dataset="sample", batch_size=2, image_size=32,
                               rank=0, world_size=1, prefetch_batches=1, stall_timeout_s=1.0,
                               reconnect_timeout_s=2.0)
         batches = iter(loader)

@@ -55,7 +55,7 @@ def test_a_daemon_restarted_on_resharded_data_under_the_name_is_refused_on_recon
         restarted.set()
 
     try:
-        with FeederLoader(f"127.0.0.1:{port}", "sample", prefetch_batches=1, **_KW) as loader:
+        with FeederLoader("sample", address=f"127.0.0.1:{port}", prefetch_batches=1, **_KW) as loader:
             with pytest.raises(ConfigError) as raised:  # the daemon's IdentityMismatch
                 for n, _ in enumerate(loader):
                     if n == 3:
@@ -76,11 +76,11 @@ def test_a_pool_leaves_a_daemon_whose_options_change_pixels(shards, caplog):
     with ExitStack() as stack:
         plain, port = _start(shards)
         stack.callback(lambda: plain.stop(0).wait(10))
-        with FeederLoader(f"127.0.0.1:{port}", "sample", **_KW) as loader:
+        with FeederLoader("sample", address=f"127.0.0.1:{port}", **_KW) as loader:
             reference = _pixels(loader)
         blurred, other_port = _start(shards, antialias=True)
         stack.callback(lambda: blurred.stop(0).wait(10))
-        with FeederLoader([f"127.0.0.1:{port}", f"127.0.0.1:{other_port}"], "sample", **_KW) as loader:
+        with FeederLoader("sample", address=[f"127.0.0.1:{port}", f"127.0.0.1:{other_port}"], **_KW) as loader:
             assert _pixels(loader) == reference
     lines = [r.getMessage() for r in caplog.records if str(other_port) in r.getMessage()]
     assert len(lines) == 1 and "pixel options" in lines[0], lines

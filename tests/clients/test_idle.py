@@ -51,7 +51,7 @@ def test_a_step_not_ended_yet_is_not_counted(monkeypatch) -> None:
 
 
 def test_the_loader_counts_each_step_of_its_epoch(daemon) -> None:
-    with FeederLoader(daemon, "sample", batch_size=8, image_size=32, rank=0, world_size=1) as loader:
+    with FeederLoader("sample", address=daemon, batch_size=8, image_size=32, rank=0, world_size=1) as loader:
         batches = sum(1 for _ in loader)
         share = loader.device_idle
         assert batches == N_TRAIN // 8 and share.steps == batches  # every step, the last one too

@@ -29,7 +29,7 @@ def labels(shards: Path) -> dict[str, dict[str, int]]:
 def _loader(address: str, **options) -> FeederLoader:
     base = dict(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1,
                 return_keys=True)
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def _drain(loader: FeederLoader) -> list[tuple[torch.Tensor, torch.Tensor, list[str]]]:
@@ -180,13 +180,6 @@ def test_unknown_dataset_is_not_found(daemon) -> None:
         _loader(daemon, dataset="nope")
 
 
-def test_attributes_moved_to_the_config_still_read_with_a_warning(daemon) -> None:
-    with _loader(daemon, last_batch="pad") as loader:
-        with pytest.warns(DeprecationWarning, match="loader.config.last_batch"):
-            assert loader.last_batch == "pad"
-        assert loader.config.return_keys and loader.dataset == "sample"
-
-
 @pytest.mark.gpu
 def test_cuda_batches_match_cpu_batches(daemon) -> None:
     options = dict(split="val", augment="val", batch_size=8, image_size=32)
@@ -250,4 +243,4 @@ def test_epochs_cut_short_open_the_next_epochs_stream_ahead(daemon) -> None:
             assert len(taken) == 3 and loader.position.epoch == epoch + 1
             streams = loader._streams
             ahead = streams.successor or streams.current
-            assert ahead is not None and ahead.fetcher.request.epoch == epoch + 1  # opened already
+            assert ahead is not None and ahead.fetcher.spec.epoch == epoch + 1  # opened already

@@ -35,7 +35,7 @@ def _stats(address: str) -> feeder_pb2.StatsResponse:
 def _loader(address: str, device: str, rank: int = 0, world_size: int = 1, **options) -> FeederLoader:
     base = dict(split="val", augment="val", batch_size=4, image_size=64, rank=rank, world_size=world_size,
                 device=device, normalize=False, job_id=f"gpu-{world_size}")
-    return FeederLoader(address, "sample", **(base | options))
+    return FeederLoader("sample", address=address, **(base | options))
 
 
 def test_batches_arrive_on_the_ranks_gpu_without_a_host_copy(gpu_daemon):

@@ -28,7 +28,7 @@ def _stream_threads() -> list[threading.Thread]:
 
 
 def _take_one_batch(address: str) -> weakref.ref[FeederLoader]:
-    loader = FeederLoader(address, dataset="sample", batch_size=4, image_size=32, rank=0,
+    loader = FeederLoader(address=address, dataset="sample", batch_size=4, image_size=32, rank=0,
                           world_size=1, prefetch_batches=2)
     next(iter(loader))
     return weakref.ref(loader)
@@ -50,7 +50,7 @@ def test_close_is_prompt_and_idempotent(shards: Path) -> None:
     server, port = start_daemon(shards)
     before = _stream_threads()
     try:
-        loader = FeederLoader(f"127.0.0.1:{port}", dataset="sample", batch_size=4,
+        loader = FeederLoader(address=f"127.0.0.1:{port}", dataset="sample", batch_size=4,
                               image_size=32, rank=0, world_size=1)
         next(iter(loader))
         stream = next(t for t in _stream_threads() if t not in before)
@@ -75,7 +75,7 @@ _SCRIPT = textwrap.dedent("""
 
     atexit.register(report)  # first in, so it runs after the loader's own exit hook
     from clients import FeederLoader
-    loader = FeederLoader(sys.argv[1], dataset="sample", batch_size=4, image_size=32,
+    loader = FeederLoader(address=sys.argv[1], dataset="sample", batch_size=4, image_size=32,
                           rank=0, world_size=1, prefetch_batches=2)
     next(iter(loader))
     print("took a batch at", time.monotonic(), flush=True)  # exits holding the loader

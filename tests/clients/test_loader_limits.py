@@ -19,7 +19,7 @@ def test_a_loader_paused_past_the_idle_timeout_resumes_without_loss(shards):
     try:
         # 2.4 MB batches: more than gRPC's window and the daemon's queue hold, so
         # the daemon's stream waits on the paused loader and is cancelled.
-        with FeederLoader(f"127.0.0.1:{port}", dataset="sample", batch_size=16, image_size=224, rank=0,
+        with FeederLoader(address=f"127.0.0.1:{port}", dataset="sample", batch_size=16, image_size=224, rank=0,
                           world_size=1, return_keys=True, prefetch_batches=1, transport="grpc") as loader:
             seen: Counter[str] = Counter()
             for i, (_, _, keys) in enumerate(loader):

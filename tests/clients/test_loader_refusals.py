@@ -41,7 +41,7 @@ def _daemon_refusal(address: str, **fields) -> str:
 
 
 def _loader(address: str, **options) -> FeederLoader:
-    return FeederLoader(address, "sample", **(FIELDS | {"return_keys": True} | options))
+    return FeederLoader("sample", address=address, **(FIELDS | {"return_keys": True} | options))
 
 
 @pytest.mark.parametrize("fields", [
@@ -91,19 +91,20 @@ def test_an_address_that_is_not_one_is_refused_without_waiting(address, monkeypa
     monkeypatch.setenv("FEEDER_ADDRESS", address)  # from the environment too
     for given in (address, None):
         with pytest.raises(ConfigError, match=f"^address: {re.escape(repr(address))} is not host:port"):
-            FeederLoader(given, "sample", connect_timeout_s=600)
+            FeederLoader("sample", address=given, connect_timeout_s=600)
 
 
 @pytest.mark.parametrize("address", [None, "", []])
 def test_no_address_and_no_feeder_address_is_refused_naming_both(address, monkeypatch) -> None:
     monkeypatch.delenv("FEEDER_ADDRESS", raising=False)
     with pytest.raises(ConfigError, match="^address: none given and FEEDER_ADDRESS is not set"):
-        FeederLoader(address, "sample", connect_timeout_s=600)
+        FeederLoader("sample", address=address, connect_timeout_s=600)
 
 
 def test_no_address_is_the_one_feeder_run_exported(daemon, monkeypatch) -> None:
+    # Under `feeder run` a script names its dataset alone: the address is FEEDER_ADDRESS.
     monkeypatch.setenv("FEEDER_ADDRESS", daemon)
-    with FeederLoader(None, "sample", batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True) as loader:
+    with FeederLoader(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True) as loader:
         assert loader.address == daemon
         keys = Counter(k for _, _, batch in loader for k in batch)
     assert sum(keys.values()) == N_TRAIN - N_TRAIN % 8 and set(keys.values()) == {1}
@@ -126,7 +127,7 @@ def test_a_second_thread_iterating_the_same_loader_is_refused(daemon) -> None:
         other.join()
         assert len(refused) == 1, "the second thread took a batch"
         message = str(refused[0])
-        assert "FeederLoader('127.0.0.1:" in message and "'sample'" in message and "already being iterated" in message
+        assert "FeederLoader('sample', address='127.0.0.1:" in message and "already being iterated" in message
         for _, _, keys in batches:
             seen.update(keys)
         assert sum(seen.values()) == N_TRAIN // 8 * 8 and set(seen.values()) == {1}  # nothing went elsewhere
@@ -165,7 +166,8 @@ def test_the_shared_memory_directory_is_the_one_feeder_run_exported(monkeypatch,
     from clients.config import LoaderConfig
 
     monkeypatch.setenv("FEEDER_SHM_DIR", str(tmp_path))
-    assert LoaderConfig("127.0.0.1:5", "sample").shm_path == tmp_path
-    assert LoaderConfig("127.0.0.1:5", "sample", shm_dir=Path("/run/shm")).shm_path == Path("/run/shm")  # given wins
+    assert LoaderConfig("sample", address="127.0.0.1:5").shm_path == tmp_path
+    given = LoaderConfig("sample", address="127.0.0.1:5", shm_dir=Path("/run/shm"))
+    assert given.shm_path == Path("/run/shm")  # given wins
     monkeypatch.delenv("FEEDER_SHM_DIR")
-    assert LoaderConfig("127.0.0.1:5", "sample").shm_path == Path("/dev/shm")
+    assert LoaderConfig("sample", address="127.0.0.1:5").shm_path == Path("/dev/shm")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clients import FeederLoader
-from clients.loader import LoaderConfig
+from clients.config import LoaderConfig
 from core.errors import ConfigError, Unauthenticated
 from feeder.config import ServerConfig
 from feeder.server import create_server
@@ -45,7 +45,7 @@ def daemon(shards, tmp_path):
 
 def _loader(address: str, **options) -> FeederLoader:
     base = dict(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1, connect_timeout_s=10)
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def _first_batch_shape(loader: FeederLoader) -> tuple[int, ...]:

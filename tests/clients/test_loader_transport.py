@@ -35,7 +35,7 @@ def _epoch_keys(loader: FeederLoader) -> Counter[str]:
 
 def _loader(address: str, **options) -> FeederLoader:
     base = dict(dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True)
-    return FeederLoader(address, **(base | options))
+    return FeederLoader(address=address, **(base | options))
 
 
 def test_a_local_loader_gets_shared_memory_and_every_sample_once(shards):
@@ -116,7 +116,7 @@ def test_a_stale_or_twice_released_slot_is_invalid_and_the_daemon_goes_on(shards
 _CLIENT = """
 import sys, time
 from clients import FeederLoader
-loader = FeederLoader(sys.argv[1], dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1)
+loader = FeederLoader(address=sys.argv[1], dataset="sample", batch_size=8, image_size=32, rank=0, world_size=1)
 for i, _ in enumerate(loader):
     if i == 1:
         print("holding", flush=True)

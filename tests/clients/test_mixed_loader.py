@@ -50,7 +50,7 @@ def _epoch(loader: FeederLoader) -> list[tuple[str, int]]:
 
 
 def test_a_mixed_loader_yields_each_datasets_share_with_labels_over_the_union(mixed_daemon, truth):
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
         assert loader.classes == UNION and loader.num_samples == 64 and len(loader) == 8
         assert loader.epoch_counts == {"sample": 48, "extra": 16} and loader.dataset == "sample+extra"
         batches = [(list(keys), labels.tolist()) for _, labels, keys in loader]
@@ -61,7 +61,7 @@ def test_a_mixed_loader_yields_each_datasets_share_with_labels_over_the_union(mi
 
 
 def test_the_default_epoch_is_every_sample_of_the_mix_once_in_proportion(mixed_daemon, truth):
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, rank=0, world_size=1, last_batch="pad",
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, last_batch="pad",
                       return_padding=True, **_KW) as loader:
         assert loader.num_samples == len(truth) and loader.epoch_counts == {"sample": 114, "extra": 38}
         got = Counter(k.split("/")[0] for _, _, keys, pad in loader for k, p in zip(keys, pad) if not p)
@@ -81,7 +81,7 @@ def test_the_default_epoch_is_every_sample_of_the_mix_once_in_proportion(mixed_d
 def test_bad_mixes_are_refused_before_connecting(dataset, kwargs, line):
     # No daemon listens there: the refusal comes before any connection.
     with pytest.raises(ConfigError) as caught:
-        FeederLoader("127.0.0.1:9", dataset, connect_timeout_s=0.5, **kwargs)
+        FeederLoader(dataset, address="127.0.0.1:9", connect_timeout_s=0.5, **kwargs)
     assert str(caught.value).startswith(line) and "\n" not in str(caught.value)
 
 
@@ -91,36 +91,36 @@ def test_bad_mixes_are_refused_before_connecting(dataset, kwargs, line):
 ])
 def test_a_mix_of_datasets_or_splits_the_daemon_lacks_is_refused_when_built(mixed_daemon, dataset, split, line):
     with pytest.raises(ConfigError) as caught:
-        FeederLoader(mixed_daemon, dataset, split=split, **_KW)
+        FeederLoader(dataset, address=mixed_daemon, split=split, **_KW)
     assert str(caught.value).startswith(line.format(port=mixed_daemon.rsplit(":", 1)[1]))
 
 
 def test_a_state_of_another_mix_is_refused_with_one_line(mixed_daemon):
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
         state = loader.state_dict()
     assert state["mix"] == [["sample", 0.75], ["extra", 0.25]] and state["epoch_samples"] == 64
-    with FeederLoader(mixed_daemon, {"sample": 0.5, "extra": 0.5}, batch_size=8, epoch_samples=64, rank=0,
+    with FeederLoader({"sample": 0.5, "extra": 0.5}, address=mixed_daemon, batch_size=8, epoch_samples=64, rank=0,
                       world_size=1, **_KW) as other:
         with pytest.raises(ConfigError, match=r"^loader state is for mix=sample=0.75,extra=0.25, this loader has "
                                               r"sample=0.5,extra=0.5$"):
             other.load_state_dict(state)
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, epoch_samples=80, rank=0, world_size=1, **_KW) as longer:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, epoch_samples=80, rank=0, world_size=1, **_KW) as longer:
         with pytest.raises(ConfigError, match=r"^loader state is for epoch_samples=64, this loader has 80$"):
             longer.load_state_dict(state)
-    with FeederLoader(mixed_daemon, "sample", batch_size=8, rank=0, world_size=1, **_KW) as plain:
+    with FeederLoader("sample", address=mixed_daemon, batch_size=8, rank=0, world_size=1, **_KW) as plain:
         with pytest.raises(ConfigError, match=r"^loader state is for dataset='sample\+extra'"):
             plain.load_state_dict(state)
 
 
 def test_a_resume_at_the_same_world_size_and_another_batch_size_goes_on_at_the_next_sample(mixed_daemon):
     kwargs = dict(epoch_samples=64, world_size=1, rank=0, **_KW)
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, **kwargs) as loader:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, **kwargs) as loader:
         whole = [k for _, _, keys in loader for k in keys]
-    with FeederLoader(mixed_daemon, MIX, batch_size=8, **kwargs) as loader:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, **kwargs) as loader:
         batches = iter(loader)
         first = [k for _ in range(3) for k in next(batches)[2]]
         state = loader.state_dict()
-    with FeederLoader(mixed_daemon, MIX, batch_size=5, **kwargs) as resumed:
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=5, **kwargs) as resumed:
         resumed.load_state_dict(state)
         rest = [k for _, _, keys in resumed for k in keys]
     assert first + rest[:len(whole) - 24] == whole  # drop: the new batch size's tail is left out
@@ -132,7 +132,7 @@ def test_a_pool_member_lacking_a_dataset_of_the_mix_is_left_with_one_line(mixed_
                                               grace_s=0.5))
     lacking = f"127.0.0.1:{port}"
     try:
-        with FeederLoader([lacking, mixed_daemon], MIX, batch_size=8, epoch_samples=64, rank=0, world_size=1,
+        with FeederLoader(MIX, address=[lacking, mixed_daemon], batch_size=8, epoch_samples=64, rank=0, world_size=1,
                           **_KW) as loader:
             keys = [k for _, _, batch in loader for k in batch]
             assert [m.left for m in loader._streams.pool.members] == [True, False]
@@ -146,14 +146,14 @@ def test_a_pool_member_lacking_a_dataset_of_the_mix_is_left_with_one_line(mixed_
 def test_merged_states_resume_a_mix_at_another_world_size(mixed_daemon):
     kwargs = dict(epoch_samples=64, last_batch="pad", return_padding=True, **_KW)
     with ExitStack() as stack:
-        ranks = [stack.enter_context(FeederLoader(mixed_daemon, MIX, batch_size=4, rank=r, world_size=2, **kwargs))
-                 for r in range(2)]
+        ranks = [stack.enter_context(FeederLoader(MIX, address=mixed_daemon, batch_size=4, rank=r, world_size=2,
+                                                  **kwargs)) for r in range(2)]
         iters = [iter(r) for r in ranks]
         read = [k for it in iters for _ in range(3) for k, p in zip(*next(it)[2:]) if not p]
         job = merge_states([r.state_dict() for r in ranks])
     with ExitStack() as stack:
-        ranks = [stack.enter_context(FeederLoader(mixed_daemon, MIX, batch_size=3, rank=r, world_size=3, **kwargs))
-                 for r in range(3)]
+        ranks = [stack.enter_context(FeederLoader(MIX, address=mixed_daemon, batch_size=3, rank=r, world_size=3,
+                                                  **kwargs)) for r in range(3)]
         for r in ranks:
             r.load_state_dict(job)
         read += [k for r in ranks for _, _, keys, pad in r for k, p in zip(keys, pad) if not p]
@@ -198,7 +198,7 @@ def test_a_mix_resumed_at_3_ranks_through_a_daemon_killed_keeps_shares_passes_an
         daemons = [stack.enter_context(DaemonProcess({"sample": shards, "extra": extra}, ("--threads", "1")))
                    for _ in range(2)]
         addresses = [d.address for d in daemons]
-        two = [stack.enter_context(FeederLoader(addresses, MIX, rank=r, world_size=2, batch_size=6, **kwargs))
+        two = [stack.enter_context(FeederLoader(MIX, address=addresses, rank=r, world_size=2, batch_size=6, **kwargs))
                for r in range(2)]
         killed: list[int] = []
         _epoch_of_ranks(two, 0, "2 ranks", out, kill=lambda: killed.append(daemons[1].kill()))
@@ -207,7 +207,7 @@ def test_a_mix_resumed_at_3_ranks_through_a_daemon_killed_keeps_shares_passes_an
         for rank in two:
             rank.close()
         # The killed daemon is still in the pool: probed in the background, never answering.
-        three = [stack.enter_context(FeederLoader(addresses, MIX, rank=r, world_size=3, batch_size=4,
+        three = [stack.enter_context(FeederLoader(MIX, address=addresses, rank=r, world_size=3, batch_size=4,
                                                   connect_timeout_s=2.0, **kwargs)) for r in range(3)]
         for rank in three:
             rank.load_state_dict(job)

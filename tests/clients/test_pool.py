@@ -44,7 +44,7 @@ def _keys(loader: FeederLoader, after_batch: dict[int, object] | None = None) ->
 def reference(shards: Path) -> Iterator[list[str]]:
     with ExitStack() as stack:
         (alone,) = _daemons(stack, shards, 1)
-        with FeederLoader(alone.address, "sample", **_KW) as loader:
+        with FeederLoader("sample", address=alone.address, **_KW) as loader:
             yield _keys(loader)
 
 
@@ -53,7 +53,7 @@ def test_a_daemon_killed_mid_epoch_loses_and_repeats_nothing(shards, reference, 
     with ExitStack() as stack:
         # Little buffered on either side, so the killed daemon still owes batches.
         daemons = _daemons(stack, shards, 3, "--ring-slots", "2", "--queue-batches", "1")
-        with FeederLoader([d.address for d in daemons], "sample", **(_KW | dict(prefetch_batches=1))) as loader:
+        with FeederLoader("sample", address=[d.address for d in daemons], **(_KW | dict(prefetch_batches=1))) as loader:
             keys = _keys(loader, {1: lambda: os.kill(daemons[1].pid, signal.SIGKILL)})
             # The fault happened: the daemon is dead, and the pool left it mid-epoch.
             assert wait_for(timeout_s=10, predicate=lambda: daemons[1].returncode == -signal.SIGKILL)
@@ -69,7 +69,7 @@ def test_a_stopped_daemon_is_left_to_the_others_and_used_again_once_it_answers(s
         daemons = _daemons(stack, shards, 3, "--ring-slots", "2", "--queue-batches", "1")
         stopped = daemons[2]
         # Batches of 16 at 224 px: the first batch of a stream taken over takes longer than a poll.
-        with FeederLoader([d.address for d in daemons], "sample",
+        with FeederLoader("sample", address=[d.address for d in daemons],
                           **(_KW | dict(image_size=224, batch_size=16, prefetch_batches=1))) as loader:
             assert _keys(loader, {1: lambda: os.kill(stopped.pid, signal.SIGSTOP)}) == reference
             # Only the stopped daemon failed: the stall is timed per daemon, from what it
@@ -88,7 +88,7 @@ def test_a_stopped_daemon_is_left_to_the_others_and_used_again_once_it_answers(s
 def test_a_daemon_added_mid_epoch_is_used_from_the_next_batch(shards, reference):
     with ExitStack() as stack:
         first, second = _daemons(stack, shards, 2)
-        with FeederLoader([first.address, second.address], "sample", **_KW) as loader:
+        with FeederLoader("sample", address=[first.address, second.address], **_KW) as loader:
             third = stack.enter_context(DaemonProcess({"sample": shards}, ("--threads", "1")))
             seen: list[int] = []
 
@@ -106,7 +106,7 @@ def test_a_daemon_of_another_manifest_is_left_out_naming_both(shards, reference,
     with ExitStack() as stack:
         same = _daemons(stack, shards, 2)
         (different,) = _daemons(stack, other, 1)
-        with FeederLoader([*(d.address for d in same), different.address], "sample", **_KW) as loader:
+        with FeederLoader("sample", address=[*(d.address for d in same), different.address], **_KW) as loader:
             assert _keys(loader) == reference
     lines = [r.getMessage() for r in caplog.records if different.address in r.getMessage()]
     assert len(lines) == 1 and "manifest" in lines[0]
@@ -115,7 +115,7 @@ def test_a_daemon_of_another_manifest_is_left_out_naming_both(shards, reference,
 def test_a_pool_whose_daemons_are_all_gone_says_so_naming_them(shards, tmp_path):
     with ExitStack() as stack:
         daemons = _daemons(stack, shards, 2)
-        loader = stack.enter_context(FeederLoader([d.address for d in daemons], "sample",
+        loader = stack.enter_context(FeederLoader("sample", address=[d.address for d in daemons],
                                                   **(_KW | dict(reconnect_timeout_s=3.0))))
         batches = iter(loader)
         next(batches)

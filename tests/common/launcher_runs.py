@@ -32,7 +32,7 @@ print("address", os.environ["FEEDER_ADDRESS"], "token", os.environ.get("FEEDER_T
 print("shm dir", os.environ["FEEDER_SHM_DIR"], flush=True)
 pause, progress = float(os.environ.get("PAUSE_S", "0")), Path(os.environ["PROGRESS"])
 seen = Counter()
-with FeederLoader(None, "sample", batch_size=4, image_size=32, rank=0, world_size=1, return_keys=True,
+with FeederLoader(dataset="sample", batch_size=4, image_size=32, rank=0, world_size=1, return_keys=True,
                   reconnect_timeout_s=60) as loader:
     for _, _, keys in loader:
         seen.update(keys)

@@ -214,7 +214,7 @@ def _loader_config(trainer: Doc, dataset: str, monkeypatch: pytest.MonkeyPatch) 
     """A loader's configuration in the trainer's environment: what it reads from there."""
     for name, entry in k8s.env(trainer).items():
         monkeypatch.setenv(name, entry.get("value", TOKEN))  # from a Secret: the test's token
-    return LoaderConfig(k8s.env(trainer)[ADDRESS_ENV]["value"], dataset)
+    return LoaderConfig(dataset, address=k8s.env(trainer)[ADDRESS_ENV]["value"])
 
 
 def _check_trainer_finds_daemon(doc: Doc, trainer_doc: Doc, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,7 +252,7 @@ def _serves_trainer(doc: Doc, trainer_doc: Doc, tmp: Path, shards: Path, monkeyp
         monkeypatch.setenv(TOKEN_ENV, _secret_env(trainer, TOKEN_ENV, secrets))
         shm_here = _here(tmp, k8s.where(trainer_doc, trainer, "/dev/shm"))
         dataset = k8s.train_config(trainer).dataset
-        with FeederLoader(socket_here, dataset, batch_size=4, image_size=32, rank=0, world_size=1,
+        with FeederLoader(dataset, address=socket_here, batch_size=4, image_size=32, rank=0, world_size=1,
                           shm_dir=shm_here) as loader:
             images, labels = next(iter(loader))
             assert tuple(images.shape) == (4, 3, 32, 32) and loader.transport == "shm"
@@ -322,7 +322,7 @@ def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short
                 stub.ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=30)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
         monkeypatch.setenv(TOKEN_ENV, _secret_env(trainer, TOKEN_ENV, secrets))
-        with FeederLoader(target, train.dataset, batch_size=4, image_size=32, rank=0, world_size=1,
+        with FeederLoader(train.dataset, address=target, batch_size=4, image_size=32, rank=0, world_size=1,
                           tls_root=tls_root) as loader:
             images, labels = next(iter(loader))
             # --shm-budget-bytes 0: the pixels come inside the messages, even on this host.

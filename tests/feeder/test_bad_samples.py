@@ -149,7 +149,7 @@ def test_the_loader_counts_replaced_samples_and_marks_them_as_padding(broken):
     root, key = broken
     server, port = start({"bad": root})
     try:
-        with FeederLoader(f"127.0.0.1:{port}", "bad", split="val", batch_size=BATCH, image_size=16,
+        with FeederLoader("bad", address=f"127.0.0.1:{port}", split="val", batch_size=BATCH, image_size=16,
                           rank=0, world_size=1, last_batch="pad", return_padding=True,
                           return_keys=True) as loader:
             batches = list(loader)

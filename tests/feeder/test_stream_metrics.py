@@ -49,7 +49,7 @@ def test_a_slow_consumer_over_shared_memory_waits_for_itself_not_for_the_daemon(
 
     server, port = private_server(shm_dir=tmp_path)
     waited: dict[str, float] = {}
-    with FeederLoader(f"127.0.0.1:{port}", "sample", batch_size=4, image_size=16, rank=0, world_size=1,
+    with FeederLoader("sample", address=f"127.0.0.1:{port}", batch_size=4, image_size=16, rank=0, world_size=1,
                       transport="shm", shm_dir=tmp_path) as loader:
         for step, _ in enumerate(loader):
             time.sleep(0.2)  # the training step: far slower than the daemon makes 4 images of 16 px

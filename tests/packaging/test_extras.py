@@ -29,7 +29,6 @@ def test_torchvision_and_matplotlib_are_the_trainers_extra_only() -> None:
 def test_every_loader_and_daemon_module_imports_without_them() -> None:
     modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder)
                for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # that one runs the CLI
-    modules.remove("clients.loader_config")  # a deprecated alias: importing it warns
     modules.remove("feeder._resize")  # a plain C library (loaded with ctypes), not a module
     blocked = "".join(f"sys.modules[{name!r}] = None;" for name in EXTRA_MODULES)
     script = f"import importlib, sys; {blocked} [importlib.import_module(m) for m in {modules!r}]"

@@ -8,7 +8,16 @@ import pytest
 
 from core.errors import InvalidArgument
 from protocol.plan import LastBatch
-from protocol.request import AugmentKind, CropRange, MixPart, StreamSpec, from_request, mix_name, to_request
+from protocol.request import (
+    AugmentKind,
+    ClientHost,
+    CropRange,
+    MixPart,
+    StreamSpec,
+    from_request,
+    mix_name,
+    to_request,
+)
 from protos import feeder_pb2
 
 
@@ -34,9 +43,19 @@ def test_a_spec_survives_the_wire():
     spec = StreamSpec(dataset="d", split="train", rank=2, world_size=3, batch_size=5, image_size=48, seed=-7,
                       epoch=4, start_cursor=10, max_samples=20, epochs=3, last_batch=LastBatch.PAD,
                       augment=AugmentKind.VAL, crop=CropRange(0.25, 0.5, 0.5, 2.0), job_id="j",
-                      antialias=True, local_world_size=2)
+                      antialias=True, local_world_size=2, transport=feeder_pb2.TRANSPORT_SHM,
+                      client_host=ClientHost("boot", "node-1", 2**64 - 1, "GPU-1", 4321), prefetch_batches=6)
     assert from_request(to_request(spec)) == spec
-    assert from_request(to_request(StreamSpec(dataset="d", split="val"))).antialias is None
+    plain = from_request(to_request(StreamSpec(dataset="d", split="val")))
+    assert plain.antialias is None and plain.client_host is None and not to_request(plain).HasField("client_host")
+
+
+def test_everything_a_request_carries_is_a_field_of_the_spec():
+    # The request is made from the spec alone (to_request): nothing is set on the
+    # message afterwards, so every field of the message has its field of the spec.
+    crop = {"min_scale", "max_scale", "min_ratio", "max_ratio"}
+    fields = {f.name for f in dataclasses.fields(StreamSpec)} - {"crop"} | crop
+    assert set(feeder_pb2.StreamRequest.DESCRIPTOR.fields_by_name) == fields
 
 
 @pytest.mark.parametrize("fields,name", [
@@ -46,6 +65,8 @@ def test_a_spec_survives_the_wire():
     (dict(epochs=0), "epochs"),
     (dict(batch_size=1 << 20, image_size=1024), "batch_size"),
     (dict(seed=2**63), "seed"),
+    (dict(transport=9), "transport"),
+    (dict(prefetch_batches=-1), "prefetch_batches"),
 ])
 def test_a_spec_out_of_range_is_refused_naming_the_field(fields, name):
     with pytest.raises(InvalidArgument) as caught:
