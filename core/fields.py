@@ -10,30 +10,15 @@ repeated option the singular of it (``--dataset`` for ``datasets``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Cli", "OldName", "Parse", "cli", "cli_of", "option_name"]
+__all__ = ["Cli", "Parse", "cli", "cli_of", "option_name"]
 
 _KEY = "cli"
 
 Parse = Callable[[Any, str], Any]  # (text, or list of texts; the option as given) -> field value
-
-
-@dataclass(frozen=True)
-class OldName:
-    """A deprecated option name that still works, with a warning.
-
-    Args:
-        name: the old option, e.g. ``--shm-bytes``.
-        parse: (text, option) -> field value, for an old option given in other units
-            (``--shard-size-mb``: MiB); None: read as the current option is.
-    """
-
-    name: str
-    parse: Parse | None = None
 
 
 @dataclass(frozen=True)
@@ -45,8 +30,6 @@ class Cli:
     parse: Parse | None = None
     repeated: bool = False
     metavar: str | None = None
-    old_names: tuple[OldName, ...] = ()
-    old_values: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 def cli(
@@ -56,8 +39,6 @@ def cli(
     parse: Parse | None = None,
     repeated: bool = False,
     metavar: str | None = None,
-    old: tuple[str | OldName, ...] = (),
-    old_values: Mapping[str, str] | None = None,
 ) -> dict[str, Cli]:
     """Field metadata for its command-line option: ``field(metadata=cli(...))``.
 
@@ -70,14 +51,8 @@ def cli(
         repeated: the option is given once per item (``--dataset a=x --dataset b=y``)
             and ``parse`` receives the list of texts.
         metavar: what the help shows for the value, e.g. ``NAME=PATH``.
-        old: deprecated option names that still work (each prints a warning).
-        old_values: deprecated value -> the value it now is (each prints a warning).
     """
-    names = tuple(n if isinstance(n, OldName) else OldName(n) for n in old)
-    values = MappingProxyType(dict(old_values or {}))
-    spec = Cli(argument=argument, excluded=excluded, parse=parse, repeated=repeated, metavar=metavar,
-               old_names=names, old_values=values)
-    return {_KEY: spec}
+    return {_KEY: Cli(argument=argument, excluded=excluded, parse=parse, repeated=repeated, metavar=metavar)}
 
 
 def cli_of(f: dataclasses.Field) -> Cli:

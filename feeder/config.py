@@ -271,7 +271,7 @@ class ServerConfig:
     max_streams_per_peer: int = 16
     max_streams_per_address: int = 32
     max_streams_per_job: int = 32
-    max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
+    max_memory_bytes: int = field(default_factory=_default_memory_bytes)
     idle_timeout_s: float = 600.0
     contended_idle_timeout_s: float = 5.0
     metrics_port: int | None = None
@@ -287,10 +287,10 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     token_file: Path | None = None
     insecure: bool = False
-    socket_path: Path | None = field(default=None, metadata=cli(old=("--socket",)))
+    socket_path: Path | None = None
     shm_dir: Path = Path("/dev/shm")
     ring_slots: int = 0
-    shm_budget_bytes: int = field(default=4 << 30, metadata=cli(old=("--shm-bytes",)))
+    shm_budget_bytes: int = 4 << 30
     on_error: str = "skip"
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_failed_batch_fraction: float = 0.5

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.cli import format_bytes
-from core.fields import cli_of, option_name
+from core.fields import option_name
 from core.options import cli_fields
 from feeder.config import ServerConfig
 
@@ -51,9 +51,9 @@ def option_texts(config: ServerConfig) -> dict[str, str]:
 
 
 def _names(f: dataclasses.Field) -> set[str]:
-    """Every name ``f`` may be given under: its option, ``--no-`` before a flag, its old names."""
+    """Every name ``f`` may be given under: its option, and ``--no-`` before a flag."""
     flag = option_name(f)
-    found = {flag, *(old.name for old in cli_of(f).old_names)}
+    found = {flag}
     if f.type in (bool, "bool"):
         found.add("--no-" + flag.removeprefix("--"))
     return found

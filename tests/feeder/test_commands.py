@@ -1,5 +1,5 @@
-"""``feeder serve``: its options are ServerConfig's fields, old spellings still work
-(with one warning line each), bad values are one line and exit 1."""
+"""``feeder serve``: its options are ServerConfig's fields,
+bad values are one line and exit 1."""
 
 from __future__ import annotations
 
@@ -56,35 +56,12 @@ def test_defaults_are_the_config_defaults(tmp_path: Path, served: list[ServerCon
     assert served == [ServerConfig(datasets={"d": tmp_path})]
 
 
-@pytest.mark.parametrize("old,new,value,field,expected", [
-    ("--shm-bytes", "--shm-budget-bytes", "1G", "shm_budget_bytes", 1 << 30),
-    ("--max-memory", "--max-memory-bytes", "3G", "max_memory_bytes", 3 << 30),
-    ("--socket", "--socket-path", "/run/feeder.sock", "socket_path", Path("/run/feeder.sock")),
-])
-def test_old_spellings_work_with_one_warning(tmp_path, served, old, new, value, field, expected) -> None:
-    result = _serve(tmp_path, old, value)
-    assert result.exit_code == 0, result.output
-    assert getattr(served[0], field) == expected
-    assert result.stderr.splitlines() == [f"feeder: warning: {old} is deprecated, use {new}"]
-
-
 @pytest.mark.parametrize("args,line", [
     (("--queue-bytes", "12X"), "feeder: error: --queue-bytes '12X': expected a size such as 8G, 512M or 1073741824"),
     (("--dataset", "noequals"), "feeder: error: --dataset 'noequals': expected NAME=PATH, e.g. imagenet=/data/shards"),
     (("--on-error", "raise"), "feeder: error: on_error: 'raise' is not one of skip, fail"),
-    (("--shm-bytes", "1G", "--shm-budget-bytes", "2G"),
-     "feeder: error: --shm-budget-bytes: given as --shm-budget-bytes and --shm-bytes; give --shm-budget-bytes only"),
 ])
 def test_bad_values_are_one_line_and_exit_1(tmp_path, served, args, line) -> None:
     result = _serve(tmp_path, *args)
     assert result.exit_code == 1 and not served
     assert result.stderr.splitlines() == [line]
-
-
-def test_an_old_spelling_with_a_bad_value_names_it(tmp_path, served) -> None:
-    result = _serve(tmp_path, "--max-memory", "8X")
-    assert result.exit_code == 1 and not served
-    assert result.stderr.splitlines() == [
-        "feeder: warning: --max-memory is deprecated, use --max-memory-bytes",
-        "feeder: error: --max-memory '8X': expected a size such as 8G, 512M or 1073741824",
-    ]
