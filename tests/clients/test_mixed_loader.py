@@ -17,8 +17,8 @@ import pytest
 from clients import FeederLoader, merge_states
 from core.errors import ConfigError
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
 from feeder.server import create_server
+from launcher.daemon_process import DaemonProcess
 from protocol.mix import Mix, epoch_draws
 from tests.common.mixes import build_extra_shards, labels_by_key
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import typer
 
+from cli.app import app
 from core.cli import parse_bytes, parse_list
 from core.fields import cli_of
 from core.options import cli_fields, docstring_args, option_help
-from feeder.cli import app
 
 __all__ = ["assert_options_follow", "command_params"]
 

@@ -188,7 +188,7 @@ def test_the_image_installs_every_package_and_runs_feeder() -> None:
     assert set(project["tool"]["setuptools"]["packages"]) <= copied
     assert re.search(r'^RUN pip install .* "\.\[trainer\]"( |$)', dockerfile, re.M)  # the trainer runs in it too
     assert re.search(r'^ENTRYPOINT \["feeder"\]$', dockerfile, re.M)
-    assert project["project"]["scripts"]["feeder"] == "feeder.cli:app"
+    assert project["project"]["scripts"]["feeder"] == "cli.app:app"
 
 
 @pytest.mark.parametrize("name", ["train-sidecar.yaml", "daemonset.yaml", "cpu-pool.yaml"])

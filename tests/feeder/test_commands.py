@@ -8,25 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from feeder.cli import app
-from feeder.commands import _serve_args
+from cli.app import app
 from feeder.config import ServerConfig
-from feeder.run_config import RunConfig
 from tests.common.options import assert_options_follow
 
 
 def test_options_are_the_server_config_fields() -> None:
     assert_options_follow("serve", ServerConfig)
-
-
-def test_feeder_runs_options_are_the_serve_options_and_the_launchers_own() -> None:
-    assert_options_follow("run", RunConfig)  # the serve options documented once, in ServerConfig
-
-
-def test_the_daemon_of_feeder_run_gets_the_serve_options_as_given_and_none_of_the_launchers() -> None:
-    given = ["--dataset", "d=/s", "--restarts", "2", "--port", "7", "--pool-with=h:1,h:2", "--start-timeout-s",
-             "9", "--traceback", "--no-antialias"]
-    assert _serve_args(given) == ["--dataset", "d=/s", "--port", "7", "--no-antialias"]
 
 
 @pytest.fixture

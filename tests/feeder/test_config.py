@@ -102,7 +102,7 @@ def test_budget_defaults():
 def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory-bytes", "8X"])
     assert result.exit_code == 1

@@ -17,7 +17,7 @@ import pytest
 
 from feeder.admission import stream_need_bytes
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.waiting import wait_for
 

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from transport.base import HostIdentity
 

@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.errors import ConfigError
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.tls import Certificates, make_certificates
 from tests.feeder.conftest import connect, request, start
@@ -100,7 +100,7 @@ def test_unreadable_or_empty_token_and_certificate_files_fail_at_start(shards, t
 def test_serve_refuses_an_open_bind_with_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--bind", "0.0.0.0"])
     assert result.exit_code == 1
@@ -198,7 +198,7 @@ def test_a_second_daemon_on_a_live_socket_is_refused_and_the_first_keeps_it(priv
 def test_serve_on_a_live_socket_exits_with_one_line(private_server, shards, tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     path = tmp_path / "feeder.sock"
     private_server(socket_path=path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from feeder.cli import app
+from cli.app import app
 from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
 from tests.common.options import assert_options_follow
 from tests.common.shards import build_sample_tree

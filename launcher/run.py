@@ -8,7 +8,7 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   given and waited on until gRPC health says SERVING (a daemon that cannot start
   ends the launcher with its reason; the command never starts). A daemon already
   serving is shared only where it serves every dataset named with the identity the
-  launcher's own directories and pixel options give (:mod:`feeder.shared_daemon`);
+  launcher's own directories and pixel options give (:mod:`launcher.shared_daemon`);
   else the launcher stops with one line naming both;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
   ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
@@ -21,7 +21,7 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
   and the launcher exits with the command's status (128 + N for signal N). A
-  launcher killed outright takes its command with it (:mod:`feeder.run_guard`).
+  launcher killed outright takes its command with it (:mod:`launcher.guard`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from core.errors import ConfigError
 from core.processes import limited
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
-from feeder.run_config import RunConfig
-from feeder.run_guard import LauncherGuard, sweep_leftovers
 from feeder.security import read_token
-from feeder.shared_daemon import SharedDaemon
+from launcher.config import RunConfig
+from launcher.daemon_process import DaemonProcess
+from launcher.guard import LauncherGuard, sweep_leftovers
+from launcher.shared_daemon import SharedDaemon
 
 __all__ = ["ADDRESS_ENV", "SHM_DIR_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
 

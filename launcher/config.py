@@ -1,4 +1,4 @@
-"""``RunConfig``: the options of ``feeder run`` (:mod:`feeder.run`), ``feeder serve``'s
+"""``RunConfig``: the options of ``feeder run`` (:mod:`launcher.run`), ``feeder serve``'s
 and the launcher's own. Light to import: the CLI builds it before anything starts."""
 
 from __future__ import annotations
