@@ -72,7 +72,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def ReleaseSlots(self, request, context):  # noqa: N802
         try:
-            released = self.service.transports.release(request.slots)
+            released = self.service.parts.transports.release(request.slots)
         except FeederError as e:
             self._abort(context, e)
         return feeder_pb2.ReleaseResponse(released=released)
