@@ -3,6 +3,10 @@ is written once: its name, type and default are the field's, its help is the fie
 entry in the class docstring's ``Args:`` section, and validation is the dataclass's
 ``__post_init__``.
 
+A configuration that groups its fields into records (:func:`core.fields.records`)
+has the records' fields as its options, under their own names, and is built from
+them with :func:`core.fields.from_options`.
+
 What typer cannot read from the field's type is declared beside the field
 (:func:`core.fields.cli`): positional arguments, repeated options, parsers, fields
 left off the command line. Two rules need no
@@ -34,7 +38,7 @@ from core.cli import (
     remember_traceback,
     run_command,
 )
-from core.fields import Cli, Parse, cli_of, option_name
+from core.fields import Cli, Parse, cli_of, from_options, option_fields, option_name, records
 
 __all__ = ["cli_fields", "command_from_config", "docstring_args", "option_help"]
 
@@ -46,10 +50,12 @@ _QUOTED = re.compile(r"``([^`]+)``")
 def _docstring_entries(cls: type) -> dict[str, str]:
     """Field name -> its raw text in the ``Args:`` section of ``cls``'s docstring, or
     of the nearest base class documenting it (a configuration that extends another
-    documents only its own fields)."""
+    documents only its own fields), or of the record holding it."""
     found: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         found.update(_own_entries(base))
+    for kind in records(cls).values():
+        found.update(_docstring_entries(kind))
     return found
 
 
@@ -79,8 +85,12 @@ def docstring_args(cls: type) -> dict[str, str]:
 
 
 def cli_fields(cls: type, exclude: Sequence[str] = ()) -> list[dataclasses.Field]:
-    """The fields of ``cls`` offered on the command line, in order."""
-    return [f for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    """The fields of ``cls`` (and of its records) offered on the command line, in order."""
+    return [f for f, _, _ in _offered(cls, exclude)]
+
+
+def _offered(cls: type, exclude: Sequence[str]) -> list[tuple[dataclasses.Field, type, str | None]]:
+    return [(f, owner, record) for f, owner, record in option_fields(cls)
             if f.init and f.name not in exclude and not cli_of(f).excluded]
 
 
@@ -185,9 +195,9 @@ class _Option:
 
 
 def _options(cls: type, exclude: Sequence[str]) -> list[_Option]:
-    hints = typing.get_type_hints(cls)
     helps = option_help(cls, exclude)
-    return [_Option(f, hints[f.name], helps.get(f.name, "")) for f in cli_fields(cls, exclude)]
+    return [_Option(f, typing.get_type_hints(owner)[f.name], helps.get(f.name, ""))
+            for f, owner, _ in _offered(cls, exclude)]
 
 
 def _config_values(options: list[_Option], given: dict[str, Any]) -> dict[str, Any]:
@@ -206,8 +216,8 @@ def command_from_config(
     exclude: Sequence[str] = (),
     with_context: bool = False,
 ) -> Callable[..., None]:
-    """A typer command whose options are the fields of ``cls`` (plus ``--traceback``);
-    it builds ``cls(**options)`` and calls ``run`` with it through
+    """A typer command whose options are the fields of ``cls`` and of its records (plus
+    ``--traceback``); it builds ``cls`` from them (:func:`core.fields.from_options`) and calls ``run`` with it through
     :func:`core.cli.run_command`.
 
     Args:
@@ -229,7 +239,7 @@ def command_from_config(
     def command(ctx: typer.Context, **given: Any) -> None:
         remember_traceback(ctx, given.pop("traceback"))
         extra = (ctx,) if with_context else ()
-        run_command(ctx, lambda: run(cls(**_config_values(options, given)), *extra))
+        run_command(ctx, lambda: run(from_options(cls, _config_values(options, given)), *extra))
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = doc

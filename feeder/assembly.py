@@ -94,22 +94,23 @@ def assemble(config: ServerConfig, datasets: Mapping[str, ShardDataset], metrics
     device = resolve_device(config.device, gpus)
     _say_footprint(config, datasets)
     devices = DevicePlacer.of_this_process(device, gpus)
-    workers = FairPool(config.decode_threads)
     admission: Admission[BatchStream] = Admission(config, metrics)
-    pool = PipelinePool(config.max_pipelines, config.pipeline_idle_s, metrics.pipelines_held, workers=workers)
+    budgets, tuning = config.budgets, config.tuning
+    workers = FairPool(tuning.decode_threads)
+    pool = PipelinePool(budgets.max_pipelines, budgets.pipeline_idle_s, metrics.pipelines_held, workers=workers)
     decoded_cache = None
-    if config.decoded_cache_bytes:  # one cache for every stream and job of this daemon
-        decoded_cache = DecodedCache(config.decoded_cache_bytes, config.decoded_cache_side)
+    if config.decoded_cache.decoded_cache_bytes:  # one cache for every stream and job of this daemon
+        decoded_cache = DecodedCache(config.decoded_cache.decoded_cache_bytes, config.decoded_cache.decoded_cache_side)
         metrics.decoded_cache(usage=decoded_cache.usage())
-    transports = TransportHub(config.transport)
+    transports = TransportHub(config.shm.transport)
     usage = Usage(metrics)
     # What is not given is tuned while streams run (--threads, --prefetch left at 0).
     tuner = Tuner(lambda: [stream for stream, _ in admission.open()], metrics, usable_cpus(), workers,
-                  tune_threads=config.autotune and not config.threads,
-                  grant=partial(grant_prefetch, admission) if config.autotune and not config.prefetch else None)
+                  tune_threads=tuning.autotune and not tuning.threads,
+                  grant=partial(grant_prefetch, admission) if tuning.autotune and not tuning.prefetch else None)
     idle = IdleStreams(config, admission, metrics)
     return ServiceParts(
-        device=device, devices=devices, workers=workers, shares=FairShares(workers, config.fair_share),
+        device=device, devices=devices, workers=workers, shares=FairShares(workers, config.tuning.fair_share),
         peers=PeerProcesses(), admission=admission, bad=_bad_samples(config, datasets, metrics), pool=pool,
         pipelines=StreamPipelines(config, devices, pool, decoded_cache, metrics, lambda: len(admission),
                                   admission.ran_out),
@@ -121,7 +122,7 @@ def assemble(config: ServerConfig, datasets: Mapping[str, ShardDataset], metrics
 
 def _bad_samples(config: ServerConfig, datasets: Mapping[str, ShardDataset],
                  metrics: ServerMetrics) -> dict[Split, BadSamples]:
-    return {(name, split): BadSamples(name, index, config.max_pixels, metrics.bad_sample_found)
+    return {(name, split): BadSamples(name, index, config.decoding.max_pixels, metrics.bad_sample_found)
             for name, dataset in datasets.items() for split, index in dataset.splits.items()}
 
 
@@ -134,6 +135,6 @@ def _say_footprint(config: ServerConfig, datasets: Mapping[str, ShardDataset]) -
     footprint, physical = config.footprint_bytes + read_ahead, physical_memory_bytes()
     level = logging.WARNING if footprint > physical else logging.INFO
     log.log(level, "memory: at most %.1f GiB (streams %.1f, shared memory %.1f, decoded cache %.1f, remote read-ahead "
-            "%.1f, libraries %.1f) of the machine's %.1f GiB", footprint / gib, config.max_memory_bytes / gib,
-            config.shm_budget_bytes / gib, config.decoded_cache_bytes / gib, read_ahead / gib, LIBRARY_BYTES / gib,
-            physical / gib)
+            "%.1f, libraries %.1f) of the machine's %.1f GiB", footprint / gib, config.budgets.max_memory_bytes / gib,
+            config.shm.shm_budget_bytes / gib, config.decoded_cache.decoded_cache_bytes / gib, read_ahead / gib,
+            LIBRARY_BYTES / gib, physical / gib)

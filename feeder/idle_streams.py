@@ -34,8 +34,8 @@ class IdleStreams:
     """
 
     def __init__(self, config: ServerConfig, admission: Admission, metrics: ServerMetrics) -> None:
-        self._idle_s = config.idle_timeout_s
-        self._contended_s = config.contended_idle_timeout_s
+        self._idle_s = config.budgets.idle_timeout_s
+        self._contended_s = config.budgets.contended_idle_timeout_s
         self._admission = admission
         self._metrics = metrics
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.cli import format_bytes
-from core.fields import option_name
+from core.fields import option_name, option_values
 from core.options import cli_fields
 from feeder.config import ServerConfig
 
@@ -47,7 +47,8 @@ def _reported() -> list[dataclasses.Field]:
 
 def option_texts(config: ServerConfig) -> dict[str, str]:
     """``config``'s reported options: option name -> its value as text."""
-    return {option_name(f): _text(f.name, getattr(config, f.name)) for f in _reported()}
+    values = option_values(config)
+    return {option_name(f): _text(f.name, values[f.name]) for f in _reported()}
 
 
 def _names(f: dataclasses.Field) -> set[str]:

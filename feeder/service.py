@@ -114,8 +114,8 @@ class FeederService:
         """
         parts = self.parts
         source = find_source(spec, self.datasets, parts.bad, self.config.pixel_options)
-        if spec.batch_size > self.config.max_batch_size:
-            raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.max_batch_size}")
+        if spec.batch_size > self.config.budgets.max_batch_size:
+            raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.budgets.max_batch_size}")
         part = rank_part_of(spec, source.plan, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         check_epochs_hold_batches(len(source.plan) if isinstance(source.plan, Mix) else source.plan,
@@ -134,12 +134,13 @@ class FeederService:
             sender = parts.transports.open_sender(transport, spec.batch_bytes, batch_gpu_uuid=placement.gpu_uuid,
                                                  slots=self.config.stream_ring_slots(transport.prefetch_batches))
             held.callback(parts.transports.close_sender, sender)
-            limits = FailureLimits(self.config.max_failed_batch_fraction, self.config.max_failed_epoch_fraction,
+            decoding, budgets = self.config.decoding, self.config.budgets
+            limits = FailureLimits(decoding.max_failed_batch_fraction, decoding.max_failed_epoch_fraction,
                                    len(part), source.part_lengths(part))
             context = StreamContext(
                 source.split, parts.pipelines.cached(runner, spec.dataset, source.split), spec.image_size, len(part),
-                SampleFilter(source.bad, OnError(self.config.on_error), limits),
-                self.config.queue_batches, self.config.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
+                SampleFilter(source.bad, OnError(decoding.on_error), limits),
+                budgets.queue_batches, budgets.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
             )
             stream = BatchStream(context, sender, self._slices(spec, source.plan, part), self.metrics, str(number))
             parts.admission.admit(stream, Ticket(name, client, job, need, cancel,

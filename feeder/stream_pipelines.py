@@ -70,23 +70,23 @@ class StreamPipelines:
         (see :func:`feeder.devices.thread_share`), fixed when DALI builds it."""
         config = self._config
         threads = 1  # the window decoder: no threads of its own, one spec for every stream
-        if placement.device == "gpu" or cpu_decoder_in_use(config.cpu_decoder) == "dali":
+        if placement.device == "gpu" or cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
             # The node's other ranks are likely on their way: each gets an equal share.
             pipelines = max(self._open_streams() + self._opening, spec.local_world_size)
             if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
                 pipelines = max(pipelines, self._devices.gpu_count)
-            threads = thread_share(config.decode_threads, pipelines)
+            threads = thread_share(config.tuning.decode_threads, pipelines)
         on_gpu = placement.device == "gpu"
         return PipelineSpec(
             device=placement.device,
             device_id=placement.device_id,
-            max_batch_size=batch_bucket(spec.batch_size, config.max_batch_size),
+            max_batch_size=batch_bucket(spec.batch_size, config.budgets.max_batch_size),
             threads=threads,
-            prefetch=config.gpu_stream_prefetch if on_gpu else config.stream_prefetch,
-            antialias=config.antialias if spec.antialias is None else spec.antialias,
-            cpu_decoder=config.cpu_decoder,
-            hw_decoder_load=self._devices.hw_decoder_load(placement.device_id, config.hw_decoder_load),
-            cpu_decode_share=config.cpu_decode_share if on_gpu else 0.0,
+            prefetch=config.tuning.gpu_stream_prefetch if on_gpu else config.tuning.stream_prefetch,
+            antialias=config.decoding.antialias if spec.antialias is None else spec.antialias,
+            cpu_decoder=config.decoding.cpu_decoder,
+            hw_decoder_load=self._devices.hw_decoder_load(placement.device_id, config.gpu.hw_decoder_load),
+            cpu_decode_share=config.gpu.cpu_decode_share if on_gpu else 0.0,
         )
 
     def lend(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
@@ -104,7 +104,8 @@ class StreamPipelines:
         except RuntimeError as e:  # DALI could not build the pipeline
             raise FeederError(f"pipeline: cannot build ({str(e).splitlines()[0]})") from e
         parts.callback(self._pool.release, runner)
-        runner.lookahead, runner.prefetch = self._config.lookahead, spec.prefetch  # a pooled one may have been tuned
+        # A pooled runner may have been tuned.
+        runner.lookahead, runner.prefetch = self._config.tuning.lookahead, spec.prefetch
         return runner
 
     def cached(self, runner: PipelineRunner, dataset: str, split: SplitView) -> BatchRunner:

@@ -106,7 +106,8 @@ class NodeLauncher:
         self._serve_args = list(serve_args)
         self._command = list(command)
         self._say = say
-        self._token = read_token(config.token_file).decode() if config.token_file is not None else None
+        token_file = config.security.token_file
+        self._token = read_token(token_file).decode() if token_file is not None else None
         self._port = config.port
         self.address = local_address(config)
         self.daemon: DaemonProcess | None = None  # the one this launcher started, if any
@@ -116,7 +117,7 @@ class NodeLauncher:
         self._child: subprocess.Popen[bytes] | None = None
         # The rings' directory the command is given: the launcher's, or a shared daemon's
         # (where a daemon of the launcher's own replacing that one then puts them too).
-        self._shm_dir = Path(config.shm_dir).resolve()
+        self._shm_dir = Path(config.shm.shm_dir).resolve()
         self._guard: LauncherGuard | None = None
 
     @property
@@ -174,7 +175,7 @@ class NodeLauncher:
     def _start_daemon(self) -> None:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
-        shm = () if self._shm_dir == Path(self.config.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
+        shm = () if self._shm_dir == Path(self.config.shm.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
         daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
                                echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
                                start_timeout_s=self.config.start_timeout_s,

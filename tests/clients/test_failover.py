@@ -27,7 +27,7 @@ _KW = dict(split="train", batch_size=4, return_keys=True, normalize=False, seed=
 
 
 def _daemon(stack: ExitStack, shards: Path, **options) -> tuple[FeederServer, str]:
-    config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, grace_s=0.5,
+    config = ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1, grace_s=0.5,
                           **({"max_batch_size": 64} | options))
     server, port = create_server(config)
     stack.callback(lambda: server.stop(0).wait(10))

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from core.errors import ConfigError
-from core.fields import cli
+from core.fields import cli, from_options, option_values
 from core.options import command_from_config, docstring_args, option_help
 
 
@@ -128,3 +128,46 @@ def test_option_help_names_options_where_the_docstring_names_fields() -> None:
 def test_every_field_of_the_example_is_documented() -> None:
     documented = docstring_args(Example)
     assert [f.name for f in dataclasses.fields(Example) if f.name not in documented] == []
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What it may take.
+
+    Args:
+        max_items: at most this many; see ``name``.
+    """
+
+    max_items: int = 8
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """A configuration with a record.
+
+    Args:
+        name: what it is called.
+        limits: its limits (a record: its fields are the options).
+    """
+
+    name: str = "x"
+    limits: Limits = field(default_factory=Limits)
+
+
+def test_a_records_fields_are_options_of_their_own_names_and_build_the_record() -> None:
+    seen: list[Grouped] = []
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("run")(command_from_config(Grouped, seen.append, doc="Run it."))
+    app.command("other")(lambda: None)
+    assert CliRunner().invoke(app, ["run", "--max-items", "3", "--name", "y"]).exit_code == 0
+    assert seen == [Grouped("y", Limits(3))]
+    help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "--max-items" in help_text and "--limits" not in help_text
+    assert option_help(Grouped)["max_items"] == "at most this many; see --name."
+
+
+def test_a_configuration_is_built_from_its_options_flat_and_read_back_flat() -> None:
+    config = from_options(Grouped, {"max_items": 2})
+    assert config == Grouped(limits=Limits(2)) and option_values(config) == {"name": "x", "max_items": 2}
+    with pytest.raises(TypeError, match="limits given with fields of its own"):
+        from_options(Grouped, {"limits": Limits(), "max_items": 2})

@@ -17,7 +17,7 @@ from protocol.request import StreamSpec
 
 
 def _service(shards, **options) -> FeederService:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", max_batch_size=64, lookahead=0, **options)
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", max_batch_size=64, lookahead=0, **options)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())
 
 
@@ -122,9 +122,9 @@ def test_what_is_given_by_hand_or_with_autotune_off_is_not_tuned(shards, options
     try:
         assert service.parts.tuner._tune_threads is threads and (service.parts.tuner._grant is not None) is prefetch
         shown = service.metrics.registry.get_sample_value("feeder_tuned_threads")
-        assert shown == service.config.decode_threads  # tuned or hand-set, the threads the pool has
-        assert service.parts.workers.threads == service.config.decode_threads
-        assert service.config.stream_prefetch == options.get("prefetch", 2)
+        assert shown == service.config.tuning.decode_threads  # tuned or hand-set, the threads the pool has
+        assert service.parts.workers.threads == service.config.tuning.decode_threads
+        assert service.config.tuning.stream_prefetch == options.get("prefetch", 2)
     finally:
         service.close()
 
@@ -152,6 +152,6 @@ def test_the_tuner_runs_beside_streams_and_a_stream_closing_mid_trial_is_forgott
         threading.Event().wait(2 * service.parts.tuner.interval_s)
         service.parts.tuner.tick()  # the last stream closed: forgotten, no trial left on it
         assert service.parts.tuner._trial is None and not service.parts.tuner._seen
-        assert 1 <= service.parts.workers.threads <= 2 * max(1, service.config.decode_threads)
+        assert 1 <= service.parts.workers.threads <= 2 * max(1, service.config.tuning.decode_threads)
     finally:
         service.close()

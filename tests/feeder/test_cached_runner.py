@@ -39,7 +39,7 @@ SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is do
 
 def _service(shards: Path, cache_bytes: int = 64 << 20, side: int = SIDE, on_error: str = "skip",
              cpu_decoder: str = "auto") -> FeederService:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
                           decoded_cache_bytes=cache_bytes, decoded_cache_side=side, on_error=on_error,
                           cpu_decoder=cpu_decoder)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())

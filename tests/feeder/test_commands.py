@@ -35,13 +35,14 @@ def test_options_reach_the_config(tmp_path: Path, served: list[ServerConfig]) ->
     assert result.exit_code == 0, result.output
     (config,) = served
     assert config.datasets == {"d": tmp_path, "e": tmp_path / "e"}
-    assert (config.shm_budget_bytes, config.max_memory_bytes, config.queue_bytes) == (1 << 30, 2 << 30, 512 << 20)
-    assert config.socket_path == tmp_path / "s.sock" and config.on_error == "fail" and result.stderr == ""
+    budgets = config.budgets
+    assert (config.shm.shm_budget_bytes, budgets.max_memory_bytes, budgets.queue_bytes) == (1 << 30, 2 << 30, 512 << 20)
+    assert config.socket_path == tmp_path / "s.sock" and config.decoding.on_error == "fail" and result.stderr == ""
 
 
 def test_defaults_are_the_config_defaults(tmp_path: Path, served: list[ServerConfig]) -> None:
     assert _serve(tmp_path).exit_code == 0
-    assert served == [ServerConfig(datasets={"d": tmp_path})]
+    assert served == [ServerConfig.of(datasets={"d": tmp_path})]
 
 
 @pytest.mark.parametrize("args,line", [

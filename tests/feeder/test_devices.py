@@ -76,7 +76,7 @@ def test_cpu_spec_has_no_device_index():
 
 
 def _service(shards, **config) -> FeederService:
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=4, **config)
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=4, **config)
     return FeederService(config, open_datasets({"s": shards}), ServerMetrics())
 
 
@@ -108,7 +108,7 @@ def test_window_decoder_streams_work_on_the_daemons_threads_alone(service):
         for stream in streams:
             next(iter(stream))
         workers = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(workers) == service.config.decode_threads
+        assert len(workers) == service.config.tuning.decode_threads
     finally:
         for stream in streams:
             stream.close()

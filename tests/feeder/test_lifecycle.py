@@ -65,7 +65,7 @@ def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
         # (--threads, however many pipelines are idle).
         assert server.service.parts.pool.idle_count() <= 2
         decoding = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(decoding) <= server.config.decode_threads
+        assert len(decoding) <= server.config.tuning.decode_threads
         assert threading.active_count() - len(decoding) <= before + 8 + 1 + 3 + 1
 
 
@@ -241,7 +241,7 @@ def test_gpu_daemon_streams_batches(shards):
 
 
 def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monkeypatch):
-    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=1),
+    service = FeederService(ServerConfig.of(datasets={"s": shards}, device="cpu", threads=1),
                             open_datasets({"s": shards}), ServerMetrics())
     started = []
     original_start = BatchStream.start
@@ -265,7 +265,7 @@ def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monke
 ])
 def test_a_stream_whose_transport_cannot_be_made_gives_back_its_pipeline_and_admission(
         shards, monkeypatch, refusal):
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=1, max_pipelines=1, max_streams=1)
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=1, max_pipelines=1, max_streams=1)
     service = FeederService(config, open_datasets({"s": shards}), ServerMetrics())
     spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32, max_samples=8)
     try:

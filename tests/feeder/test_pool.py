@@ -23,7 +23,7 @@ def service_with(shards):
     services = []
 
     def make(**options):
-        config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
+        config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
         services.append(FeederService(config, open_datasets(config.datasets), ServerMetrics()))
         return services[-1]
 
@@ -52,7 +52,8 @@ def test_distinct_crops_and_batch_sizes_build_a_bounded_number_of_pipelines(serv
     assert wait_for(lambda: service.parts.pool.alive_count() == 0, timeout_s=5.0)
     assert service.metrics.stats().pipelines == 0
     # The pool's reaper, the idle-stream watcher and the daemon's decode threads stay.
-    assert wait_for(lambda: threading.active_count() <= before + 2 + service.config.decode_threads, timeout_s=5.0)
+    threads = service.config.tuning.decode_threads
+    assert wait_for(lambda: threading.active_count() <= before + 2 + threads, timeout_s=5.0)
 
 
 def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(service_with):

@@ -62,19 +62,19 @@ BASE = {"datasets": {"d": Path("/x")}}
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.1.2.3", "feeder.example.com"])
 def test_a_non_loopback_bind_needs_tls_and_a_token_or_insecure(bind, certs, token_file):
     with pytest.raises(ConfigError, match=r"bind: .* --insecure") as caught:
-        ServerConfig(**BASE, bind=bind)
+        ServerConfig.of(**BASE, bind=bind)
     assert "\n" not in str(caught.value)
     with pytest.raises(ConfigError, match="bind"):
-        ServerConfig(**BASE, bind=bind, token_file=token_file)
+        ServerConfig.of(**BASE, bind=bind, token_file=token_file)
     with pytest.raises(ConfigError, match="bind"):
-        ServerConfig(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key)
-    ServerConfig(**BASE, bind=bind, insecure=True)
-    ServerConfig(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
+        ServerConfig.of(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key)
+    ServerConfig.of(**BASE, bind=bind, insecure=True)
+    ServerConfig.of(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
 def test_loopback_binds_need_nothing(bind):
-    ServerConfig(**BASE, bind=bind)
+    ServerConfig.of(**BASE, bind=bind)
 
 
 @pytest.mark.parametrize("fields,name", [
@@ -84,7 +84,7 @@ def test_loopback_binds_need_nothing(bind):
 ])
 def test_tls_options_come_in_pairs(fields, name):
     with pytest.raises(ConfigError, match=name):
-        ServerConfig(**BASE, **fields)
+        ServerConfig.of(**BASE, **fields)
 
 
 def test_unreadable_or_empty_token_and_certificate_files_fail_at_start(shards, tmp_path, certs):
