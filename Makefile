@@ -68,13 +68,13 @@ chaos: install
 	$(BIN)/python -m tests.chaos --seeds $(SEEDS) --json .chaos/results.json
 
 typecheck: install
-	$(BIN)/python -m mypy core protocol shards sharder feeder clients trainer bench
+	$(BIN)/python -m mypy core protocol shards sharder feeder clients launcher trainer cli bench
 
 lint: install
 	$(BIN)/python -m ruff check .
 
 demo: install
-	$(BIN)/python -m feeder.demo --workdir $(DEMO)
+	$(BIN)/python -m cli.demo --workdir $(DEMO)
 
 clean:
 	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so feeder/_resize*.so $(NATIVE_LIBS)

@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as a script: python bench/autotune.py
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 
 __all__ = ["SCENARIOS", "Scenario", "main", "parse_args", "rate_between"]
 

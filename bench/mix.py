@@ -33,7 +33,7 @@ from bench.proctree import cpu_seconds  # noqa: E402
 from bench.report import write_document  # noqa: E402
 from bench.watched import REPO  # noqa: E402
 from clients import FeederLoader  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 
 __all__ = ["main", "measure"]
 

@@ -37,7 +37,7 @@ if not __package__:  # run as a script: make the repository importable
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
 from clients import FeederLoader  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 
 __all__ = ["CpuQuota", "main", "parse_args"]
 

@@ -35,7 +35,7 @@ from bench.s3_first_batch import _upload  # noqa: E402
 from bench.seaweedfs import seaweedfs  # noqa: E402
 from clients import FeederLoader  # noqa: E402
 from core.cli import parse_bytes  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 from protos import feeder_pb2, feeder_pb2_grpc  # noqa: E402
 
 __all__ = ["main", "measure", "parse_args"]

@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # run as a script: python bench/s3_first_batch.py
 from bench.data import prepare_sample, resolve  # noqa: E402
 from bench.report import write_document  # noqa: E402
 from bench.seaweedfs import SeaweedFS, seaweedfs  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 from protos import feeder_pb2, feeder_pb2_grpc  # noqa: E402
 from shards.objects import ObjectUrl  # noqa: E402
 from shards.store import ObjectStore, StoreOptions  # noqa: E402

@@ -42,7 +42,7 @@ if not __package__:  # run as a script: make the repository importable
 from bench.data import SAMPLE_TRAIN_PER_CLASS, prepare_sample, resolve  # noqa: E402
 from bench.report import write_json  # noqa: E402
 from bench.train_projection import project  # noqa: E402
-from feeder.launcher import DaemonProcess  # noqa: E402
+from launcher.daemon_process import DaemonProcess  # noqa: E402
 
 __all__ = ["main", "parse_args", "phase_figures", "trainer_env"]
 

@@ -3,9 +3,13 @@ is written once: its name, type and default are the field's, its help is the fie
 entry in the class docstring's ``Args:`` section, and validation is the dataclass's
 ``__post_init__``.
 
+A configuration that groups its fields into records (:func:`core.fields.records`)
+has the records' fields as its options, under their own names, and is built from
+them with :func:`core.fields.from_options`.
+
 What typer cannot read from the field's type is declared beside the field
 (:func:`core.fields.cli`): positional arguments, repeated options, parsers, fields
-left off the command line, deprecated names and values. Two rules need no
+left off the command line. Two rules need no
 declaration: an ``int`` field named ``*_bytes`` takes a size (``8G``, ``512M``, bare
 bytes; :func:`core.cli.parse_bytes`) and shows its default as one, and a
 ``tuple[str, ...]`` field takes a comma list.
@@ -31,12 +35,10 @@ from core.cli import (
     format_bytes,
     parse_bytes,
     parse_list,
-    print_warning,
     remember_traceback,
     run_command,
 )
-from core.errors import ConfigError
-from core.fields import Cli, OldName, Parse, cli_of, option_name
+from core.fields import Cli, Parse, cli_of, from_options, option_fields, option_name, records
 
 __all__ = ["cli_fields", "command_from_config", "docstring_args", "option_help"]
 
@@ -48,10 +50,12 @@ _QUOTED = re.compile(r"``([^`]+)``")
 def _docstring_entries(cls: type) -> dict[str, str]:
     """Field name -> its raw text in the ``Args:`` section of ``cls``'s docstring, or
     of the nearest base class documenting it (a configuration that extends another
-    documents only its own fields)."""
+    documents only its own fields), or of the record holding it."""
     found: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         found.update(_own_entries(base))
+    for kind in records(cls).values():
+        found.update(_docstring_entries(kind))
     return found
 
 
@@ -81,8 +85,12 @@ def docstring_args(cls: type) -> dict[str, str]:
 
 
 def cli_fields(cls: type, exclude: Sequence[str] = ()) -> list[dataclasses.Field]:
-    """The fields of ``cls`` offered on the command line, in order."""
-    return [f for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+    """The fields of ``cls`` (and of its records) offered on the command line, in order."""
+    return [f for f, _, _ in _offered(cls, exclude)]
+
+
+def _offered(cls: type, exclude: Sequence[str]) -> list[tuple[dataclasses.Field, type, str | None]]:
+    return [(f, owner, record) for f, owner, record in option_fields(cls)
             if f.init and f.name not in exclude and not cli_of(f).excluded]
 
 
@@ -107,7 +115,7 @@ def _optional(hint: Any) -> Any:
 
 @dataclass(frozen=True)
 class _Option:
-    """One field of the configuration on the command line, and its old names."""
+    """One field of the configuration on the command line."""
 
     field: dataclasses.Field
     hint: Any
@@ -167,63 +175,35 @@ class _Option:
         names = [self.flag] if self.spec.repeated else []
         return typer.Option(*names, help=self.help, metavar=self._metavar())
 
-    def _old_parameter(self, index: int) -> str:
-        return f"{self.field.name}__old{index}"
+    def parameter(self) -> inspect.Parameter:
+        """The typer parameter of this option."""
+        return inspect.Parameter(self.field.name, _KEYWORD, default=self._cli_default(),
+                                 annotation=Annotated[self._cli_type(), self._info()])
 
-    def parameters(self) -> list[inspect.Parameter]:
-        """The typer parameters: this option, then its hidden old names."""
-        found = [inspect.Parameter(self.field.name, _KEYWORD, default=self._cli_default(),
-                                   annotation=Annotated[self._cli_type(), self._info()])]
-        for index, old in enumerate(self.spec.old_names):
-            kind = str if old.parse is not None or self.parser() is not None else self.hint
-            found.append(inspect.Parameter(self._old_parameter(index), _KEYWORD, default=None, annotation=Annotated[
-                _optional(kind), typer.Option(old.name, hidden=True)]))
-        return found
-
-    def take(self, ctx: typer.Context, given: dict[str, Any]) -> tuple[bool, Any]:
-        """(whether the field is set, its value), from this option's entries, which
-        are removed from ``given``.
+    def take(self, given: dict[str, Any]) -> tuple[bool, Any]:
+        """(whether the field is set, its value), from this option's entry, which is
+        removed from ``given``.
 
         Raises:
-            ConfigError: a bad value, or the option given under two names.
+            ConfigError: a bad value.
         """
         value = given.pop(self.field.name)
-        olds = [(old, given.pop(self._old_parameter(i))) for i, old in enumerate(self.spec.old_names)]
-        olds = [(old, text) for old, text in olds if text is not None]
-        if olds:
-            return True, self._from_old(ctx, olds)
         if value is None and self.computed:
             return False, None
-        return True, self._convert(value, self.flag, self.parser())
-
-    def _from_old(self, ctx: typer.Context, olds: list[tuple[OldName, Any]]) -> Any:
-        source = ctx.get_parameter_source(self.field.name)
-        names = [old.name for old, _ in olds]
-        if len(olds) > 1 or (source is not None and source.name == "COMMANDLINE"):
-            given = " and ".join([self.flag, *names] if len(olds) == 1 else names)
-            raise ConfigError(f"{self.flag}: given as {given}; give {self.flag} only")
-        old, value = olds[0]
-        print_warning(f"{old.name} is deprecated, use {self.flag}")
-        return self._convert(value, old.name, old.parse or self.parser())
-
-    def _convert(self, value: Any, option: str, parse: Parse | None) -> Any:
-        if isinstance(value, str) and value in self.spec.old_values:
-            new = self.spec.old_values[value]
-            print_warning(f"{option} {value} is deprecated, use {option} {new}")
-            value = new
-        return value if parse is None else parse(value, option)
+        parse = self.parser()
+        return True, value if parse is None else parse(value, self.flag)
 
 
 def _options(cls: type, exclude: Sequence[str]) -> list[_Option]:
-    hints = typing.get_type_hints(cls)
     helps = option_help(cls, exclude)
-    return [_Option(f, hints[f.name], helps.get(f.name, "")) for f in cli_fields(cls, exclude)]
+    return [_Option(f, typing.get_type_hints(owner)[f.name], helps.get(f.name, ""))
+            for f, owner, _ in _offered(cls, exclude)]
 
 
-def _config_values(ctx: typer.Context, options: list[_Option], given: dict[str, Any]) -> dict[str, Any]:
+def _config_values(options: list[_Option], given: dict[str, Any]) -> dict[str, Any]:
     values = {}
     for option in options:
-        present, value = option.take(ctx, given)
+        present, value = option.take(given)
         if present:
             values[option.field.name] = value
     return values
@@ -236,8 +216,8 @@ def command_from_config(
     exclude: Sequence[str] = (),
     with_context: bool = False,
 ) -> Callable[..., None]:
-    """A typer command whose options are the fields of ``cls`` (plus ``--traceback``);
-    it builds ``cls(**options)`` and calls ``run`` with it through
+    """A typer command whose options are the fields of ``cls`` and of its records (plus
+    ``--traceback``); it builds ``cls`` from them (:func:`core.fields.from_options`) and calls ``run`` with it through
     :func:`core.cli.run_command`.
 
     Args:
@@ -251,7 +231,7 @@ def command_from_config(
     """
     options = _options(cls, exclude)
     params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
-    params += [parameter for option in options for parameter in option.parameters()]
+    params += [option.parameter() for option in options]
     params.append(inspect.Parameter(
         "traceback", _KEYWORD, default=False,
         annotation=Annotated[bool, typer.Option("--traceback", help=TRACEBACK_HELP)]))
@@ -259,7 +239,7 @@ def command_from_config(
     def command(ctx: typer.Context, **given: Any) -> None:
         remember_traceback(ctx, given.pop("traceback"))
         extra = (ctx,) if with_context else ()
-        run_command(ctx, lambda: run(cls(**_config_values(ctx, options, given)), *extra))
+        run_command(ctx, lambda: run(from_options(cls, _config_values(options, given)), *extra))
 
     command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     command.__doc__ = doc

@@ -71,9 +71,9 @@ def stream_need_bytes(config: ServerConfig, batch_size: int, image_size: int) ->
     """
     image = image_size * image_size * 3
     batch = batch_size * image
-    queued = min(config.queue_batches, max(1, config.queue_bytes // batch))
-    pipeline = config.stream_prefetch * run_bytes(batch_size, image_size)
-    ahead = config.lookahead * batch_size * ENCODED_SAMPLE_BYTES
+    queued = min(config.budgets.queue_batches, max(1, config.budgets.queue_bytes // batch))
+    pipeline = config.tuning.stream_prefetch * run_bytes(batch_size, image_size)
+    ahead = config.tuning.lookahead * batch_size * ENCODED_SAMPLE_BYTES
     return (queued + _HELD_BATCHES) * batch + pipeline + ahead
 
 
@@ -166,7 +166,7 @@ class Admission(Generic[Stream]):
         self._accepting = True
         self._refused_s: float | None = None  # when a shared resource last ran out
         self._lock = threading.Lock()
-        metrics.memory_budget_set(config.max_memory_bytes)
+        metrics.memory_budget_set(config.budgets.max_memory_bytes)
 
     def check(self, client: Client, job: str, need_bytes: int) -> None:
         """Raise what :meth:`admit` would raise now (to refuse before building)."""
@@ -211,7 +211,7 @@ class Admission(Generic[Stream]):
             if ticket is None:
                 return False
             extra = change * ticket.run_bytes
-            if extra > 0 and self._reserved_bytes + extra > self._config.max_memory_bytes:
+            if extra > 0 and self._reserved_bytes + extra > self._config.budgets.max_memory_bytes:
                 return False
             self._open[stream] = replace(ticket, need_bytes=ticket.need_bytes + extra)
             self._reserved_bytes += extra
@@ -230,7 +230,7 @@ class Admission(Generic[Stream]):
         ``contended_idle_timeout_s`` (a refused loader asks again within that)."""
         with self._lock:
             refused = self._refused_s
-        return refused is not None and time.monotonic() - refused < 2 * self._config.contended_idle_timeout_s
+        return refused is not None and time.monotonic() - refused < 2 * self._config.budgets.contended_idle_timeout_s
 
     def stop_accepting(self) -> None:
         """Refuse every stream from now on (shutdown)."""
@@ -250,28 +250,29 @@ class Admission(Generic[Stream]):
         config = self._config
         if not self._accepting:
             raise ServiceUnavailable("daemon is shutting down")
-        if self._per_client[client.key] >= config.max_streams_per_peer:
+        if self._per_client[client.key] >= config.budgets.max_streams_per_peer:
             self._metrics.stream_refused("max_streams_per_peer")
             count = self._per_client[client.key]
             raise ResourceExhausted(f"max_streams_per_peer: {clip(client.key)} already has {count} streams open "
-                                    f"(limit {config.max_streams_per_peer})")
-        if client.address and self._per_address[client.address] >= config.max_streams_per_address:
+                                    f"(limit {config.budgets.max_streams_per_peer})")
+        if client.address and self._per_address[client.address] >= config.budgets.max_streams_per_address:
             self._metrics.stream_refused("max_streams_per_address")
             raise ResourceExhausted(f"max_streams_per_address: the connections of {clip(client.address)} already "
                                     f"have {self._per_address[client.address]} streams open (limit "
-                                    f"{config.max_streams_per_address}; their processes are not known here)")
-        if self._per_job[job] >= config.max_streams_per_job:
+                                    f"{config.budgets.max_streams_per_address}; their processes are not known here)")
+        if self._per_job[job] >= config.budgets.max_streams_per_job:
             self._metrics.stream_refused("max_streams_per_job")
             raise ResourceExhausted(f"max_streams_per_job: job {clip(job)} already has {self._per_job[job]} streams "
-                                    f"open (limit {config.max_streams_per_job})")
-        if len(self._open) >= config.max_streams:
+                                    f"open (limit {config.budgets.max_streams_per_job})")
+        if len(self._open) >= config.budgets.max_streams:
             self._ran_out_locked("max_streams")
-            raise ResourceExhausted(f"max_streams: {config.max_streams} streams already open")
-        if self._reserved_bytes + need_bytes > config.max_memory_bytes:
+            raise ResourceExhausted(f"max_streams: {config.budgets.max_streams} streams already open")
+        if self._reserved_bytes + need_bytes > config.budgets.max_memory_bytes:
             self._ran_out_locked("max_memory")
             raise ResourceExhausted(
                 f"max_memory: this stream needs {need_bytes / _MIB:.1f} MiB; {len(self._open)} open streams "
-                f"hold {self._reserved_bytes / _MIB:.1f} MiB of the {config.max_memory_bytes / _MIB:.1f} MiB budget"
+                f"hold {self._reserved_bytes / _MIB:.1f} MiB of the {config.budgets.max_memory_bytes / _MIB:.1f} MiB "
+                "budget"
             )
 
     def _ran_out_locked(self, reason: str) -> None:

@@ -1,23 +1,30 @@
 """Configuration of a feeder daemon, built once by ``feeder serve`` (or a test) and
-passed down."""
+passed down: where it serves, and its records (:mod:`feeder.config_groups`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Self
 
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
-from core.cli import parse_bytes
 from core.errors import ConfigError
-from core.fields import cli
+from core.fields import cli, from_options, option_values
+from feeder.config_groups import (
+    Budgets,
+    Calls,
+    DecodedCacheOptions,
+    Decoding,
+    GpuDecoding,
+    RemoteOptions,
+    Security,
+    SharedMemory,
+    Tuning,
+)
 from feeder.config_values import (
     BOUNDS,
     CPU_DECODERS,
-    DEFAULT_GPU_PREFETCH,
-    DEFAULT_LOOKAHEAD,
-    DEFAULT_PREFETCH,
     DEFAULT_RING_SLOTS,
     LIBRARY_BYTES,
     check_cpu_decoder,
@@ -25,12 +32,8 @@ from feeder.config_values import (
     is_loopback,
     parse_datasets,
     physical_memory_bytes,
-    usable_cpus,
 )
 from protocol.identity import pixel_options
-
-if TYPE_CHECKING:
-    from transport.base import TransportConfig
 
 # OpenCV, the JPEG library and torch are imported where used: ``feeder --help`` builds its options from here.
 
@@ -42,11 +45,6 @@ __all__ = [
 DEVICES = ("auto", "cpu", "gpu")
 FAIR_SHARES = ("per-job", "per-stream")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _default_memory_bytes() -> int:
-    """Half of this machine's (or its container's) memory: the rest is the training job's."""
-    return physical_memory_bytes() // 2
 
 
 @dataclass(frozen=True)
@@ -65,182 +63,16 @@ class ServerConfig:
             a loopback address needs TLS and a token (``tls_cert``, ``tls_key``,
             ``token_file``) or ``insecure``. The metrics endpoint binds here too.
         device: ``auto`` (GPU when CUDA is available), ``cpu`` or ``gpu``.
-        threads: the node's decode budget: the default CPU decoder's one pool of
-            this many worker threads, shared by worker time among the streams with
-            work as ``fair_share`` says (``core.workers.FairPool``); where DALI
-            decodes, a new pipeline's equal share of it among the open streams and,
-            for a GPU rank, at least one pipeline per GPU (at least 1; see
-            ``feeder.devices.thread_share``). 0 (the default): tuned while streams
-            run (``autotune``), from the CPUs this process may use (its affinity, its
-            container's CPU limit, at most 8) up to twice as many.
-        fair_share: how the decode threads' time is shared among streams with work:
-            ``per-stream`` (each stream, that is each rank, an equal share: a job of
-            8 ranks gets 8 times a job of 1; right for one job per node) or
-            ``per-job`` (each job an equal share, split among its streams, whatever
-            its rank count: for a node shared by unrelated jobs). In ``per-job`` a
-            process counts as one job whatever it names: the jobs one client process
-            names share one share (see ``max_streams_per_peer`` for what a client
-            is).
-        prefetch: pipeline runs kept in flight per stream. 0 (the default): tuned
-            per stream (``autotune``), from 2 up to 4.
-        autotune: tune the options left at 0 (``threads``, ``prefetch``) from what
-            the streams measure (``feeder.autotune``); off: 0 means their defaults.
-        lookahead: batches after those in flight whose slow samples (windows many
-            times their batch's median area, as of a 12 MP photo) are decoded early,
-            spread over the runs between (CPU window decoder); order unchanged. 0: none.
-        queue_batches: ready batches buffered per stream (backpressure bound).
-        queue_bytes: bytes of ready batches buffered per stream, a second bound beside
-            ``queue_batches`` (one batch is always let through, however large).
-            Example: 512M.
-        max_batch_size: largest batch a request may ask for.
-        max_streams: streams open at once; more are refused as resource exhausted.
-        max_streams_per_peer: streams one client may hold open, more are refused as
-            resource exhausted. A client is a process where the daemon can tell: over
-            TCP from this host the process the kernel says holds the connection,
-            whatever connections it opens; over the unix socket the pid its request
-            names. Else (a client on another host) a connection.
-        max_streams_per_address: streams the connections of one address may hold
-            open together where the daemon cannot tell their processes (clients on
-            other hosts), so that opening more connections does not multiply
-            ``max_streams_per_peer``. The default fits a node's job of 8 ranks, each
-            with a train and a validation stream and the stream opened ahead of a
-            size change.
-        max_streams_per_job: streams one job may hold open (its ranks share the
-            request's ``job_id``; a request without one is its client's own job). The
-            defaults fit two jobs of 8 ranks with train and validation streams, each
-            with the stream opened ahead of a size change.
-        max_memory_bytes: memory budget of all open streams' working memory together
-            (ready queues, batches being made and sent, the pipelines' buffers), each
-            estimated from its request (see ``feeder.admission.stream_need_bytes``); a
-            stream that would pass it is refused as resource exhausted. Example: 8G.
-            Default: half of physical memory (or of the container's limit, where
-            lower). Not the whole process: the daemon's
-            footprint is at most this plus ``shm_budget_bytes``, ``decoded_cache_bytes``
-            and the libraries (``footprint_bytes``).
-        idle_timeout_s: a stream whose client has taken no batch for this many
-            seconds is cancelled and its memory freed.
-        contended_idle_timeout_s: the same, while the node is contended: for twice
-            this long after a client was refused for all streams, all memory or all
-            pipelines, a stream unread for this many seconds is cancelled, so an unread
-            stream never keeps what another client is asking for (a FeederLoader
-            reopens a cancelled stream at its cursor when it reads again).
         metrics_port: Prometheus HTTP port of ``/metrics`` (0: any free port); None,
             the default: no endpoint.
         grace_s: on shutdown (SIGTERM), seconds in-flight streams get before they are
             cancelled.
-        rpc_threads: gRPC worker threads (each open stream holds one); 0: enough for
-            ``max_streams`` streams and a few unary calls. Calls waiting for their
-            request message have ``max_waiting_calls`` threads more.
         log_level: least severe log records written to stderr: ``debug``, ``info`` (a
             line per stream opened and closed), ``warning`` (errors only) or
             ``error``.
-        antialias: resize filter of streams that do not choose one: plain bilinear
-            (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
-            CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
-        cpu_decoder: what decodes JPEG windows on the CPU: ``libjpeg-turbo`` (feeder's
-            window decoder: 0.25 CPU ms per window of the sample data against 0.43),
-            ``dali`` (DALI's ROI decode), or ``auto``: the first where it was built.
-        hw_decoder_load: on a GPU, the share of each batch's JPEG data decoded by
-            the GPU's hardware JPEG engines (separate from the SMs the training step
-            uses). Default: by GPU model, 0.99 on Hopper and Blackwell (NVIDIA's
-            MLPerf ResNet-50 setting on H100/H200), else DALI's 0.65.
-        cpu_decode_share: on a GPU, the share of each batch decoded and resized on
-            the daemon's CPU workers and uploaded into the batch (no SM time): 0 all
-            on the GPU, 1 all on the CPU. Default: tuned per pipeline from what it
-            measures, as much on the CPU as keeps up with the consumer (see
-            ``docs/serving.md``, On GPU nodes); 0 where the window decoder was not built.
-        tls_cert: PEM certificate (chain) of the gRPC port; with ``tls_key``, the port
-            speaks TLS only.
-        tls_key: PEM private key of ``tls_cert``.
-        tls_client_ca: PEM CA certificates; when given, clients must present a
-            certificate signed by one of them (mutual TLS).
-        token_file: file holding a token every call but the health check must carry
-            as ``authorization: Bearer <token>`` metadata.
-        insecure: allow a non-loopback ``bind`` without TLS and a token.
         socket_path: also listen on this unix socket, for clients on this host
             (created owner-only, mode 0600; no TLS on it, the token still applies).
             Example: /run/feeder.sock.
-        shm_dir: tmpfs where same-host clients' shared-memory rings live.
-        ring_slots: batches a same-host stream may have lent out at once (being
-            queued, sent or held by the client); must cover the daemon's
-            ``queue_batches`` plus the client's prefetch, or batches wait for slots.
-            0 (the default): exactly that, per stream: ``queue_batches`` + the
-            prefetch the client says it keeps + 2 (the batch it reads, one on the wire).
-        shm_budget_bytes: shared memory all rings together may take (in /dev/shm,
-            counted in the daemon's resident memory once written, beside
-            ``max_memory_bytes``); a stream past it (or a ``/dev/shm`` too small or
-            full) is sent over the gRPC payload. Example: 16G.
-        on_error: what a stream does with a sample it cannot serve (one that fails to
-            decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
-            sample of its batch, marked as padding, counts and names it (in GetStats
-            and the log); ``fail`` ends the stream with DATA_LOSS naming it.
-        max_pixels: largest width x height (as the index says) served; a larger sample
-            is refused before it is read or decoded, as ``on_error`` says. Default:
-            Pillow's decompression-bomb threshold (about 9459 x 9459).
-        max_failed_batch_fraction: under ``on_error skip``, a batch of which more than
-            this share could not be served (did not decode, or its bytes differ from
-            their checksum) ends the stream with DATA_LOSS naming the tars: a damaged
-            or rewritten shard, not one bad image.
-        max_failed_epoch_fraction: likewise for the samples replaced in an epoch so
-            far, as a share of the rank's part of it (at least half a batch is always
-            allowed).
-        max_pipelines: built pipelines held at once, lent to streams or idle. Each
-            open stream holds one, so keep it at least ``max_streams``: a stream that
-            finds all of them lent is refused (RESOURCE_EXHAUSTED); an idle one is dropped,
-            oldest first, to build another.
-        pipeline_idle_s: an idle pipeline is dropped after this many seconds, with its
-            threads and buffers (DALI keeps its peak buffers while a pipeline lives).
-        decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
-            shared by every stream and job; see feeder.decoded_cache), e.g. 8G or
-            512M; 0, the default, turns it off, because cached pixels are downscaled
-            ones (see ``decoded_cache_side``). Refused when larger than the machine's
-            memory.
-        decoded_cache_side: cached images keep their shorter side at most this many
-            pixels; streams asking for a larger image_size decode from JPEG (counted).
-        s3_endpoint: the S3 API of an S3-compatible store (MinIO, SeaweedFS, Ceph),
-            e.g. http://127.0.0.1:8333; default: AWS_ENDPOINT_URL, else AWS itself.
-        cache_dir: node-local shard cache of remote datasets (a local disk, e.g.
-            /nvme/feeder): each remote shard is fetched whole in the background the
-            first time it is read, checked against the manifest's sha256, and read
-            locally from then on; kept across restarts, shared by every stream and
-            job of this daemon (a second daemon is refused it). None, the default:
-            ranged reads only.
-        cache_bytes: budget of ``cache_dir``, e.g. 800G; the least recently used shard
-            not being read is evicted past it; smaller than a shard: ranged reads
-            only. Default: 100G.
-        cache_fetch_bytes_per_s: the most bytes per second each background shard
-            download takes (two run at once), e.g. 200M, so downloads leave the ranged
-            reads of current batches their bandwidth; 0, the default: no limit.
-        store_requests: ranged GETs in flight at once per remote dataset, all its
-            streams together (each dataset has its own: a slow store never holds
-            another dataset's streams). 16 reads 0.9-1.0 thousand 40 KB samples/s from
-            a SeaweedFS on the same 2-core machine, against 0.5-0.6 with 4 and 0.7-0.8
-            with 8.
-        store_retry_window_s: a remote read that keeps failing transiently (5xx,
-            throttling, timeouts, connections refused or reset) is retried with
-            backoff for this many seconds; then the stream ends with UNAVAILABLE
-            naming the URL (the loader reconnects).
-        store_heal_s: a shard the store says is missing, or whose bytes differ from
-            the index, is read again with backoff for this many seconds before its
-            samples count as bad (an overwrite or a re-upload under way); once past
-            it, that shard's failures count at once, and what the store said is
-            forgotten when the object changes, exists again, or after 5 minutes.
-            0: at once.
-        first_message_timeout_s: a call whose request message has not come this many
-            seconds after the call began is cancelled (clients send it with the call;
-            a waiting call holds a gRPC worker thread).
-        max_waiting_calls: calls that may wait for their request message at once,
-            each on a gRPC thread beyond ``rpc_threads``; a call past it cancels the
-            one that has waited longest and waits in its place (a call with its request
-            passes in microseconds, so silent calls cannot keep it out). Calls without
-            the token are refused before they wait; health
-            checks have a small gate and threads of their own. The default takes the
-            burst of a node's ranks starting together (their requests come with their
-            calls, but arrive at once).
-        metrics_threads: threads serving the metrics endpoint; more connections wait
-            for one, 16 per thread at most (past that the oldest waiting is closed).
-        metrics_timeout_s: seconds a metrics connection may take in all, counted from
-            its accept: a client that has not sent its request by then is cut off.
         allow_shard_links: directories outside a dataset's root that links under it
             may lead to, comma-separated, e.g. /mnt/disk1,/mnt/disk2 (shards spread
             over disks by links). Every tar is opened beneath its dataset's root or one
@@ -253,65 +85,36 @@ class ServerConfig:
             checked against its checksum in the index as it is read); on, a start
             reads every byte once: 4.7-7.9 s (3.2 CPU s) for 865 MB of shards from
             a warm page cache on 2 busy cores, else a disk's or a store's bandwidth.
+        tuning: decode threads and what is tuned (:class:`~feeder.config_groups.Tuning`).
+        budgets: the limits streams are admitted against (``Budgets``).
+        calls: the gRPC calls' and metrics connections' threads and waits (``Calls``).
+        decoding: pixels on the CPU, and samples that cannot be served (``Decoding``).
+        gpu: a GPU stream's split between the GPU and the CPU (``GpuDecoding``).
+        security: TLS and the token (``Security``).
+        shm: the shared-memory rings of same-host clients (``SharedMemory``).
+        decoded_cache: decoded images kept in RAM (``DecodedCacheOptions``).
+        remote: datasets in object stores and their shard cache (``RemoteOptions``).
     """
 
     datasets: Mapping[str, Path | str] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
     port: int = 50051
     bind: str = "127.0.0.1"
     device: str = "auto"
-    threads: int = 0
-    fair_share: str = "per-stream"
-    prefetch: int = 0
-    autotune: bool = True
-    lookahead: int = DEFAULT_LOOKAHEAD
-    queue_batches: int = 4
-    queue_bytes: int = 256 << 20
-    max_batch_size: int = 1024
-    max_streams: int = 64
-    max_streams_per_peer: int = 16
-    max_streams_per_address: int = 32
-    max_streams_per_job: int = 32
-    max_memory_bytes: int = field(default_factory=_default_memory_bytes, metadata=cli(old=("--max-memory",)))
-    idle_timeout_s: float = 600.0
-    contended_idle_timeout_s: float = 5.0
     metrics_port: int | None = None
     grace_s: float = 5.0
-    rpc_threads: int = 0
     log_level: str = "info"
-    antialias: bool = False
-    cpu_decoder: str = "auto"
-    hw_decoder_load: float | None = None
-    cpu_decode_share: float | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_client_ca: Path | None = None
-    token_file: Path | None = None
-    insecure: bool = False
-    socket_path: Path | None = field(default=None, metadata=cli(old=("--socket",)))
-    shm_dir: Path = Path("/dev/shm")
-    ring_slots: int = 0
-    shm_budget_bytes: int = field(default=4 << 30, metadata=cli(old=("--shm-bytes",)))
-    on_error: str = "skip"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    max_failed_batch_fraction: float = 0.5
-    max_failed_epoch_fraction: float = 0.01
-    max_pipelines: int = 64
-    pipeline_idle_s: float = 30.0
-    decoded_cache_bytes: int = 0
-    decoded_cache_side: int = 256
-    s3_endpoint: str | None = None
-    cache_dir: Path | None = None
-    cache_bytes: int = 100 << 30
-    cache_fetch_bytes_per_s: int = field(default=0, metadata=cli(parse=parse_bytes))
-    store_requests: int = 16
-    store_retry_window_s: float = 60.0
-    store_heal_s: float = 10.0
-    first_message_timeout_s: float = 10.0
-    max_waiting_calls: int = 64
-    metrics_threads: int = 4
-    metrics_timeout_s: float = 5.0
+    socket_path: Path | None = None
     allow_shard_links: tuple[str, ...] = ()
     verify_on_start: bool = False
+    tuning: Tuning = field(default_factory=Tuning)
+    budgets: Budgets = field(default_factory=Budgets)
+    calls: Calls = field(default_factory=Calls)
+    decoding: Decoding = field(default_factory=Decoding)
+    gpu: GpuDecoding = field(default_factory=GpuDecoding)
+    security: Security = field(default_factory=Security)
+    shm: SharedMemory = field(default_factory=SharedMemory)
+    decoded_cache: DecodedCacheOptions = field(default_factory=DecodedCacheOptions)
+    remote: RemoteOptions = field(default_factory=RemoteOptions)
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -319,65 +122,68 @@ class ServerConfig:
         for name in self.datasets:
             if not name or "=" in name or "/" in name:
                 raise ConfigError(f"dataset name {name!r}: must be non-empty, without '=' or '/'")
+        values = option_values(self)
         for option, allowed in (("device", DEVICES), ("fair_share", FAIR_SHARES), ("log_level", LOG_LEVELS),
                                 ("on_error", ON_ERROR)):
-            if getattr(self, option) not in allowed:
-                raise ConfigError(f"{option}: {getattr(self, option)!r} is not one of {', '.join(allowed)}")
+            if values[option] not in allowed:
+                raise ConfigError(f"{option}: {values[option]!r} is not one of {', '.join(allowed)}")
         for port_name in ("port", "metrics_port"):
-            port = getattr(self, port_name)
+            port = values[port_name]
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigError(f"{port_name}: {port} is not a TCP port (0-65535)")
         for names, holds, rule in BOUNDS:
             for name in names:
-                if not holds(getattr(self, name)):  # NaN fails each
-                    raise ConfigError(f"{name}: must be {rule}, got {getattr(self, name)}")
-        check_cpu_decoder(self.cpu_decoder)
+                if not holds(values[name]):  # NaN fails each
+                    raise ConfigError(f"{name}: must be {rule}, got {values[name]}")
+        check_cpu_decoder(self.decoding.cpu_decoder)
         for name in ("hw_decoder_load", "cpu_decode_share"):
-            value = getattr(self, name)
+            value = values[name]
             if value is not None and not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{name}: must be in 0..1 (or left out: by GPU model / tuned), got {value}")
         self._check_security()
         self._check_decoded_cache()
         self._check_remote()
 
+    @classmethod
+    def of(cls, **options: Any) -> Self:
+        """The configuration of these options, by field name, flat as on the command
+        line (``ServerConfig.of(datasets=..., threads=2, max_streams=8)``); the records
+        left out keep their defaults."""
+        return from_options(cls, options)
+
     def _check_security(self) -> None:
-        if (self.tls_cert is None) != (self.tls_key is None):
-            missing = "tls_key" if self.tls_key is None else "tls_cert"
+        security = self.security
+        if (security.tls_cert is None) != (security.tls_key is None):
+            missing = "tls_key" if security.tls_key is None else "tls_cert"
             raise ConfigError(f"{missing}: TLS needs both --tls-cert and --tls-key")
-        if self.tls_client_ca is not None and self.tls_cert is None:
+        if security.tls_client_ca is not None and security.tls_cert is None:
             raise ConfigError("tls_client_ca: mutual TLS needs --tls-cert and --tls-key as well")
-        protected = self.tls_cert is not None and self.token_file is not None
-        if not (is_loopback(self.bind) or protected or self.insecure):
+        protected = security.tls_cert is not None and security.token_file is not None
+        if not (is_loopback(self.bind) or protected or security.insecure):
             raise ConfigError(
                 f"bind: {self.bind} is not a loopback address; serving it needs --tls-cert, --tls-key and "
                 "--token-file (or --insecure to serve it without)"
             )
 
-    @property
-    def transport(self) -> TransportConfig:
-        """The transports' settings."""
-        from transport.base import TransportConfig
-
-        return TransportConfig(shm_dir=self.shm_dir, ring_slots=self.ring_slots or DEFAULT_RING_SLOTS,
-                               shm_budget_bytes=self.shm_budget_bytes)
-
     def _check_decoded_cache(self) -> None:
-        if self.decoded_cache_bytes < 0:
-            raise ConfigError(f"decoded_cache_bytes: must be >= 0 (0: off), got {self.decoded_cache_bytes}")
-        if self.decoded_cache_side < 1:
-            raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {self.decoded_cache_side}")
-        if self.decoded_cache_bytes:
+        cache = self.decoded_cache
+        if cache.decoded_cache_bytes < 0:
+            raise ConfigError(f"decoded_cache_bytes: must be >= 0 (0: off), got {cache.decoded_cache_bytes}")
+        if cache.decoded_cache_side < 1:
+            raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {cache.decoded_cache_side}")
+        if cache.decoded_cache_bytes:
             from feeder.decoded_cache import check_budget
 
-            check_budget(self.decoded_cache_bytes)
+            check_budget(cache.decoded_cache_bytes)
 
     def _check_remote(self) -> None:
-        if self.s3_endpoint is not None and not self.s3_endpoint.startswith(("http://", "https://")):
-            raise ConfigError(f"s3_endpoint: {self.s3_endpoint!r} is not an http:// or https:// URL")
-        if self.cache_bytes < 0 or self.cache_fetch_bytes_per_s < 0:
+        remote = self.remote
+        if remote.s3_endpoint is not None and not remote.s3_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"s3_endpoint: {remote.s3_endpoint!r} is not an http:// or https:// URL")
+        if remote.cache_bytes < 0 or remote.cache_fetch_bytes_per_s < 0:
             raise ConfigError("cache_bytes and cache_fetch_bytes_per_s: must be >= 0")
-        if self.cache_dir is not None and self.cache_dir.exists() and not self.cache_dir.is_dir():
-            raise ConfigError(f"cache_dir: {self.cache_dir} exists and is not a directory")
+        if remote.cache_dir is not None and remote.cache_dir.exists() and not remote.cache_dir.is_dir():
+            raise ConfigError(f"cache_dir: {remote.cache_dir} exists and is not a directory")
 
     @property
     def remote_datasets(self) -> list[str]:
@@ -388,8 +194,9 @@ class ServerConfig:
     def pixel_options(self) -> dict[str, str]:
         """The options that change a stream's pixels, as ``ListDatasets`` reports them
         (:func:`protocol.identity.pixel_options`)."""
-        side = self.decoded_cache_side if self.decoded_cache_bytes else 0
-        return pixel_options(self.antialias, self.max_pixels, side)
+        cache = self.decoded_cache
+        side = cache.decoded_cache_side if cache.decoded_cache_bytes else 0
+        return pixel_options(self.decoding.antialias, self.decoding.max_pixels, side)
 
     @property
     def footprint_bytes(self) -> int:
@@ -397,35 +204,21 @@ class ServerConfig:
         shared-memory rings', the decoded cache's, and the libraries (``LIBRARY_BYTES``).
         Idle pipelines kept for reuse give their batch buffers back, so they add
         nothing that grows with batch size."""
-        return self.max_memory_bytes + self.shm_budget_bytes + self.decoded_cache_bytes + LIBRARY_BYTES
-
-    @property
-    def decode_threads(self) -> int:
-        """Decode threads to start with: ``threads``, or the CPUs this process may use, at most 8."""
-        return self.threads or min(8, usable_cpus())
-
-    @property
-    def stream_prefetch(self) -> int:
-        """Runs in flight a stream starts with: ``prefetch``, or 2."""
-        return self.prefetch or DEFAULT_PREFETCH
+        return (self.budgets.max_memory_bytes + self.shm.shm_budget_bytes + self.decoded_cache.decoded_cache_bytes
+                + LIBRARY_BYTES)
 
     def stream_ring_slots(self, client_prefetch: int) -> int:
         """Ring slots of a same-host stream whose client keeps ``client_prefetch``
         batches ready (0: it did not say): ``ring_slots``, or what covers the
         daemon's queue, the client's prefetch, the batch it reads and one on the wire."""
-        if self.ring_slots:
-            return self.ring_slots
+        if self.shm.ring_slots:
+            return self.shm.ring_slots
         if not client_prefetch:
             return DEFAULT_RING_SLOTS
-        return self.queue_batches + client_prefetch + 2
-
-    @property
-    def gpu_stream_prefetch(self) -> int:
-        """Runs in flight a stream decoding on a GPU starts with: ``prefetch``, or 3."""
-        return self.prefetch or DEFAULT_GPU_PREFETCH
+        return self.budgets.queue_batches + client_prefetch + 2
 
     @property
     def worker_threads(self) -> int:
         """gRPC worker threads: ``rpc_threads`` or enough for every stream plus a few
         unary calls (health, stats) while all streams are open."""
-        return self.rpc_threads or self.max_streams + 4
+        return self.calls.rpc_threads or self.budgets.max_streams + 4

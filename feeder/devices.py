@@ -19,11 +19,35 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from core.errors import ConfigError
 from core.gpus import GpuInventory, find_device
 
-__all__ = ["DevicePlacer", "Placement", "hw_decoder_load_for", "thread_share"]
+__all__ = ["DevicePlacer", "Placement", "cuda_devices", "hw_decoder_load_for", "resolve_device", "thread_share"]
 
 log = logging.getLogger(__name__)
+
+
+def cuda_devices() -> int:
+    """CUDA devices this process sees (0 without CUDA): the size of its
+    :class:`~core.gpus.GpuInventory`."""
+    return len(GpuInventory.of_this_process())
+
+
+def resolve_device(device: str, gpus: GpuInventory | None = None) -> str:
+    """``auto`` -> ``gpu`` when the process sees a CUDA device (``gpus``, else asked
+    now), else ``cpu``.
+
+    Raises:
+        ConfigError: ``gpu`` asked for on a machine without one.
+    """
+    if device == "cpu":
+        return device
+    count = len(gpus if gpus is not None else GpuInventory.of_this_process())
+    if device == "auto":
+        return "gpu" if count > 0 else "cpu"
+    if device == "gpu" and count == 0:
+        raise ConfigError("device: gpu asked for, but no CUDA device is visible (use auto or cpu)")
+    return device
 
 
 @dataclass(frozen=True)

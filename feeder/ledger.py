@@ -1,113 +1,19 @@
-"""The daemon's statistics, declared once.
-
-``TOTALS`` is the table: one row per statistic, under the name of its field in the
-``StatsResponse`` of ``GetStats`` (the public name). From it the :class:`Ledger`
-keeps the values, exports them to Prometheus and builds the :class:`Stats` record the
-servicer turns into a ``StatsResponse`` field by field. Adding a statistic is a row
-here, its field in ``protos/feeder.proto``, and the call that counts it.
-
-A row's Prometheus family is ``feeder_<name>`` unless the row names another one:
-older families keep their names (dashboards read them), and several rows may share
-one family under fixed labels (``feeder_decoded_cache_samples{outcome="hit"}``). A
-row's value is the sum of its family's samples that carry the row's labels, so a
-family broken down by free labels (``feeder_errors_total{kind}``) sums to the total.
-"""
+"""The values of the daemon's statistics (:mod:`feeder.statistics`, the one table of
+them), kept thread-safe, exported to Prometheus as one collector, and read back as
+the :class:`Stats` record the servicer turns into a ``StatsResponse`` field by field."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
 
-__all__ = ["TOTALS", "Ledger", "Stats", "Total"]
+from feeder.statistics import ROWS, Kind, Total
 
-Kind = Literal["counter", "gauge"]
-
-
-@dataclass(frozen=True)
-class Total:
-    """One statistic of the daemon.
-
-    Attributes:
-        name: its ``StatsResponse`` field, :class:`Stats` attribute and ledger key.
-        kind: ``counter`` (only grows) or ``gauge`` (a value now).
-        unit: what it counts (``seconds`` makes it a float, all others integers).
-        help: the Prometheus help text.
-        metric: its Prometheus family where that is not ``feeder_<name>``.
-        labels: the fixed labels of its samples in a family it shares.
-        by: free labels its family breaks it down by (summed here).
-    """
-
-    name: str
-    kind: Kind
-    unit: str
-    help: str
-    metric: str = ""
-    labels: Mapping[str, str] = field(default_factory=dict)
-    by: tuple[str, ...] = ()
-
-    @property
-    def family(self) -> str:
-        """Its Prometheus family (counters get ``_total`` appended by Prometheus)."""
-        return self.metric or f"feeder_{self.name}"
-
-    @property
-    def integral(self) -> bool:
-        """Whether it is a count (an ``int64`` field) rather than seconds."""
-        return self.unit != "seconds"
-
-
-# Help texts of families that several rows share.
-_GPU = ("Batches decoded on a GPU, by where they went: 'device' (straight into the client's CUDA IPC slot) "
-        "or 'host' (copied through host memory).")
-_DECODED = ("Samples by what the decoded cache did: hit, miss (decoded from JPEG), bypassed (image size above "
-            "the cached side).")
-_SHARD = "Samples of remote datasets by where they were read: hit (the node-local copy), miss (ranged GETs)."
-_HIT, _MISS = {"outcome": "hit"}, {"outcome": "miss"}
-
-TOTALS: tuple[Total, ...] = (
-    Total("images_served", "counter", "images", "Images sent to clients.", metric="feeder_images"),
-    Total("batches_served", "counter", "batches", "Batches sent to clients.", metric="feeder_batches"),
-    Total("bytes_sent", "counter", "bytes", "Image bytes sent to clients."),
-    Total("open_streams", "gauge", "streams", "Streams open now."),
-    Total("streams_opened", "counter", "streams", "Streams opened since the daemon started."),
-    Total("errors", "counter", "streams", "Streams ended by an error.", by=("kind",)),
-    Total("uptime_s", "gauge", "seconds", "Seconds since the daemon started.", metric="feeder_uptime_seconds"),
-    Total("samples_skipped", "counter", "samples", "Samples skipped by the drop policy."),
-    Total("samples_failed", "counter", "samples", "Samples that could not be served (undecodable or over "
-          "--max-pixels) and were replaced by a repeat of another sample.", by=("dataset", "split")),
-    Total("samples_decoded_early", "counter", "samples", "Slow samples (windows many times their batch's median "
-          "area) whose decoding started ahead of their batch (--lookahead)."),
-    Total("pipelines", "gauge", "pipelines", "Built pipelines, lent to streams or idle."),
-    Total("gpu_batches", "counter", "batches", _GPU, by=("to",)),
-    Total("gpu_host_copies", "counter", "batches", _GPU, metric="feeder_gpu_batches", labels={"to": "host"}),
-    Total("decoded_cache_hits", "counter", "samples", _DECODED, metric="feeder_decoded_cache_samples", labels=_HIT),
-    Total("decoded_cache_misses", "counter", "samples", _DECODED, metric="feeder_decoded_cache_samples",
-          labels=_MISS),
-    Total("decoded_cache_bypassed", "counter", "samples", _DECODED, metric="feeder_decoded_cache_samples",
-          labels={"outcome": "bypassed"}),
-    Total("decoded_cache_entries", "gauge", "images", "Images in the decoded cache."),
-    Total("decoded_cache_bytes", "gauge", "bytes", "Bytes the decoded cache holds."),
-    Total("decoded_cache_budget_bytes", "gauge", "bytes", "Decoded cache budget."),
-    Total("store_requests", "counter", "requests", "Requests made to object stores (ranged GETs, downloads, "
-          "lists)."),
-    Total("store_retries", "counter", "requests", "Requests to object stores retried after a transient failure."),
-    Total("store_failures", "counter", "requests", "Requests to object stores that failed for good, or gave up."),
-    Total("store_bytes_fetched", "counter", "bytes", "Bytes read from (or written to) object stores."),
-    Total("shard_cache_hits", "counter", "samples", _SHARD, metric="feeder_shard_cache_samples", labels=_HIT),
-    Total("shard_cache_misses", "counter", "samples", _SHARD, metric="feeder_shard_cache_samples", labels=_MISS),
-    Total("shard_cache_downloads", "counter", "shards", "Shards fetched whole and cached."),
-    Total("shard_cache_download_failures", "counter", "shards", "Shard downloads that failed (their samples "
-          "read with ranged GETs)."),
-    Total("shard_cache_evictions", "counter", "shards", "Cached shards evicted past --cache-bytes."),
-    Total("shard_cache_shards", "gauge", "shards", "Shards in the node-local cache."),
-    Total("shard_cache_bytes", "gauge", "bytes", "Bytes of shards in the node-local cache."),
-    Total("shard_cache_budget_bytes", "gauge", "bytes", "The shard cache's budget (--cache-bytes; lowered to "
-          "what it holds when its disk is full)."),
-)
+__all__ = ["Ledger", "Stats"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +22,7 @@ class _Family:
     kind: Kind
     help: str
     labels: tuple[str, ...]
+    buckets: tuple[float, ...] = ()
 
 
 def _families(totals: tuple[Total, ...]) -> dict[str, _Family]:
@@ -126,10 +33,10 @@ def _families(totals: tuple[Total, ...]) -> dict[str, _Family]:
     families = {}
     for name, group in rows.items():
         if len({t.kind for t in group}) != 1:
-            raise ValueError(f"the rows of {name} mix counters and gauges: {[t.name for t in group]}")
+            raise ValueError(f"the rows of {name} mix kinds: {[t.name for t in group]}")
         labels = tuple(dict.fromkeys(label for t in group for label in (*t.by, *t.labels)))
         text = " ".join(dict.fromkeys(t.help for t in group))
-        families[name] = _Family(name, group[0].kind, text, labels)
+        families[name] = _Family(name, group[0].kind, text, labels, group[0].buckets)
     return families
 
 
@@ -137,22 +44,24 @@ Source = Callable[[], Mapping[str, float]]
 
 
 class Ledger:
-    """The values of ``TOTALS``, thread-safe; a Prometheus collector of them.
+    """The values of the rows of :mod:`feeder.statistics`, thread-safe; a Prometheus
+    collector of them.
 
-    Values are kept per family sample (a tuple of label values). A row that fixes
-    every label of its family is 0 from the start (exported before it is counted);
-    the others appear with their first labels.
+    Values are kept per family sample (a tuple of label values); a histogram's as its
+    bucket counts and sum. A row that fixes every label of its family is 0 from the
+    start (exported before it is counted); the others appear with their first labels.
     """
 
-    def __init__(self, totals: tuple[Total, ...] = TOTALS) -> None:
+    def __init__(self, totals: tuple[Total, ...] = ROWS) -> None:
         self.totals = {t.name: t for t in totals}
         self._families = _families(totals)
         self._samples: dict[str, dict[tuple[str, ...], float]] = {name: {} for name in self._families}
+        self._observed: dict[str, dict[tuple[str, ...], list[float]]] = {name: {} for name in self._families}
         self._sources: list[Source] = []
         self._lock = threading.Lock()
         for total in totals:
             family = self._families[total.family]
-            if set(total.labels) == set(family.labels):
+            if set(total.labels) == set(family.labels) and family.kind != "histogram":
                 self._samples[family.name][self._key(total, {})] = 0.0
 
     def _key(self, total: Total, labels: Mapping[str, str]) -> tuple[str, ...]:
@@ -178,6 +87,28 @@ class Ledger:
                 total = self.totals[name]
                 self._samples[total.family][self._key(total, labels)] = value
 
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """One observation of the histogram ``name`` (at ``labels``)."""
+        total = self.totals[name]
+        family = self._families[total.family]
+        with self._lock:
+            counts = self._observed[family.name].setdefault(self._key(total, labels), [0.0] * (len(family.buckets) + 2))
+            for i, bound in enumerate(family.buckets):
+                if value <= bound:
+                    counts[i] += 1
+            counts[-2] += 1  # +Inf: every observation
+            counts[-1] += value  # the sum
+
+    def forget(self, label: str, value: str) -> None:
+        """Drop every sample whose ``label`` is ``value`` (a stream or a job gone)."""
+        with self._lock:
+            for family in self._families.values():
+                if label in family.labels:
+                    at = family.labels.index(label)
+                    for values in (self._samples[family.name], self._observed[family.name]):
+                        for key in [key for key in values if key[at] == value]:
+                            del values[key]
+
     def read_from(self, source: Source) -> None:
         """Totals kept elsewhere (an object store's counters, a clock): ``source()``
         gives them by name, read each time the ledger is read."""
@@ -188,10 +119,10 @@ class Ledger:
             self.set(source())
 
     def values(self) -> dict[str, float]:
-        """Every total by name: integers, seconds as floats."""
+        """Every total ``GetStats`` reports, by name: integers, seconds as floats."""
         self._read_sources()
         with self._lock:
-            return {name: self._value(total) for name, total in self.totals.items()}
+            return {name: self._value(total) for name, total in self.totals.items() if total.in_stats}
 
     def _value(self, total: Total) -> float:
         family = self._families[total.family]
@@ -207,12 +138,25 @@ class Ledger:
         self._read_sources()
         with self._lock:
             samples = {name: dict(values) for name, values in self._samples.items()}
+            observed = {name: {key: list(counts) for key, counts in values.items()}
+                        for name, values in self._observed.items()}
         for name, family in self._families.items():
+            if family.kind == "histogram":
+                yield _histogram(family, observed[name])
+                continue
             kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
             metric = kind(name, family.help, labels=list(family.labels))
             for key, value in samples[name].items():
                 metric.add_metric(list(key), value)
             yield metric
+
+
+def _histogram(family: _Family, observed: Mapping[tuple[str, ...], list[float]]) -> Metric:
+    metric = HistogramMetricFamily(family.name, family.help, labels=list(family.labels))
+    bounds = [*(floatToGoString(bound) for bound in family.buckets), "+Inf"]
+    for key, counts in observed.items():
+        metric.add_metric(list(key), list(zip(bounds, counts[:-1], strict=True)), counts[-1])
+    return metric
 
 
 @dataclass(frozen=True)

@@ -24,17 +24,19 @@ def remote_access(config: ServerConfig) -> RemoteAccess | None:
         ConfigError: the cache directory cannot be used, or another daemon holds it.
     """
     if not config.remote_datasets:
-        if config.cache_dir is not None:
-            log.info("cache_dir %s is not used: every dataset is local", config.cache_dir)
+        if config.remote.cache_dir is not None:
+            log.info("cache_dir %s is not used: every dataset is local", config.remote.cache_dir)
         return None
     cache = None
-    if config.cache_dir is not None:
-        cache = ShardCache(config.cache_dir, config.cache_bytes, fetch_bytes_per_s=config.cache_fetch_bytes_per_s)
+    if config.remote.cache_dir is not None:
+        cache = ShardCache(config.remote.cache_dir, config.remote.cache_bytes,
+                           fetch_bytes_per_s=config.remote.cache_fetch_bytes_per_s)
         usage = cache.usage()
-        log.info("shard cache %s: %d shards, %.1f of %.1f GiB", config.cache_dir, usage.cached_shards,
+        log.info("shard cache %s: %d shards, %.1f of %.1f GiB", config.remote.cache_dir, usage.cached_shards,
                  usage.cached_bytes / (1 << 30), usage.budget_bytes / (1 << 30))
-    options = StoreOptions(endpoint_url=config.s3_endpoint, retry_window_s=config.store_retry_window_s)
-    return RemoteAccess(options, StoreCounters(), cache, config.store_requests, heal_s=config.store_heal_s)
+    options = StoreOptions(endpoint_url=config.remote.s3_endpoint, retry_window_s=config.remote.store_retry_window_s)
+    return RemoteAccess(options, StoreCounters(), cache, config.remote.store_requests,
+                        heal_s=config.remote.store_heal_s)
 
 
 def close_remote(remote: RemoteAccess | None) -> None:

@@ -45,10 +45,11 @@ def server_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
     Raises:
         ConfigError: a certificate or key file cannot be read.
     """
-    if config.tls_cert is None or config.tls_key is None:
+    security = config.security
+    if security.tls_cert is None or security.tls_key is None:
         return None
-    pair = (read_option_file("tls_key", config.tls_key), read_option_file("tls_cert", config.tls_cert))
-    client_ca = None if config.tls_client_ca is None else read_option_file("tls_client_ca", config.tls_client_ca)
+    pair = (read_option_file("tls_key", security.tls_key), read_option_file("tls_cert", security.tls_cert))
+    client_ca = None if security.tls_client_ca is None else read_option_file("tls_client_ca", security.tls_client_ca)
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from core.cli import format_bytes
-from core.fields import cli_of, option_name
+from core.fields import option_name, option_values
 from core.options import cli_fields
 from feeder.config import ServerConfig
 
@@ -47,13 +47,14 @@ def _reported() -> list[dataclasses.Field]:
 
 def option_texts(config: ServerConfig) -> dict[str, str]:
     """``config``'s reported options: option name -> its value as text."""
-    return {option_name(f): _text(f.name, getattr(config, f.name)) for f in _reported()}
+    values = option_values(config)
+    return {option_name(f): _text(f.name, values[f.name]) for f in _reported()}
 
 
 def _names(f: dataclasses.Field) -> set[str]:
-    """Every name ``f`` may be given under: its option, ``--no-`` before a flag, its old names."""
+    """Every name ``f`` may be given under: its option, and ``--no-`` before a flag."""
     flag = option_name(f)
-    found = {flag, *(old.name for old in cli_of(f).old_names)}
+    found = {flag}
     if f.type in (bool, "bool"):
         found.add("--no-" + flag.removeprefix("--"))
     return found

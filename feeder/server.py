@@ -52,7 +52,7 @@ def verify_datasets(config: ServerConfig) -> None:
     from sharder.verify import verify
 
     for name, root in config.datasets.items():
-        result = verify(VerifyConfig(root, progress=False, s3_endpoint=config.s3_endpoint))
+        result = verify(VerifyConfig(root, progress=False, s3_endpoint=config.remote.s3_endpoint))
         if result.problems:
             more = len(result.problems) - 1
             others = f" (and {more} more problem(s): feeder verify {root})" if more else ""
@@ -76,9 +76,9 @@ class FeederServer:
         self.metrics = ServerMetrics()
         # Files first: a bad certificate or token stops the start before anything runs.
         self._credentials = server_credentials(config)
-        self._token = None if config.token_file is None else read_token(config.token_file)
+        self._token = None if config.security.token_file is None else read_token(config.security.token_file)
         # The token is checked first: a call without it is refused before it may wait.
-        self._guard = CallGuard(config.max_waiting_calls, config.first_message_timeout_s, self.metrics)
+        self._guard = CallGuard(config.calls.max_waiting_calls, config.calls.first_message_timeout_s, self.metrics)
         self._token_check = [] if self._token is None else [TokenInterceptor(self._token, self.metrics)]
         remote = remote_access(config)
         try:
@@ -90,12 +90,12 @@ class FeederServer:
             raise
         # Rings left by daemons that died (logged by the sweep), once the datasets are
         # known good: a start refused for its input touches nothing and says one line.
-        sweep_stale(config.shm_dir)
+        sweep_stale(config.shm.shm_dir)
         self.service = FeederService(config, datasets, self.metrics, remote)
         self.health = health.HealthServicer()
         # Calls waiting for their request hold threads of their own: the gate keeps
         # them to max_waiting_calls, so worker_threads stay free for the others.
-        threads = config.worker_threads + config.max_waiting_calls
+        threads = config.worker_threads + config.calls.max_waiting_calls
         self._grpc = grpc.server(
             futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feeder-rpc"),
             interceptors=[*self._token_check, self._guard],
@@ -133,7 +133,8 @@ class FeederServer:
     def _serve_metrics(self, port: int) -> MetricsEndpoint:
         c = self.config
         try:
-            return MetricsEndpoint(self.metrics, c.bind, port, c.metrics_threads, c.metrics_timeout_s, self._token)
+            return MetricsEndpoint(self.metrics, c.bind, port, c.calls.metrics_threads, c.calls.metrics_timeout_s,
+                                  self._token)
         except OSError as e:
             raise ConfigError(f"metrics_port: cannot listen on {port} ({e})") from e
 
@@ -215,18 +216,19 @@ def serve(config: ServerConfig) -> None:
     names = ", ".join(f"{n} ({'/'.join(d.splits)})" for n, d in sorted(server.service.datasets.items()))
     log.info("serving datasets %s on %s; device %s", names, format_address(config.bind, port),
              server.service.device)
-    if cpu_decoder_in_use(config.cpu_decoder) == "dali":
-        why = "asked for" if config.cpu_decoder == "dali" else jpeg.unavailable_reason()
+    if cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
+        why = "asked for" if config.decoding.cpu_decoder == "dali" else jpeg.unavailable_reason()
         log.info("CPU pipelines decode JPEG windows with DALI (%s)", why)
     else:
         log.info("CPU pipelines decode JPEG windows with libjpeg-turbo")
     if server.metrics_port is not None:
         log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
+    security, budgets, tuning = config.security, config.budgets, config.tuning
     log.info("gRPC port: %s, %s; budget %.1f GiB, %d streams per peer, idle timeout %g s, %d decode threads%s "
-             "shared %s", "TLS" + (" with client certificates" if config.tls_client_ca else "")
-             if config.tls_cert else "plaintext", "token required" if config.token_file else "no token",
-             config.max_memory_bytes / (1 << 30), config.max_streams_per_peer, config.idle_timeout_s,
-             config.decode_threads, " (tuned)" if config.autotune and not config.threads else "", config.fair_share)
+             "shared %s", "TLS" + (" with client certificates" if security.tls_client_ca else "")
+             if security.tls_cert else "plaintext", "token required" if security.token_file else "no token",
+             budgets.max_memory_bytes / (1 << 30), budgets.max_streams_per_peer, budgets.idle_timeout_s,
+             tuning.decode_threads, " (tuned)" if tuning.autotune and not tuning.threads else "", tuning.fair_share)
     if config.socket_path is not None:
         log.info("also serving on unix:%s (mode 0600)", config.socket_path)
     stop = threading.Event()

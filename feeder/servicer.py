@@ -48,9 +48,9 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
             datasets.append(feeder_pb2.DatasetInfo(name=name, splits=splits, classes=dataset.classes,
                                                    manifest_sha256=dataset.manifest_sha256))
         config = self.service.config
-        return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=config.max_batch_size,
+        return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=config.budgets.max_batch_size,
                                                pixel_options=config.pixel_options,
-                                               shm_dir=str(Path(config.shm_dir).resolve()),
+                                               shm_dir=str(Path(config.shm.shm_dir).resolve()),
                                                serve_options=self._serve_options)
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
@@ -72,7 +72,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def ReleaseSlots(self, request, context):  # noqa: N802
         try:
-            released = self.service.transports.release(request.slots)
+            released = self.service.parts.transports.release(request.slots)
         except FeederError as e:
             self._abort(context, e)
         return feeder_pb2.ReleaseResponse(released=released)

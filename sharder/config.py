@@ -16,7 +16,7 @@ from pathlib import Path
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.cpus import capped_workers
 from core.errors import ConfigError
-from core.fields import OldName, cli
+from core.fields import cli
 from shards.objects import ObjectUrl, is_remote, local_path
 from shards.store import StoreOptions
 
@@ -90,14 +90,6 @@ def check_endpoint(endpoint: str | None) -> None:
         raise ConfigError(f"--s3-endpoint {endpoint!r}: not an http:// or https:// URL")
 
 
-def _mib_to_bytes(text: str, option: str) -> int:
-    """``--shard-size-mb``'s value (MiB, a float) in bytes."""
-    try:
-        return int(float(text) * _MIB)
-    except (ValueError, OverflowError) as e:
-        raise ConfigError(f"{option} {text!r}: expected a number of MiB such as 256") from e
-
-
 @dataclass(frozen=True)
 class ShardConfig:
     """Everything ``sharder.shard`` needs.
@@ -167,17 +159,17 @@ class ShardConfig:
 
     src: Path | str = field(metadata=cli(argument=True, parse=_shard_dir))
     out: Path = field(metadata=cli(argument=True, parse=_shard_dir))
-    formats: tuple[str, ...] = field(default=("wds",), metadata=cli(metavar="wds,lmdb", old=("--format",)))
+    formats: tuple[str, ...] = field(default=("wds",), metadata=cli(metavar="wds,lmdb"))
     seed: int = 0
-    shard_size_bytes: int = field(default=256 << 20, metadata=cli(old=(OldName("--shard-size-mb", _mib_to_bytes),)))
+    shard_size_bytes: int = 256 << 20
     workers: int = 1
-    max_side_px: int | None = field(default=None, metadata=cli(old=("--max-side",)))
+    max_side_px: int | None = None
     quality: int | None = None
     check: str = "decode"
     max_pixels: int = DEFAULT_MAX_PIXELS
     restart_interval: int = DEFAULT_RESTART_INTERVAL
     half_copies: bool = False
-    on_error: str = field(default="skip", metadata=cli(old_values=_OLD_ON_ERROR))
+    on_error: str = "skip"
     overwrite: bool = False
     progress: bool | None = None
     s3_endpoint: str | None = None

@@ -22,7 +22,7 @@ import grpc
 
 from bench.loaders.base import Batch, LoaderSpec, dtype_name
 from clients import FeederLoader
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 
 __all__ = ["DATASET", "daemon_options", "daemon_stats", "open_loader", "open_shared"]

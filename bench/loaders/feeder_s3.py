@@ -18,7 +18,7 @@ from bench.loaders.base import Batch, LoaderSpec
 from bench.loaders.feeder_grpc import DATASET, daemon_options
 from bench.loaders.feeder_grpc import open_loader as _open_loader
 from bench.loaders.store_peers import FEEDER_PREFIX
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 
 __all__ = ["CACHE_BYTES", "STORE_PREFIX", "open_loader", "open_shared"]
 

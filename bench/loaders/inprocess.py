@@ -39,7 +39,7 @@ def daemon_batches(
     """Yields an endless iterator of the uint8 NHWC image batches the daemon would send
     for ``request`` (its ``dataset`` is ignored), produced in this process: numpy
     arrays, or CUDA tensors on GPU 0 for ``device="gpu"``."""
-    config = ServerConfig(
+    config = ServerConfig.of(
         datasets={"bench": Path(shards)}, device=device, threads=threads, prefetch=prefetch,
         max_batch_size=max(request.batch_size, 1), metrics_port=None,
         decoded_cache_bytes=decoded_cache_bytes, decoded_cache_side=decoded_cache_side,

@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from bench.seaweedfs import SeaweedFS
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from shards.objects import ObjectUrl
 from shards.store import ObjectStore, StoreOptions
 from tests.chaos.schedule import Fault, Kind

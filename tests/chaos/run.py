@@ -120,7 +120,7 @@ def reference(config: RunConfig, datasets: dict[str, Path], epochs: int) -> Refe
     """Each rank's plan of ``epochs`` epochs read without faults from one in-process
     daemon on the local copies (in batches of 64: which samples a rank's part holds and
     their pixels do not depend on the batch size)."""
-    server, port = create_server(ServerConfig(datasets=datasets, port=0, device="cpu", threads=1, grace_s=0.5))
+    server, port = create_server(ServerConfig.of(datasets=datasets, port=0, device="cpu", threads=1, grace_s=0.5))
     found: Reference = {}
     try:
         for rank in range(config.world_size):
@@ -342,4 +342,4 @@ def _make_faults(cluster: Cluster, faults: list[Fault]) -> list[dict[str, Any]]:
 def main_one(seed: int, workdir: Path, quick: bool) -> Outcome:
     """:func:`run` with the defaults, for one seed (tests and the command)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    return run(RunConfig(seed=seed, workdir=workdir, quick=quick))
+    return run(RunConfig.of(seed=seed, workdir=workdir, quick=quick))

@@ -27,7 +27,7 @@ _KW = dict(split="train", batch_size=4, return_keys=True, normalize=False, seed=
 
 
 def _daemon(stack: ExitStack, shards: Path, **options) -> tuple[FeederServer, str]:
-    config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, grace_s=0.5,
+    config = ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1, grace_s=0.5,
                           **({"max_batch_size": 64} | options))
     server, port = create_server(config)
     stack.callback(lambda: server.stop(0).wait(10))
@@ -63,7 +63,8 @@ def test_a_share_cancelled_for_idleness_resumes_at_the_batch_it_owes(shards, ref
         with FeederLoader("sample", address=[a for _, a in daemons], image_size=288, transport="grpc",
                           prefetch_batches=1, **_KW) as loader:
             keys = _epoch(loader, pause_after=4, pause_s=3.0)
-            cancelled = sum(server.metrics.idle_cancelled._value.get() for server, _ in daemons)
+            cancelled = sum(server.metrics.registry.get_sample_value("feeder_streams_idle_cancelled_total")
+                            for server, _ in daemons)
             assert cancelled >= 1, "the daemons cancelled an idle share"
             assert loader.reconnects >= 1
             assert keys == reference[0]  # the plan's order does not depend on sizes

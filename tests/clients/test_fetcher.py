@@ -25,7 +25,7 @@ from clients.config import LoaderConfig
 from clients.failover import Failover
 from clients.pool import DaemonPool
 from core.errors import ConfigError, InvalidArgument, ServiceUnavailable
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protocol.batch import BatchMeta, to_message
 from protocol.plan import LastBatch, plan_length
 from protocol.request import MAX_BATCH_STRIDE, StreamSpec, from_request, to_request

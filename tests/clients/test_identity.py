@@ -27,7 +27,7 @@ _KW = dict(split="train", batch_size=4, image_size=32, return_keys=True, normali
 
 
 def _start(shards: Path, port: int = 0, **options) -> tuple[FeederServer, int]:
-    return create_server(ServerConfig(datasets={"sample": shards}, port=port, device="cpu", threads=1, grace_s=0.5,
+    return create_server(ServerConfig.of(datasets={"sample": shards}, port=port, device="cpu", threads=1, grace_s=0.5,
                                       **options))
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from clients import FeederLoader
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 
 pytestmark = pytest.mark.gpu

@@ -13,7 +13,7 @@ from tests.common.sample_daemon import N_TRAIN
 
 
 def test_a_loader_paused_past_the_idle_timeout_resumes_without_loss(shards):
-    config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64,
                           grace_s=0.5, idle_timeout_s=1.0)
     server, port = create_server(config)
     try:

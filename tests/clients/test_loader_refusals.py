@@ -142,7 +142,7 @@ def test_a_second_thread_iterating_the_same_loader_is_refused(daemon) -> None:
 @pytest.fixture()
 def starved_daemon(shards) -> Iterator[str]:
     """A daemon whose memory budget admits no stream."""
-    config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64,
                           grace_s=0.5, max_memory_bytes=1)
     server, port = create_server(config)
     yield f"127.0.0.1:{port}"

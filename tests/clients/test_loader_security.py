@@ -31,7 +31,7 @@ def daemon(shards, tmp_path):
     token_file.write_text(TOKEN)
 
     def make(token: bool = True, **options) -> int:
-        config = ServerConfig(**{"datasets": {"sample": shards}, "port": 0, "device": "cpu", "threads": 1,
+        config = ServerConfig.of(**{"datasets": {"sample": shards}, "port": 0, "device": "cpu", "threads": 1,
                                  "max_batch_size": 64, "grace_s": 0.5, "token_file": token_file if token else None,
                                  **options})
         server, port = create_server(config)

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from clients import FeederLoader
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.env import ROOT, child_env
 from tests.common.sample_daemon import N_TRAIN, start_daemon

@@ -17,8 +17,8 @@ import pytest
 from clients import FeederLoader, merge_states
 from core.errors import ConfigError
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
 from feeder.server import create_server
+from launcher.daemon_process import DaemonProcess
 from protocol.mix import Mix, epoch_draws
 from tests.common.mixes import build_extra_shards, labels_by_key
 
@@ -34,7 +34,7 @@ def extra(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def mixed_daemon(shards: Path, extra: Path) -> Iterator[str]:
-    server, port = create_server(ServerConfig(datasets={"sample": shards, "extra": extra}, port=0, device="cpu",
+    server, port = create_server(ServerConfig.of(datasets={"sample": shards, "extra": extra}, port=0, device="cpu",
                                               threads=1, max_batch_size=64, grace_s=0.5))
     yield f"127.0.0.1:{port}"
     server.stop(0).wait(10)
@@ -128,7 +128,7 @@ def test_a_resume_at_the_same_world_size_and_another_batch_size_goes_on_at_the_n
 
 def test_a_pool_member_lacking_a_dataset_of_the_mix_is_left_with_one_line(mixed_daemon, shards, caplog):
     caplog.set_level(logging.ERROR, logger="clients.pool")
-    server, port = create_server(ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1,
+    server, port = create_server(ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1,
                                               grace_s=0.5))
     lacking = f"127.0.0.1:{port}"
     try:

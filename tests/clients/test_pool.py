@@ -15,7 +15,7 @@ import pytest
 
 from clients import FeederLoader
 from core.errors import ServiceUnavailable
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from tests.common.shards import build_sample_shards
 from tests.common.waiting import wait_for
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import typer
 
+from cli.app import app
 from core.cli import parse_bytes, parse_list
-from core.fields import cli_of
+from core.fields import cli_of, option_fields
 from core.options import cli_fields, docstring_args, option_help
-from feeder.cli import app
 
 __all__ = ["assert_options_follow", "command_params"]
 
@@ -51,7 +51,7 @@ def assert_options_follow(command: str, cls: type, shown: tuple[str, ...] = ()) 
         shown: extra parameters the command has besides the fields.
     """
     params = command_params(command)
-    hints = typing.get_type_hints(cls)
+    hints = {f.name: typing.get_type_hints(owner)[f.name] for f, owner, _ in option_fields(cls)}
     documented, helps = docstring_args(cls), option_help(cls)
     fields = cli_fields(cls)
     hidden = {name for name, p in params.items() if getattr(p, "hidden", False)}

@@ -29,7 +29,7 @@ def build_client_shards(folder: Path) -> Path:
 
 def start_daemon(shards: Path, port: int = 0) -> tuple[FeederServer, int]:
     """A daemon serving ``shards`` as ``sample``; ``port`` 0: any free port."""
-    config = ServerConfig(datasets={"sample": shards}, port=port, device="cpu", threads=1,
+    config = ServerConfig.of(datasets={"sample": shards}, port=port, device="cpu", threads=1,
                           max_batch_size=64, grace_s=0.5)
     return create_server(config)
 

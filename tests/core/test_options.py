@@ -1,5 +1,5 @@
 """core.options: a command built from a dataclass, with every kind of field a
-configuration declares (core.fields), and its one-line errors and warnings."""
+configuration declares (core.fields), and its one-line errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from core.errors import ConfigError
-from core.fields import OldName, cli
+from core.fields import cli, from_options, option_values
 from core.options import command_from_config, docstring_args, option_help
 
 
@@ -25,13 +25,6 @@ def _pairs(values: list[str], option: str) -> dict[str, Path]:
             raise ConfigError(f"{option} {value!r}: expected NAME=PATH")
         found[name] = Path(path)
     return found
-
-
-def _tenths(text: str, option: str) -> int:
-    try:
-        return int(float(text) * 10)
-    except ValueError as e:
-        raise ConfigError(f"{option} {text!r}: not a number") from e
 
 
 def _doubled() -> int:
@@ -47,9 +40,9 @@ class Example:
         roots: NAME=PATH, once per root.
         cache_bytes: cache budget; see ``out`` and ``level``.
         formats: comma list.
-        level: a plain int, under another name before.
-        width: in units (given in tenths before).
-        policy: ``skip`` or ``fail`` (``raise`` is the old ``fail``).
+        level: a plain int.
+        width: in units.
+        policy: ``skip`` or ``fail``.
         computed: left to the dataclass when not given.
         loud: a flag.
         callback: not on the command line.
@@ -59,9 +52,9 @@ class Example:
     roots: Mapping[str, Path] = field(default_factory=dict, metadata=cli(repeated=True, parse=_pairs))
     cache_bytes: int = 256 << 20
     formats: tuple[str, ...] = ("a",)
-    level: int = field(default=3, metadata=cli(old=("--old-level",)))
-    width: int = field(default=5, metadata=cli(old=(OldName("--tenths", _tenths),)))
-    policy: str = field(default="skip", metadata=cli(old_values={"raise": "fail"}))
+    level: int = 3
+    width: int = 5
+    policy: str = "skip"
     computed: int = field(default_factory=_doubled)
     loud: bool = False
     callback: object = field(default=None, metadata=cli(excluded=True))
@@ -108,27 +101,10 @@ def test_computed_default_is_left_to_the_dataclass() -> None:
     assert config.computed == 42
 
 
-@pytest.mark.parametrize("args,value,warning", [
-    (("--old-level", "9"), ("level", 9), "--old-level is deprecated, use --level"),
-    (("--tenths", "2.5"), ("width", 25), "--tenths is deprecated, use --width"),
-    (("--policy", "raise"), ("policy", "fail"), "--policy raise is deprecated, use --policy fail"),
-])
-def test_deprecated_spellings_work_with_one_warning_line(args, value, warning) -> None:
-    config, stderr = _ok("here", *args)
-    assert getattr(config, value[0]) == value[1]
-    assert stderr.splitlines() == [f"feeder: warning: {warning}"]
-
-
-_OLD_TENTHS = "feeder: warning: --tenths is deprecated, use --width"
-
-
 @pytest.mark.parametrize("args,lines", [
     (("--cache-bytes", "12X"), ["feeder: error: --cache-bytes '12X': expected a size such as 8G, 512M or 1073741824"]),
     (("--root", "noequals"), ["feeder: error: --root 'noequals': expected NAME=PATH"]),
-    (("--tenths", "wide"), [_OLD_TENTHS, "feeder: error: --tenths 'wide': not a number"]),
     (("--level", "-1"), ["feeder: error: --level must be >= 0, got -1"]),
-    (("--level", "1", "--old-level", "2"),
-     ["feeder: error: --level: given as --level and --old-level; give --level only"]),
 ])
 def test_bad_values_are_one_line_and_exit_1(args, lines) -> None:
     result, seen = _run("here", *args)
@@ -136,9 +112,9 @@ def test_bad_values_are_one_line_and_exit_1(args, lines) -> None:
     assert result.stderr.splitlines() == lines  # type: ignore[attr-defined]
 
 
-def test_excluded_and_old_names_are_not_shown() -> None:
+def test_excluded_fields_are_not_shown() -> None:
     result = CliRunner().invoke(_app([]), ["run", "--help"], env={"COLUMNS": "200"})
-    assert "--callback" not in result.output and "--old-level" not in result.output and "--tenths" not in result.output
+    assert "--callback" not in result.output
     assert "--no-loud" in result.output and "OUT" in result.output and "Example: x run out" in result.output
     assert "256M" in result.output  # a size's default shown as a size
 
@@ -146,9 +122,52 @@ def test_excluded_and_old_names_are_not_shown() -> None:
 def test_option_help_names_options_where_the_docstring_names_fields() -> None:
     assert docstring_args(Example)["cache_bytes"] == "cache budget; see out and level."
     assert option_help(Example)["cache_bytes"] == "cache budget; see OUT and --level."
-    assert option_help(Example)["policy"] == "skip or fail (raise is the old fail)."
+    assert option_help(Example)["policy"] == "skip or fail."
 
 
 def test_every_field_of_the_example_is_documented() -> None:
     documented = docstring_args(Example)
     assert [f.name for f in dataclasses.fields(Example) if f.name not in documented] == []
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What it may take.
+
+    Args:
+        max_items: at most this many; see ``name``.
+    """
+
+    max_items: int = 8
+
+
+@dataclass(frozen=True)
+class Grouped:
+    """A configuration with a record.
+
+    Args:
+        name: what it is called.
+        limits: its limits (a record: its fields are the options).
+    """
+
+    name: str = "x"
+    limits: Limits = field(default_factory=Limits)
+
+
+def test_a_records_fields_are_options_of_their_own_names_and_build_the_record() -> None:
+    seen: list[Grouped] = []
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("run")(command_from_config(Grouped, seen.append, doc="Run it."))
+    app.command("other")(lambda: None)
+    assert CliRunner().invoke(app, ["run", "--max-items", "3", "--name", "y"]).exit_code == 0
+    assert seen == [Grouped("y", Limits(3))]
+    help_text = CliRunner().invoke(app, ["run", "--help"], env={"COLUMNS": "200"}).output
+    assert "--max-items" in help_text and "--limits" not in help_text
+    assert option_help(Grouped)["max_items"] == "at most this many; see --name."
+
+
+def test_a_configuration_is_built_from_its_options_flat_and_read_back_flat() -> None:
+    config = from_options(Grouped, {"max_items": 2})
+    assert config == Grouped(limits=Limits(2)) and option_values(config) == {"name": "x", "max_items": 2}
+    with pytest.raises(TypeError, match="limits given with fields of its own"):
+        from_options(Grouped, {"limits": Limits(), "max_items": 2})

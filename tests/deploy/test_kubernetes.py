@@ -188,7 +188,7 @@ def test_the_image_installs_every_package_and_runs_feeder() -> None:
     assert set(project["tool"]["setuptools"]["packages"]) <= copied
     assert re.search(r'^RUN pip install .* "\.\[trainer\]"( |$)', dockerfile, re.M)  # the trainer runs in it too
     assert re.search(r'^ENTRYPOINT \["feeder"\]$', dockerfile, re.M)
-    assert project["project"]["scripts"]["feeder"] == "feeder.cli:app"
+    assert project["project"]["scripts"]["feeder"] == "cli.app:app"
 
 
 @pytest.mark.parametrize("name", ["train-sidecar.yaml", "daemonset.yaml", "cpu-pool.yaml"])
@@ -199,15 +199,15 @@ def test_each_daemon_fits_its_container_and_is_probed_on_its_port(name: str) -> 
     config = k8s.server_config(daemon)
     resources = daemon["resources"]
     assert k8s.quantity(resources["limits"]["memory"]) >= config.footprint_bytes  # docs/serving.md's rule
-    assert k8s.quantity(resources["requests"]["cpu"]) >= config.decode_threads
+    assert k8s.quantity(resources["requests"]["cpu"]) >= config.tuning.decode_threads
     assert set(k8s.probe_ports(daemon)) == {config.port}
     assert "startupProbe" in daemon
     ports = {p["containerPort"] for p in daemon["ports"]}
     assert {config.port, config.metrics_port} <= ports
     # The kubelet probes the pod's address in plaintext: a gRPC probe needs a plaintext port on it.
     if any("grpc" in daemon[p] for p in ("startupProbe", "livenessProbe", "readinessProbe") if p in daemon):
-        assert config.tls_cert is None and not is_loopback(config.bind)
-    assert config.token_file is not None  # every manifest's daemon asks for the token
+        assert config.security.tls_cert is None and not is_loopback(config.bind)
+    assert config.security.token_file is not None  # every manifest's daemon asks for the token
 
 
 def _loader_config(trainer: Doc, dataset: str, monkeypatch: pytest.MonkeyPatch) -> LoaderConfig:
@@ -228,12 +228,12 @@ def _check_trainer_finds_daemon(doc: Doc, trainer_doc: Doc, monkeypatch: pytest.
     assert k8s.where(trainer_doc, trainer, str(config.socket_path)) == k8s.where(doc, daemon, str(config.socket_path))
     # The trainer's loaders look for rings where the daemon writes them, on the same volume.
     loader_shm = str(_loader_config(trainer, train.dataset, monkeypatch).shm_dir)
-    assert k8s.where(trainer_doc, trainer, loader_shm) == k8s.where(doc, daemon, str(config.shm_dir))
+    assert k8s.where(trainer_doc, trainer, loader_shm) == k8s.where(doc, daemon, str(config.shm.shm_dir))
     assert k8s.mount(trainer, loader_shm)["mountPath"] == loader_shm
     token = k8s.env(trainer)[TOKEN_ENV]["valueFrom"]["secretKeyRef"]
-    token_mount = k8s.mount(daemon, str(config.token_file))
+    token_mount = k8s.mount(daemon, str(config.security.token_file))
     assert k8s.volume(doc, token_mount["name"])["secret"]["secretName"] == token["name"]
-    assert config.token_file == Path(token_mount["mountPath"]) / token["key"]
+    assert config.security.token_file == Path(token_mount["mountPath"]) / token["key"]
     assert train.dataset in config.datasets
     assert k8s.uid(doc, daemon) == k8s.uid(trainer_doc, trainer)  # the socket and the segments are owner-only
 
@@ -263,9 +263,9 @@ def test_the_sidecar_job_serves_its_trainer(shards: Path, short_tmp: Path, monke
     sidecar = k8s.daemon(job)
     assert sidecar in k8s.pod(job)["initContainers"] and sidecar["restartPolicy"] == "Always"
     assert k8s.pod(job)["restartPolicy"] == "Never"
-    dshm = k8s.volume(job, k8s.mount(sidecar, str(k8s.server_config(sidecar).shm_dir))["name"])
+    dshm = k8s.volume(job, k8s.mount(sidecar, str(k8s.server_config(sidecar).shm.shm_dir))["name"])
     assert dshm["emptyDir"]["medium"] == "Memory"
-    assert k8s.quantity(dshm["emptyDir"]["sizeLimit"]) >= k8s.server_config(sidecar).shm_budget_bytes
+    assert k8s.quantity(dshm["emptyDir"]["sizeLimit"]) >= k8s.server_config(sidecar).shm.shm_budget_bytes
     _check_trainer_finds_daemon(job, job, monkeypatch)
     _serves_trainer(job, job, short_tmp, shards, monkeypatch)
 
@@ -275,7 +275,7 @@ def test_the_daemonset_serves_the_training_pods_of_its_node(shards: Path, short_
     daemons, job = k8s.document("daemonset.yaml", "DaemonSet"), k8s.document("daemonset.yaml", "Job")
     assert k8s.pod(job)["nodeSelector"] == k8s.pod(daemons)["nodeSelector"]
     daemon = k8s.daemon(daemons)
-    shm = k8s.volume(daemons, k8s.mount(daemon, str(k8s.server_config(daemon).shm_dir))["name"])
+    shm = k8s.volume(daemons, k8s.mount(daemon, str(k8s.server_config(daemon).shm.shm_dir))["name"])
     assert shm["hostPath"]["path"] == "/dev/shm"
     _check_trainer_finds_daemon(daemons, job, monkeypatch)
     _serves_trainer(daemons, job, short_tmp, shards, monkeypatch)
@@ -293,7 +293,8 @@ def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short
     assert pool["spec"]["selector"]["matchLabels"].items() <= labels.items()
     grpc_port = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
     assert grpc_port["port"] == grpc_port["targetPort"] == config.port
-    assert config.tls_cert is not None and config.token_file is not None and not is_loopback(config.bind)
+    security = config.security
+    assert security.tls_cert is not None and security.token_file is not None and not is_loopback(config.bind)
 
     address = k8s.env(trainer)[ADDRESS_ENV]["value"]
     check_address(address)
@@ -302,7 +303,7 @@ def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short
     host, _, port = address.rpartition(":")
     assert int(port) == grpc_port["port"] and host.split(".")[0] == service["metadata"]["name"]
     ca_mount = k8s.mount(trainer, str(train.tls_root))
-    tls_mount = k8s.mount(daemon, str(config.tls_cert))
+    tls_mount = k8s.mount(daemon, str(config.security.tls_cert))
     assert k8s.volume(job, ca_mount["name"])["secret"]["secretName"] == k8s.volume(pool, tls_mount["name"])["secret"][
         "secretName"]
 

@@ -27,7 +27,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def start(datasets: dict[str, Path], **options) -> tuple[FeederServer, int]:
     defaults = dict(port=0, device="cpu", threads=1, max_batch_size=MAX_BATCH, grace_s=0.5)
-    return create_server(ServerConfig(datasets=datasets, **(defaults | options)))
+    return create_server(ServerConfig.of(datasets=datasets, **(defaults | options)))
 
 
 def connect(port: int) -> grpc.Channel:
@@ -83,7 +83,7 @@ def two_thread_service(shards: Path) -> Iterator[FeederService]:
     and 2 runs in flight a stream, both given (the tests that compare streams' shares of
     the pool: the tuner, which would take a run from a stream once the pool is busy,
     is what they do not measure)."""
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=2, prefetch=2, max_batch_size=64)
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=2, prefetch=2, max_batch_size=64)
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     yield service
     service.close()

@@ -33,7 +33,7 @@ MIB = 1 << 20
 
 
 def _config(shards, **options) -> ServerConfig:
-    return ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
+    return ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
 
 
 # -- the estimate -------------------------------------------------------------

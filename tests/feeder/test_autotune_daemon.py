@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from feeder.assembly import grant_prefetch
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, open_datasets
@@ -16,7 +17,7 @@ from protocol.request import StreamSpec
 
 
 def _service(shards, **options) -> FeederService:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", max_batch_size=64, lookahead=0, **options)
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", max_batch_size=64, lookahead=0, **options)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())
 
 
@@ -48,8 +49,8 @@ def test_threads_and_runs_in_flight_changed_under_a_stream_leave_every_batch_as_
 
     def turn(stream) -> None:
         threads, runs = next(settings)
-        tuned.workers.resize(threads)
-        assert tuned._grant_prefetch(stream, runs)
+        tuned.parts.workers.resize(threads)
+        assert grant_prefetch(tuned.parts.admission, stream, runs)
 
     try:
         got = _batches(tuned, spec, turn)
@@ -64,13 +65,13 @@ def test_a_run_more_in_flight_is_reserved_in_the_memory_budget_and_refused_past_
     service = _service(shards)
     try:
         stream = service.open_stream(_spec())
-        (ticket,) = [t for _, t in service._admission.open()]
+        (ticket,) = [t for _, t in service.parts.admission.open()]
         assert ticket.run_bytes > 0 and stream.prefetch == 2
-        assert service._grant_prefetch(stream, 4)
-        (grown,) = [t for _, t in service._admission.open()]
+        assert grant_prefetch(service.parts.admission, stream, 4)
+        (grown,) = [t for _, t in service.parts.admission.open()]
         assert grown.need_bytes == ticket.need_bytes + 2 * ticket.run_bytes and stream.prefetch == 4
-        assert service._grant_prefetch(stream, 1)
-        (shrunk,) = [t for _, t in service._admission.open()]
+        assert grant_prefetch(service.parts.admission, stream, 1)
+        (shrunk,) = [t for _, t in service.parts.admission.open()]
         assert shrunk.need_bytes == ticket.need_bytes - ticket.run_bytes
         stream.close()
     finally:
@@ -81,15 +82,15 @@ def test_a_run_more_past_the_budget_is_refused_and_nothing_changes(shards):
     probe = _service(shards)
     try:
         stream = probe.open_stream(_spec())
-        (ticket,) = [t for _, t in probe._admission.open()]
+        (ticket,) = [t for _, t in probe.parts.admission.open()]
         stream.close()
     finally:
         probe.close()
     service = _service(shards, max_memory_bytes=ticket.need_bytes + ticket.run_bytes)
     try:
         stream = service.open_stream(_spec())
-        assert service._grant_prefetch(stream, 3)  # one run more fits
-        assert not service._grant_prefetch(stream, 4)  # a second does not
+        assert grant_prefetch(service.parts.admission, stream, 3)  # one run more fits
+        assert not grant_prefetch(service.parts.admission, stream, 4)  # a second does not
         assert stream.prefetch == 3
         stream.close()
     finally:
@@ -100,7 +101,7 @@ def test_a_pooled_runner_lent_to_the_next_stream_starts_at_the_daemons_prefetch_
     service = _service(shards)
     try:
         first = service.open_stream(_spec())
-        assert service._grant_prefetch(first, 4)
+        assert grant_prefetch(service.parts.admission, first, 4)
         runner = first.context.runner
         first.close()
         second = service.open_stream(_spec())
@@ -119,18 +120,18 @@ def test_a_pooled_runner_lent_to_the_next_stream_starts_at_the_daemons_prefetch_
 def test_what_is_given_by_hand_or_with_autotune_off_is_not_tuned(shards, options, threads, prefetch):
     service = _service(shards, **options)
     try:
-        assert service.tuner._tune_threads is threads and (service.tuner._grant is not None) is prefetch
+        assert service.parts.tuner._tune_threads is threads and (service.parts.tuner._grant is not None) is prefetch
         shown = service.metrics.registry.get_sample_value("feeder_tuned_threads")
-        assert shown == service.config.decode_threads  # tuned or hand-set, the threads the pool has
-        assert service.workers.threads == service.config.decode_threads
-        assert service.config.stream_prefetch == options.get("prefetch", 2)
+        assert shown == service.config.tuning.decode_threads  # tuned or hand-set, the threads the pool has
+        assert service.parts.workers.threads == service.config.tuning.decode_threads
+        assert service.config.tuning.stream_prefetch == options.get("prefetch", 2)
     finally:
         service.close()
 
 
 def test_the_tuner_runs_beside_streams_and_a_stream_closing_mid_trial_is_forgotten(shards):
     service = _service(shards)
-    service.tuner.interval_s = 0.05
+    service.parts.tuner.interval_s = 0.05
     done = threading.Event()
 
     def read() -> None:
@@ -145,12 +146,12 @@ def test_the_tuner_runs_beside_streams_and_a_stream_closing_mid_trial_is_forgott
     reader.start()
     try:
         while not done.is_set():
-            service.tuner.tick()
+            service.parts.tuner.tick()
             done.wait(0.01)
         reader.join()
-        threading.Event().wait(2 * service.tuner.interval_s)
-        service.tuner.tick()  # the last stream closed: forgotten, no trial left on it
-        assert service.tuner._trial is None and not service.tuner._seen
-        assert 1 <= service.workers.threads <= 2 * max(1, service.config.decode_threads)
+        threading.Event().wait(2 * service.parts.tuner.interval_s)
+        service.parts.tuner.tick()  # the last stream closed: forgotten, no trial left on it
+        assert service.parts.tuner._trial is None and not service.parts.tuner._seen
+        assert 1 <= service.parts.workers.threads <= 2 * max(1, service.config.tuning.decode_threads)
     finally:
         service.close()

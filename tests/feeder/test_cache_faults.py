@@ -23,8 +23,8 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from bench.seaweedfs import SeaweedFS
-from feeder.cli import app
-from feeder.launcher import DaemonProcess
+from cli.app import app
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.s3 import fresh_bucket, pointed_at, upload_tree
 from tests.feeder.conftest import request

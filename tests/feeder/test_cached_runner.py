@@ -39,7 +39,7 @@ SIDE = 48  # px: below the sample images' 64-112 px, so every cached image is do
 
 def _service(shards: Path, cache_bytes: int = 64 << 20, side: int = SIDE, on_error: str = "skip",
              cpu_decoder: str = "auto") -> FeederService:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
                           decoded_cache_bytes=cache_bytes, decoded_cache_side=side, on_error=on_error,
                           cpu_decoder=cpu_decoder)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())
@@ -109,7 +109,7 @@ def test_zero_budget_means_no_cache(shards):
     try:
         _epoch(service)
         stats = service.metrics.stats()
-        assert service.decoded_cache is None
+        assert service.parts.decoded_cache is None
         assert (stats.decoded_cache_hits, stats.decoded_cache_misses, stats.decoded_cache_budget_bytes) == (0, 0, 0)
     finally:
         service.close()
@@ -133,7 +133,7 @@ def test_memory_pressure_stops_admitting_and_stays_within_budget(shards, index_r
         for epoch in range(3):
             keys, _ = _epoch(service, epoch=epoch)
             assert sorted(keys) == sorted(index_rows["train"]), "misses past the budget still arrive"
-            usage = service.decoded_cache.usage()
+            usage = service.parts.decoded_cache.usage()
             assert usage.used_bytes <= budget and not usage.admitting
         stats = service.metrics.stats()
         assert 0 < stats.decoded_cache_entries < n
@@ -160,9 +160,9 @@ def test_a_sample_that_fails_to_decode_is_never_cached(shards, tmp_path):
         for _ in range(2):
             with pytest.raises(DataError, match="decode"):
                 _epoch(service, split="val", batch_size=4)
-            assert service.decoded_cache.get(("sample", "val", bad)) is None
-        assert service.decoded_cache.usage().admitting, "a bad sample does not stop admission"
-        assert service.decoded_cache.get(("sample", "val", 4)) is not None, "its good neighbours are cached"
+            assert service.parts.decoded_cache.get(("sample", "val", bad)) is None
+        assert service.parts.decoded_cache.usage().admitting, "a bad sample does not stop admission"
+        assert service.parts.decoded_cache.get(("sample", "val", 4)) is not None, "its good neighbours are cached"
     finally:
         service.close()
 
@@ -221,7 +221,7 @@ def test_with_the_skip_policy_a_bad_sample_is_replaced_and_still_never_cached(sh
     try:
         for _ in range(2):
             keys, _ = _epoch(service, split="val", batch_size=4)
-            assert service.decoded_cache.get(("sample", "val", bad)) is None
+            assert service.parts.decoded_cache.get(("sample", "val", bad)) is None
         assert service.metrics.stats().samples_failed >= 1
     finally:
         service.close()

@@ -136,7 +136,7 @@ def _ratio_beside_silent_calls(stub, hostile: grpc.Channel, metadata, waiting: i
 def test_calls_without_the_token_that_never_send_lock_nobody_out(private_server, token_file, metadata, token):
     # Without a token file the first --max-waiting-calls (64) wait, held past the measurement.
     server, port = private_server(token_file=token_file) if token else private_server(first_message_timeout_s=60.0)
-    waiting = 0 if token else server.config.max_waiting_calls
+    waiting = 0 if token else server.config.calls.max_waiting_calls
     with connect(port) as channel, connect(port) as hostile:
         stub = feeder_pb2_grpc.FeederStub(channel)
         poller = HealthPoller(channel)  # all along, so that both measures bear its load

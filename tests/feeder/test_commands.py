@@ -1,5 +1,5 @@
-"""``feeder serve``: its options are ServerConfig's fields, old spellings still work
-(with one warning line each), bad values are one line and exit 1."""
+"""``feeder serve``: its options are ServerConfig's fields,
+bad values are one line and exit 1."""
 
 from __future__ import annotations
 
@@ -8,25 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from feeder.cli import app
-from feeder.commands import _serve_args
+from cli.app import app
 from feeder.config import ServerConfig
-from feeder.run_config import RunConfig
 from tests.common.options import assert_options_follow
 
 
 def test_options_are_the_server_config_fields() -> None:
     assert_options_follow("serve", ServerConfig)
-
-
-def test_feeder_runs_options_are_the_serve_options_and_the_launchers_own() -> None:
-    assert_options_follow("run", RunConfig)  # the serve options documented once, in ServerConfig
-
-
-def test_the_daemon_of_feeder_run_gets_the_serve_options_as_given_and_none_of_the_launchers() -> None:
-    given = ["--dataset", "d=/s", "--restarts", "2", "--port", "7", "--pool-with=h:1,h:2", "--start-timeout-s",
-             "9", "--traceback", "--no-antialias"]
-    assert _serve_args(given) == ["--dataset", "d=/s", "--port", "7", "--no-antialias"]
 
 
 @pytest.fixture
@@ -47,44 +35,22 @@ def test_options_reach_the_config(tmp_path: Path, served: list[ServerConfig]) ->
     assert result.exit_code == 0, result.output
     (config,) = served
     assert config.datasets == {"d": tmp_path, "e": tmp_path / "e"}
-    assert (config.shm_budget_bytes, config.max_memory_bytes, config.queue_bytes) == (1 << 30, 2 << 30, 512 << 20)
-    assert config.socket_path == tmp_path / "s.sock" and config.on_error == "fail" and result.stderr == ""
+    budgets = config.budgets
+    assert (config.shm.shm_budget_bytes, budgets.max_memory_bytes, budgets.queue_bytes) == (1 << 30, 2 << 30, 512 << 20)
+    assert config.socket_path == tmp_path / "s.sock" and config.decoding.on_error == "fail" and result.stderr == ""
 
 
 def test_defaults_are_the_config_defaults(tmp_path: Path, served: list[ServerConfig]) -> None:
     assert _serve(tmp_path).exit_code == 0
-    assert served == [ServerConfig(datasets={"d": tmp_path})]
-
-
-@pytest.mark.parametrize("old,new,value,field,expected", [
-    ("--shm-bytes", "--shm-budget-bytes", "1G", "shm_budget_bytes", 1 << 30),
-    ("--max-memory", "--max-memory-bytes", "3G", "max_memory_bytes", 3 << 30),
-    ("--socket", "--socket-path", "/run/feeder.sock", "socket_path", Path("/run/feeder.sock")),
-])
-def test_old_spellings_work_with_one_warning(tmp_path, served, old, new, value, field, expected) -> None:
-    result = _serve(tmp_path, old, value)
-    assert result.exit_code == 0, result.output
-    assert getattr(served[0], field) == expected
-    assert result.stderr.splitlines() == [f"feeder: warning: {old} is deprecated, use {new}"]
+    assert served == [ServerConfig.of(datasets={"d": tmp_path})]
 
 
 @pytest.mark.parametrize("args,line", [
     (("--queue-bytes", "12X"), "feeder: error: --queue-bytes '12X': expected a size such as 8G, 512M or 1073741824"),
     (("--dataset", "noequals"), "feeder: error: --dataset 'noequals': expected NAME=PATH, e.g. imagenet=/data/shards"),
     (("--on-error", "raise"), "feeder: error: on_error: 'raise' is not one of skip, fail"),
-    (("--shm-bytes", "1G", "--shm-budget-bytes", "2G"),
-     "feeder: error: --shm-budget-bytes: given as --shm-budget-bytes and --shm-bytes; give --shm-budget-bytes only"),
 ])
 def test_bad_values_are_one_line_and_exit_1(tmp_path, served, args, line) -> None:
     result = _serve(tmp_path, *args)
     assert result.exit_code == 1 and not served
     assert result.stderr.splitlines() == [line]
-
-
-def test_an_old_spelling_with_a_bad_value_names_it(tmp_path, served) -> None:
-    result = _serve(tmp_path, "--max-memory", "8X")
-    assert result.exit_code == 1 and not served
-    assert result.stderr.splitlines() == [
-        "feeder: warning: --max-memory is deprecated, use --max-memory-bytes",
-        "feeder: error: --max-memory '8X': expected a size such as 8G, 512M or 1073741824",
-    ]

@@ -49,13 +49,13 @@ OK = {"datasets": {"d": Path("/x")}}
 )
 def test_bad_values_name_the_field(fields, name):
     with pytest.raises(ConfigError, match=name):
-        ServerConfig(**(OK | fields))
+        ServerConfig.of(**(OK | fields))
 
 
 def test_defaults_are_loopback_and_a_bounded_worker_pool():
-    config = ServerConfig(**OK)
+    config = ServerConfig.of(**OK)
     assert config.bind == "127.0.0.1" and config.port == 50051
-    assert config.worker_threads == config.max_streams + 4
+    assert config.worker_threads == config.budgets.max_streams + 4
 
 
 def test_parse_datasets():
@@ -68,15 +68,15 @@ def test_parse_datasets():
 def test_store_urls_stay_urls_and_file_urls_are_paths():
     found = parse_datasets(["w=s3://bucket/shards/", "g=gs://b/p", "f=file:///data/f"])
     assert found == {"w": "s3://bucket/shards", "g": "gs://b/p", "f": Path("/data/f")}
-    config = ServerConfig(datasets=found)
-    assert config.remote_datasets == ["w", "g"] and config.cache_dir is None
+    config = ServerConfig.of(datasets=found)
+    assert config.remote_datasets == ["w", "g"] and config.remote.cache_dir is None
 
 
 def test_remote_options_are_checked():
     with pytest.raises(ConfigError, match="s3_endpoint"):
-        ServerConfig(**OK, s3_endpoint="localhost:9000")
+        ServerConfig.of(**OK, s3_endpoint="localhost:9000")
     with pytest.raises(ConfigError, match="cache_bytes"):
-        ServerConfig(**OK, cache_bytes=-1)
+        ServerConfig.of(**OK, cache_bytes=-1)
 
 
 @pytest.mark.parametrize("text,value", [
@@ -94,15 +94,15 @@ def test_parse_bytes_refuses_what_is_not_a_size(text):
 
 
 def test_budget_defaults():
-    config = ServerConfig(**OK)
-    assert 0 < config.max_memory_bytes and config.max_streams_per_peer < config.max_streams
-    assert config.idle_timeout_s > 0 and config.queue_bytes > 0
+    config = ServerConfig.of(**OK)
+    assert 0 < config.budgets.max_memory_bytes and config.budgets.max_streams_per_peer < config.budgets.max_streams
+    assert config.budgets.idle_timeout_s > 0 and config.budgets.queue_bytes > 0
 
 
 def test_serve_refuses_a_bad_size_with_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--max-memory-bytes", "8X"])
     assert result.exit_code == 1
@@ -121,9 +121,9 @@ def test_serve_refuses_a_fair_share_it_does_not_know_with_one_line(tmp_path):
 
 
 def test_the_fair_share_is_an_option_of_serve_with_its_default():
-    config = ServerConfig(**OK)
-    assert config.fair_share == "per-stream"
-    assert ServerConfig(**(OK | {"fair_share": "per-job"})).fair_share == "per-job"
+    config = ServerConfig.of(**OK)
+    assert config.tuning.fair_share == "per-stream"
+    assert ServerConfig.of(**(OK | {"fair_share": "per-job"})).tuning.fair_share == "per-job"
 
 
 def test_a_containers_cgroup_limits_are_the_machine_the_defaults_are_sized_on(tmp_path, monkeypatch):
@@ -154,31 +154,31 @@ def test_a_containers_cgroup_limits_are_the_machine_the_defaults_are_sized_on(tm
 def test_the_transport_and_the_daemon_have_one_ring_size_by_default(tmp_path):
     from transport.base import TransportConfig
 
-    daemon = ServerConfig(datasets={"d": tmp_path})
-    assert daemon.ring_slots == 0  # sized per stream
-    assert daemon.transport.ring_slots == TransportConfig().ring_slots == daemon.stream_ring_slots(0)
+    daemon = ServerConfig.of(datasets={"d": tmp_path})
+    assert daemon.shm.ring_slots == 0  # sized per stream
+    assert daemon.shm.transport.ring_slots == TransportConfig().ring_slots == daemon.stream_ring_slots(0)
 
 
 def test_a_streams_ring_covers_the_daemons_queue_and_the_clients_prefetch(tmp_path):
-    daemon = ServerConfig(datasets={"d": tmp_path}, queue_batches=4)
+    daemon = ServerConfig.of(datasets={"d": tmp_path}, queue_batches=4)
     assert daemon.stream_ring_slots(4) == 10  # 4 queued, 4 held ready, 1 read, 1 on the wire
     assert daemon.stream_ring_slots(16) == 22
-    assert ServerConfig(datasets={"d": tmp_path}, ring_slots=6).stream_ring_slots(16) == 6  # given: kept
+    assert ServerConfig.of(datasets={"d": tmp_path}, ring_slots=6).stream_ring_slots(16) == 6  # given: kept
     with pytest.raises(ConfigError, match="ring_slots"):
-        ServerConfig(datasets={"d": tmp_path}, ring_slots=-1)
+        ServerConfig.of(datasets={"d": tmp_path}, ring_slots=-1)
 
 
 def test_gpu_decode_shares_are_checked(tmp_path):
     for name in ("hw_decoder_load", "cpu_decode_share"):
         for bad in (-0.1, 1.5, float("nan")):
             with pytest.raises(ConfigError, match=name):
-                ServerConfig(datasets={"d": tmp_path}, **{name: bad})
-    assert ServerConfig(datasets={"d": tmp_path}, cpu_decode_share=1.0).cpu_decode_share == 1.0
+                ServerConfig.of(datasets={"d": tmp_path}, **{name: bad})
+    assert ServerConfig.of(datasets={"d": tmp_path}, cpu_decode_share=1.0).gpu.cpu_decode_share == 1.0
 
 
 def test_threads_and_prefetch_left_at_0_are_tuned_from_their_defaults_and_given_ones_are_kept():
-    tuned = ServerConfig(**OK)
+    tuned = ServerConfig.of(**OK).tuning
     assert (tuned.threads, tuned.prefetch, tuned.autotune) == (0, 0, True)
     assert tuned.decode_threads == min(8, usable_cpus()) and tuned.stream_prefetch == 2
-    given = ServerConfig(**(OK | {"threads": 5, "prefetch": 3}))
+    given = ServerConfig.of(**(OK | {"threads": 5, "prefetch": 3})).tuning
     assert (given.decode_threads, given.stream_prefetch) == (5, 3)

@@ -43,17 +43,17 @@ def test_budget_larger_than_memory_is_refused_with_both_numbers():
 def test_server_config_refuses_a_budget_above_this_machine_at_start(tmp_path):
     memory = physical_memory_bytes()
     with pytest.raises(ConfigError, match=f"decoded_cache_bytes: {memory + 1} bytes.*{memory} bytes"):
-        ServerConfig(datasets={"d": tmp_path}, decoded_cache_bytes=memory + 1)
+        ServerConfig.of(datasets={"d": tmp_path}, decoded_cache_bytes=memory + 1)
 
 
 @pytest.mark.parametrize(("field", "value"), [("decoded_cache_bytes", -1), ("decoded_cache_side", 0)])
 def test_server_config_refuses_negative_cache_settings(tmp_path, field, value):
     with pytest.raises(ConfigError, match=field):
-        ServerConfig(datasets={"d": tmp_path}, **{field: value})
+        ServerConfig.of(datasets={"d": tmp_path}, **{field: value})
 
 
 def test_zero_means_off_by_default(tmp_path):
-    assert ServerConfig(datasets={"d": tmp_path}).decoded_cache_bytes == 0
+    assert ServerConfig.of(datasets={"d": tmp_path}).decoded_cache.decoded_cache_bytes == 0
 
 
 def _image(height: int, width: int, value: int = 7) -> np.ndarray:

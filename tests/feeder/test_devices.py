@@ -11,10 +11,11 @@ import pytest
 from core.errors import ConfigError
 from core.gpus import GpuInventory
 from feeder.config import ServerConfig
-from feeder.devices import DevicePlacer, Placement, thread_share
+from feeder.devices import DevicePlacer, Placement, resolve_device, thread_share
 from feeder.metrics import ServerMetrics
 from feeder.pipeline import PipelineSpec
-from feeder.service import FeederService, open_datasets, resolve_device
+from feeder.service import FeederService, open_datasets
+from feeder.stream_pipelines import StreamPipelines
 from protocol.request import StreamSpec
 from shards import jpeg
 
@@ -75,7 +76,7 @@ def test_cpu_spec_has_no_device_index():
 
 
 def _service(shards, **config) -> FeederService:
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=4, **config)
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=4, **config)
     return FeederService(config, open_datasets({"s": shards}), ServerMetrics())
 
 
@@ -107,7 +108,7 @@ def test_window_decoder_streams_work_on_the_daemons_threads_alone(service):
         for stream in streams:
             next(iter(stream))
         workers = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(workers) == service.config.decode_threads
+        assert len(workers) == service.config.tuning.decode_threads
     finally:
         for stream in streams:
             stream.close()
@@ -134,11 +135,13 @@ def test_the_ranks_of_a_node_get_equal_shares_whichever_opens_first(dali_service
 
 
 def test_a_gpu_rank_s_pipeline_is_on_its_gpu_with_a_share_per_gpu(service):
-    service.devices = DevicePlacer("gpu", UUIDS)  # as a daemon with two GPUs sees them
+    devices = DevicePlacer("gpu", UUIDS)  # as a daemon with two GPUs sees them
+    pipelines = StreamPipelines(service.config, devices, service.parts.pool, None, service.metrics,
+                                service.open_streams, lambda reason: None)
     spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32)
-    on_gpu = service._pipeline_spec(spec, service.devices.place(UUIDS[1]))
+    on_gpu = pipelines.spec_for(spec, devices.place(UUIDS[1]))
     assert (on_gpu.device, on_gpu.device_id, on_gpu.threads) == ("gpu", 1, 2)  # its node's 2 ranks
-    for_cpu_client = service._pipeline_spec(spec, service.devices.place(""))
+    for_cpu_client = pipelines.spec_for(spec, devices.place(""))
     assert (for_cpu_client.device, for_cpu_client.device_id, for_cpu_client.threads) == ("gpu", 0, 4)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from feeder.admission import stream_need_bytes
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.waiting import wait_for
 
@@ -123,10 +123,10 @@ def _hoard(address: str, stats) -> tuple[list, list]:
 
 
 def test_the_hoard_holds_most_of_the_memory_budget_and_leaves_the_jobs_too_little(shards: Path):
-    config = ServerConfig(datasets={"sample": shards}, max_memory_bytes=570 << 20, max_batch_size=64)
+    config = ServerConfig.of(datasets={"sample": shards}, max_memory_bytes=570 << 20, max_batch_size=64)
     hoard = 64 * stream_need_bytes(config, 4, 16)
     jobs = _JOBS * _RANKS * 2 * stream_need_bytes(config, 8, 32)  # a train and a val stream per rank
-    assert hoard > 0.7 * config.max_memory_bytes and hoard + jobs > config.max_memory_bytes
+    assert hoard > 0.7 * config.budgets.max_memory_bytes and hoard + jobs > config.budgets.max_memory_bytes
 
 
 def test_a_process_hoarding_unread_streams_and_memory_locks_out_and_slows_no_job(shards: Path):

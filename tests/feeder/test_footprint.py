@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from transport.base import HostIdentity
 
@@ -28,7 +28,7 @@ def test_resident_memory_under_load_stays_within_the_footprint(shards: Path):
     # The budget admits the three streams below (206 MiB each at 224 px, batch 64) and no fourth.
     options = ("--threads", "2", "--max-memory-bytes", "660M", "--shm-budget-bytes", "256M", "--decoded-cache-bytes",
                "64M", "--max-batch-size", "64")
-    config = ServerConfig(datasets={"s": shards}, max_memory_bytes=660 << 20, shm_budget_bytes=256 << 20,
+    config = ServerConfig.of(datasets={"s": shards}, max_memory_bytes=660 << 20, shm_budget_bytes=256 << 20,
                           decoded_cache_bytes=64 << 20)
     with DaemonProcess({"sample": shards}, options) as daemon:
         with grpc.insecure_channel(daemon.address, options=[("grpc.max_receive_message_length", -1)]) as channel:

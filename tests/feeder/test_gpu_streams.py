@@ -22,7 +22,7 @@ UNKNOWN_GPU = "GPU-00000000-0000-0000-0000-000000000000"
 
 @pytest.fixture
 def service(shards):
-    config = ServerConfig(datasets={"sample": shards}, device="gpu", threads=2, max_batch_size=64, ring_slots=4)
+    config = ServerConfig.of(datasets={"sample": shards}, device="gpu", threads=2, max_batch_size=64, ring_slots=4)
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     yield service
     service.close()

@@ -35,7 +35,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _service(shards: Path, cache_bytes: int = 0) -> FeederService:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64,
                           decoded_cache_bytes=cache_bytes, decoded_cache_side=48)
     return FeederService(config, open_datasets(config.datasets), ServerMetrics())
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from shards import jpeg
 from tests.common.shards import build_sample_shards
 from tests.common.stream_readers import reader_command

@@ -1,13 +1,15 @@
-"""The daemon's statistics, driven from their one table (feeder.ledger.TOTALS): every
-row reaches Stats, GetStats' StatsResponse and the Prometheus registry under its name,
-over a real in-process daemon on port 0."""
+"""The daemon's statistics, driven from their one table (feeder.statistics): every
+total reaches Stats, GetStats' StatsResponse and the Prometheus registry under its name,
+every other row Prometheus alone, and no family is declared anywhere else; over a real
+in-process daemon on port 0."""
 
 from __future__ import annotations
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from feeder.ledger import TOTALS, Ledger, Total
+from feeder.ledger import Ledger
+from feeder.statistics import FAMILIES, ROWS, TOTALS, Total
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request
@@ -22,7 +24,7 @@ def _missing_places(totals: tuple[Total, ...]) -> list[str]:
     rows = {t.name: t for t in totals}
     problems = [f"{name}: a TOTALS row without its StatsResponse field (protos/feeder.proto)"
                 for name in rows if name not in fields]
-    problems += [f"{name}: a StatsResponse field without its TOTALS row (feeder/ledger.py)"
+    problems += [f"{name}: a StatsResponse field without its TOTALS row (feeder/statistics.py)"
                  for name in fields if name not in rows and name not in NOT_TOTALS]
     problems += [f"{name}: StatsResponse type {fields[name].type}, its unit {t.unit!r} wants {_TYPES[t.integral]}"
                  for name, t in rows.items() if name in fields and fields[name].type != _TYPES[t.integral]]
@@ -72,7 +74,7 @@ def test_a_row_without_its_proto_field_is_named_with_the_file_to_touch():
         "images_dropped: a TOTALS row without its StatsResponse field (protos/feeder.proto)"
     ]
     assert _missing_places(TOTALS[1:]) == [
-        "images_served: a StatsResponse field without its TOTALS row (feeder/ledger.py)"
+        "images_served: a StatsResponse field without its TOTALS row (feeder/statistics.py)"
     ]
 
 
@@ -112,5 +114,39 @@ def test_a_total_counted_without_its_labels_is_refused_by_name():
 def test_rows_sharing_a_family_must_agree_on_its_kind():
     rows = (Total("a_hits", "counter", "samples", "A.", metric="feeder_a", labels={"outcome": "hit"}),
             Total("a_held", "gauge", "samples", "A.", metric="feeder_a", labels={"outcome": "held"}))
-    with pytest.raises(ValueError, match="feeder_a mix counters and gauges"):
+    with pytest.raises(ValueError, match="feeder_a mix kinds"):
         Ledger(rows)
+
+
+def test_every_family_the_daemon_exports_is_a_row_of_the_table(private_server):
+    server, _ = private_server()
+    server.metrics.stage("decode", 0.003)  # a histogram appears with its first labels
+    exported = {family.name for family in server.metrics.registry.collect()}
+    assert exported == {row.family for row in ROWS}
+    assert not {row.name for row in FAMILIES} & set(feeder_pb2.StatsResponse.DESCRIPTOR.fields_by_name)
+    assert set(server.metrics.stats().totals) == {row.name for row in TOTALS}
+
+
+def test_a_histogram_counts_each_observation_in_its_buckets_and_sum():
+    ledger = Ledger((Total("wait_s", "histogram", "seconds", "Waits.", by=("stage",), buckets=(0.1, 1.0),
+                           in_stats=False),))
+    for seconds in (0.05, 0.5, 5.0):
+        ledger.observe("wait_s", seconds, stage="read")
+    (family,) = ledger.collect()
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples == {("feeder_wait_s_bucket", "0.1"): 1, ("feeder_wait_s_bucket", "1.0"): 2,
+                       ("feeder_wait_s_bucket", "+Inf"): 3, ("feeder_wait_s_count", None): 3,
+                       ("feeder_wait_s_sum", None): 5.55}
+
+
+def test_a_stream_or_job_gone_takes_its_samples_and_no_others():
+    ledger = Ledger()
+    ledger.set({"stream_threads": 1.5, "tuned_prefetch": 3}, stream="7")
+    ledger.set({"stream_threads": 2.0}, stream="8")
+    ledger.observe("stage_s", 0.01, stage="7")  # another label of the same value stays
+    ledger.forget("stream", "7")
+    kept = {(s.name, tuple(sorted(s.labels.items()))) for family in ledger.collect() for s in family.samples
+            if s.labels and "le" not in s.labels}
+    assert ("feeder_stream_threads", (("stream", "8"),)) in kept
+    assert not [labels for _, labels in kept if ("stream", "7") in labels]
+    assert ("feeder_stage_seconds_sum", (("stage", "7"),)) in kept

@@ -19,8 +19,9 @@ import pytest
 
 from core.errors import ConfigError, DataError, NotFound
 from feeder.config import ServerConfig
+from feeder.devices import cuda_devices
 from feeder.metrics import ServerMetrics
-from feeder.service import FeederService, cuda_devices, open_datasets
+from feeder.service import FeederService, open_datasets
 from feeder.stream import BatchStream
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -62,9 +63,9 @@ def test_abandoned_streams_free_their_pipeline_queue_and_thread(private_server):
         # max_waiting_calls for calls waiting for their request) and its poller, the
         # thread of the first-message deadlines, and the daemon's decode threads
         # (--threads, however many pipelines are idle).
-        assert server.service.pool.idle_count() <= 2
+        assert server.service.parts.pool.idle_count() <= 2
         decoding = [t for t in threading.enumerate() if t.name.startswith("feeder-decode")]
-        assert len(decoding) <= server.config.decode_threads
+        assert len(decoding) <= server.config.tuning.decode_threads
         assert threading.active_count() - len(decoding) <= before + 8 + 1 + 3 + 1
 
 
@@ -240,7 +241,7 @@ def test_gpu_daemon_streams_batches(shards):
 
 
 def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monkeypatch):
-    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=1),
+    service = FeederService(ServerConfig.of(datasets={"s": shards}, device="cpu", threads=1),
                             open_datasets({"s": shards}), ServerMetrics())
     started = []
     original_start = BatchStream.start
@@ -264,7 +265,7 @@ def test_shutdown_between_admitting_and_starting_a_stream_is_clean(shards, monke
 ])
 def test_a_stream_whose_transport_cannot_be_made_gives_back_its_pipeline_and_admission(
         shards, monkeypatch, refusal):
-    config = ServerConfig(datasets={"s": shards}, device="cpu", threads=1, max_pipelines=1, max_streams=1)
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=1, max_pipelines=1, max_streams=1)
     service = FeederService(config, open_datasets({"s": shards}), ServerMetrics())
     spec = StreamSpec(dataset="s", split="val", batch_size=4, image_size=32, max_samples=8)
     try:
@@ -272,11 +273,11 @@ def test_a_stream_whose_transport_cannot_be_made_gives_back_its_pipeline_and_adm
             raise refusal
 
         with monkeypatch.context() as patch:
-            patch.setattr(service.transports, "open_sender", refuse)
+            patch.setattr(service.parts.transports, "open_sender", refuse)
             for _ in range(2):  # the one pipeline and the one stream were given back
                 with pytest.raises(type(refusal)):
                     service.open_stream(spec)
-        assert service.pool.alive_count() == service.pool.idle_count()  # nothing lent
+        assert service.parts.pool.alive_count() == service.parts.pool.idle_count()  # nothing lent
         assert service.open_streams() == 0 and service.metrics.stats().open_streams == 0
         stream = service.open_stream(spec)  # the only pipeline and stream slot are free
         assert sum(len(batch.meta) for batch in stream) == 8

@@ -8,8 +8,8 @@ import re
 import grpc
 import pytest
 
-from feeder.launcher import DaemonProcess
 from feeder.log_lines import CLIP_CHARS, LineLimitFilter, RateLimitedLog, clip
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2_grpc
 from tests.feeder.conftest import connect, request
 

@@ -121,6 +121,6 @@ def test_a_metrics_port_in_use_is_one_line_naming_it(shards):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        config = ServerConfig(datasets={"sample": shards}, port=0, device="cpu", threads=1, metrics_port=port)
+        config = ServerConfig.of(datasets={"sample": shards}, port=0, device="cpu", threads=1, metrics_port=port)
         with pytest.raises(ConfigError, match=rf"^metrics_port: cannot listen on {port} \("):
             create_server(config)

@@ -23,7 +23,7 @@ def service_with(shards):
     services = []
 
     def make(**options):
-        config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
+        config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, max_batch_size=64, **options)
         services.append(FeederService(config, open_datasets(config.datasets), ServerMetrics()))
         return services[-1]
 
@@ -43,16 +43,17 @@ def test_distinct_crops_and_batch_sizes_build_a_bounded_number_of_pipelines(serv
         stream = service.open_stream(spec)
         next(iter(stream))
         stream.close()
-        alive.append(service.pool.alive_count())
+        alive.append(service.parts.pool.alive_count())
         threads.append(threading.active_count())
     assert max(alive) == 2  # three batch-size buckets, two pipelines: the oldest idle one made way
     assert service.metrics.stats().pipelines <= 2
     assert max(threads) <= before + 8  # two pipelines' threads and the pool's reaper
     # Idle for pipeline_idle_s: dropped with their threads.
-    assert wait_for(lambda: service.pool.alive_count() == 0, timeout_s=5.0)
+    assert wait_for(lambda: service.parts.pool.alive_count() == 0, timeout_s=5.0)
     assert service.metrics.stats().pipelines == 0
     # The pool's reaper, the idle-stream watcher and the daemon's decode threads stay.
-    assert wait_for(lambda: threading.active_count() <= before + 2 + service.config.decode_threads, timeout_s=5.0)
+    threads = service.config.tuning.decode_threads
+    assert wait_for(lambda: threading.active_count() <= before + 2 + threads, timeout_s=5.0)
 
 
 def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(service_with):
@@ -66,4 +67,4 @@ def test_a_stream_that_finds_every_pipeline_lent_is_refused_naming_the_limit(ser
     other = service.open_stream(StreamSpec("sample", "val", batch_size=4, image_size=16))
     assert len(next(iter(other)).meta) == 4  # the train stream's pipeline, idle now, serves val too
     other.close()
-    assert service.pool.alive_count() == 1
+    assert service.parts.pool.alive_count() == 1

@@ -31,7 +31,7 @@ def _hints_over_one_epoch(
 
     monkeypatch.setattr(SplitIndex, "will_need", counting)
     monkeypatch.setattr(SplitIndex, "read_many", from_disk)
-    service = FeederService(ServerConfig(datasets={"s": shards}, device="cpu", threads=1),
+    service = FeederService(ServerConfig.of(datasets={"s": shards}, device="cpu", threads=1),
                             open_datasets({"s": shards}), ServerMetrics())
     try:
         stream = service.open_stream(StreamSpec(dataset="s", split="train", batch_size=4, image_size=16))

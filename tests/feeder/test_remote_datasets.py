@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.seaweedfs import SeaweedFS
-from feeder.cli import app
+from cli.app import app
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.layout import index_path
 from tests.common.bad_samples import copy_shards

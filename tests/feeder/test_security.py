@@ -17,7 +17,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from core.errors import ConfigError
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.tls import Certificates, make_certificates
 from tests.feeder.conftest import connect, request, start
@@ -62,19 +62,19 @@ BASE = {"datasets": {"d": Path("/x")}}
 @pytest.mark.parametrize("bind", ["0.0.0.0", "::", "10.1.2.3", "feeder.example.com"])
 def test_a_non_loopback_bind_needs_tls_and_a_token_or_insecure(bind, certs, token_file):
     with pytest.raises(ConfigError, match=r"bind: .* --insecure") as caught:
-        ServerConfig(**BASE, bind=bind)
+        ServerConfig.of(**BASE, bind=bind)
     assert "\n" not in str(caught.value)
     with pytest.raises(ConfigError, match="bind"):
-        ServerConfig(**BASE, bind=bind, token_file=token_file)
+        ServerConfig.of(**BASE, bind=bind, token_file=token_file)
     with pytest.raises(ConfigError, match="bind"):
-        ServerConfig(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key)
-    ServerConfig(**BASE, bind=bind, insecure=True)
-    ServerConfig(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
+        ServerConfig.of(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key)
+    ServerConfig.of(**BASE, bind=bind, insecure=True)
+    ServerConfig.of(**BASE, bind=bind, tls_cert=certs.server_cert, tls_key=certs.server_key, token_file=token_file)
 
 
 @pytest.mark.parametrize("bind", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
 def test_loopback_binds_need_nothing(bind):
-    ServerConfig(**BASE, bind=bind)
+    ServerConfig.of(**BASE, bind=bind)
 
 
 @pytest.mark.parametrize("fields,name", [
@@ -84,7 +84,7 @@ def test_loopback_binds_need_nothing(bind):
 ])
 def test_tls_options_come_in_pairs(fields, name):
     with pytest.raises(ConfigError, match=name):
-        ServerConfig(**BASE, **fields)
+        ServerConfig.of(**BASE, **fields)
 
 
 def test_unreadable_or_empty_token_and_certificate_files_fail_at_start(shards, tmp_path, certs):
@@ -100,7 +100,7 @@ def test_unreadable_or_empty_token_and_certificate_files_fail_at_start(shards, t
 def test_serve_refuses_an_open_bind_with_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     result = CliRunner().invoke(app, ["serve", "--dataset", f"d={tmp_path}", "--bind", "0.0.0.0"])
     assert result.exit_code == 1
@@ -198,7 +198,7 @@ def test_a_second_daemon_on_a_live_socket_is_refused_and_the_first_keeps_it(priv
 def test_serve_on_a_live_socket_exits_with_one_line(private_server, shards, tmp_path):
     from typer.testing import CliRunner
 
-    from feeder.cli import app
+    from cli.app import app
 
     path = tmp_path / "feeder.sock"
     private_server(socket_path=path)

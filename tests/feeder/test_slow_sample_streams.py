@@ -52,7 +52,7 @@ def large_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _stream(shards: Path, lookahead: int) -> tuple[list[tuple[BatchMeta, np.ndarray]], int]:
-    config = ServerConfig(datasets={"sample": shards}, device="cpu", threads=2, max_batch_size=64,
+    config = ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=2, max_batch_size=64,
                           lookahead=lookahead)
     service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
     try:

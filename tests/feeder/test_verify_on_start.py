@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from core.errors import DataError
-from feeder.cli import app
 from tests.feeder.conftest import start
 
 

@@ -8,8 +8,10 @@ import subprocess
 import sys
 import tomllib
 
+import cli
 import clients
 import feeder
+import launcher
 from tests.common.env import ROOT, child_env
 from trainer.commands import EXTRA_MODULES
 
@@ -27,12 +29,12 @@ def test_torchvision_and_matplotlib_are_the_trainers_extra_only() -> None:
 
 
 def test_every_loader_and_daemon_module_imports_without_them() -> None:
-    modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder)
-               for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # that one runs the CLI
+    modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder, launcher, cli)
+               for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # feeder.__main__ runs the CLI
     modules.remove("feeder._resize")  # a plain C library (loaded with ctypes), not a module
     blocked = "".join(f"sys.modules[{name!r}] = None;" for name in EXTRA_MODULES)
     script = f"import importlib, sys; {blocked} [importlib.import_module(m) for m in {modules!r}]"
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=child_env(), capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "feeder.cli" in modules and "clients.loader" in modules
+    assert "cli.app" in modules and "clients.loader" in modules

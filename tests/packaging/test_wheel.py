@@ -30,7 +30,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
     (wheel,) = wheels.glob("feeder-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("protos/feeder_pb2.py", "protos/feeder_pb2_grpc.py", "core/errors.py",
-                   "shards/reader.py", "feeder/cli.py", "clients/loader.py", "trainer/loop.py",
+                   "shards/reader.py", "cli/app.py", "clients/loader.py", "trainer/loop.py",
                    "trainer/schedules/sample.toml"):
         assert module in names
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
@@ -53,7 +53,7 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path: Path) -> None:
 
     # With the protobuf compiler made unimportable, the generated modules still load.
     check = ("import sys; sys.modules['grpc_tools'] = None;"
-             "import protos.feeder_pb2, protos.feeder_pb2_grpc, feeder.cli, shards.reader, clients, trainer;"
+             "import protos.feeder_pb2, protos.feeder_pb2_grpc, cli.app, shards.reader, clients, trainer;"
              "from shards import jpeg; print(jpeg.available(), protos.feeder_pb2.__file__)")
     built, where = _run(python, "-c", check, cwd=tmp_path).stdout.split()
     assert Path(where).is_relative_to(site), where

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from feeder.cli import app
+from cli.app import app
 from sharder.config import SampleDataConfig, ShardConfig, VerifyConfig
 from tests.common.options import assert_options_follow
 from tests.common.shards import build_sample_tree
@@ -116,33 +116,6 @@ def _manifest_options(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())["options"]
 
 
-@pytest.mark.parametrize("old,new,args,key,expected", [
-    ("--format", "--formats", ("wds,lmdb",), "formats", ["wds", "lmdb"]),
-    ("--shard-size-mb", "--shard-size-bytes", ("0.5",), "shard_size_bytes", 512 << 10),
-    ("--max-side", "--max-side-px", ("64",), "max_side_px", 64),
-])
-def test_old_spellings_work_with_one_warning(src: Path, tmp_path: Path, old, new, args, key, expected) -> None:
-    result = _run("shard", src, tmp_path / "out", old, *args, "--no-progress")
-    assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines() == [f"feeder: warning: {old} is deprecated, use {new}"]
-    assert _manifest_options(tmp_path / "out")[key] == expected
-
-
-def test_on_error_raise_is_fail_with_one_warning(tmp_path: Path) -> None:
-    write_tree(tmp_path / "src", {"cat": {"a.jpg": rgb_jpeg(), "broken.jpg": rgb_jpeg()[:100]}})
-    result = _run("shard", tmp_path / "src", tmp_path / "out", "--on-error", "raise", "--no-progress")
-    assert result.exit_code == 1
-    warning, error = result.stderr.splitlines()
-    assert warning == "feeder: warning: --on-error raise is deprecated, use --on-error fail"
-    assert error.startswith("feeder: bad data: ") and "broken.jpg" in error and "truncated" in error
-
-
-def test_on_error_raise_is_recorded_as_fail(src: Path, tmp_path: Path) -> None:
-    assert _run("shard", src, tmp_path / "out", "--on-error", "raise", "--no-progress").exit_code == 0
-    assert _manifest_options(tmp_path / "out")["on_error"] == "fail"
-    assert _run("verify", tmp_path / "out", "--no-progress").exit_code == 0
-
-
 def test_sizes_are_given_as_sizes(src: Path, tmp_path: Path) -> None:
     assert _run("shard", src, tmp_path / "out", "--shard-size-bytes", "64K", "--no-progress").exit_code == 0
     assert _manifest_options(tmp_path / "out")["shard_size_bytes"] == 64 << 10
@@ -155,15 +128,6 @@ def test_sizes_are_given_as_sizes(src: Path, tmp_path: Path) -> None:
 ])
 def test_bad_sizes_are_one_line(src: Path, tmp_path: Path, args, fragment: str) -> None:
     _one_line_error(_run("shard", src, tmp_path / "out", *args), fragment)
-
-
-def test_an_old_spelling_with_a_bad_value_names_it(src: Path, tmp_path: Path) -> None:
-    result = _run("shard", src, tmp_path / "out", "--shard-size-mb", "big")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
-        "feeder: warning: --shard-size-mb is deprecated, use --shard-size-bytes",
-        "feeder: error: --shard-size-mb 'big': expected a number of MiB such as 256",
-    ]
 
 
 def test_ray_without_ray_installed_is_one_line_naming_the_extra(

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cli.app import app
 from core.errors import ConfigError, DataError
-from feeder.cli import app
 from sharder import ShardConfig, shard
 from sharder.download_tars import DEVKIT_TAR, TRAIN_TAR, VAL_TAR
 from sharder.sources import find_sources

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.seaweedfs import SeaweedFS
-from feeder.cli import app
+from cli.app import app
 from sharder import ShardConfig, shard
 from sharder.download_tars import TRAIN_TAR
 from sharder.source_reads import read_input

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.seaweedfs import SeaweedFS
+from cli.app import app
 from core.errors import ConfigError
-from feeder.cli import app
 from protos import feeder_pb2_grpc
 from sharder import ShardConfig, shard, shard_to_store
 from sharder.verify import verify

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from feeder.cli import app
+from cli.app import app
 from sharder import ShardConfig, shard
 from sharder.verify import verify
 from shards.writers import file_sha256

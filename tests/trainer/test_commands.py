@@ -42,7 +42,7 @@ def test_two_runs_of_one_dataset_and_seed_are_two_jobs_to_the_daemon(monkeypatch
 def test_without_the_trainers_extra_the_command_says_so_in_one_line_before_it_starts(tmp_path) -> None:
     # torchvision made unimportable, as in an install of the loader alone.
     script = ("import sys; sys.modules['torchvision'] = None; sys.argv[0] = 'feeder';"
-              "from feeder.cli import main; main()")
+              "from cli.app import main; main()")
     run = subprocess.run([sys.executable, "-c", script, "train", "--data", "synthetic", "--device", "cpu",
                           "--out-dir", str(tmp_path)], cwd=ROOT, env=child_env(), capture_output=True, text=True,
                          timeout=60)

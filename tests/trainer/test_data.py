@@ -26,7 +26,7 @@ def tls_daemon(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     tmp_path = tmp_path_factory.mktemp("tls-daemon")
     certs = make_certificates(tmp_path / "certs")
     (tmp_path / "token").write_text(TOKEN)
-    server, port = create_server(ServerConfig(
+    server, port = create_server(ServerConfig.of(
         datasets={"sample": shards}, port=0, device="cpu", threads=1, max_batch_size=64, grace_s=0.5,
         token_file=tmp_path / "token", tls_cert=certs.server_cert, tls_key=certs.server_key))
     yield port, certs.ca

@@ -71,8 +71,8 @@ def test_the_command_refuses_a_name_given_twice_in_one_line(tmp_path: Path) -> N
 @pytest.fixture(scope="module")
 def mixed_daemon(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     extra = build_extra_shards(tmp_path_factory.mktemp("extra"))
-    server, port = create_server(ServerConfig(datasets={"sample": shards, "extra": extra}, port=0, device="cpu",
-                                              threads=1, max_batch_size=64, grace_s=0.5))
+    server, port = create_server(ServerConfig.of(datasets={"sample": shards, "extra": extra}, port=0, device="cpu",
+                                                 threads=1, max_batch_size=64, grace_s=0.5))
     yield f"127.0.0.1:{port}"
     server.stop(0).wait(10)
 

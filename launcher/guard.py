@@ -13,7 +13,7 @@ gone, and the guard ends the command's process group (SIGTERM, SIGKILL after
 ``grace_s``), waits for the daemon to be gone, and sweeps what it left (socket file,
 shared-memory segments).
 
-Run as ``python -m feeder.run_guard FD GRACE_S SHM_DIR [SOCKET_PATH]``.
+Run as ``python -m launcher.guard FD GRACE_S SHM_DIR [SOCKET_PATH]``.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class LauncherGuard:
 
     def __init__(self, grace_s: float, shm_dir: Path, socket_path: Path | None) -> None:
         read, self._write = os.pipe()  # neither end is inherited by the daemon or the command
-        command = [sys.executable, "-m", "feeder.run_guard", str(read), str(grace_s), str(shm_dir)]
+        command = [sys.executable, "-m", "launcher.guard", str(read), str(grace_s), str(shm_dir)]
         if socket_path is not None:
             command.append(str(socket_path))
         try:

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 
 __all__ = ["DemoConfig", "main", "run_demo"]
 

@@ -69,7 +69,7 @@ class SharedDaemon:
         if missing:
             raise ConfigError(f"datasets: the daemon already serving on {self.address} does not serve "
                               f"{', '.join(missing)}; give another --port or --socket-path for a daemon of its own")
-        store = StoreOptions(endpoint_url=config.s3_endpoint, retry_window_s=config.store_retry_window_s)
+        store = StoreOptions(endpoint_url=config.remote.s3_endpoint, retry_window_s=config.remote.store_retry_window_s)
         for name, root in sorted(config.datasets.items()):
             self._check_one(name, root, dataset_digests(root, store), served[name], config.pixel_options)
 
@@ -97,7 +97,7 @@ class SharedDaemon:
         for flag in given_fields(serve_args).values():
             if ours[flag] != theirs.get(flag):
                 found.append(f"{flag} {ours[flag]} (it has {theirs.get(flag, 'none')})")
-        shm_dir = str(Path(config.shm_dir).resolve())
+        shm_dir = str(Path(config.shm.shm_dir).resolve())
         if any(arg.split("=", 1)[0] == "--shm-dir" for arg in serve_args) and self.reply.shm_dir not in ("", shm_dir):
             found.append(f"--shm-dir {shm_dir} (it has {self.reply.shm_dir})")
         return found

@@ -1,4 +1,4 @@
-"""``RunConfig``: the options of ``feeder run`` (:mod:`feeder.run`), ``feeder serve``'s
+"""``RunConfig``: the options of ``feeder run`` (:mod:`launcher.run`), ``feeder serve``'s
 and the launcher's own. Light to import: the CLI builds it before anything starts."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class RunConfig(ServerConfig):
             raise ConfigError(f"start_timeout_s: must be > 0, got {self.start_timeout_s}")
         if self.restarts < 0:
             raise ConfigError(f"restarts: must be >= 0, got {self.restarts}")
-        if self.tls_cert is not None and self.socket_path is None:
+        if self.security.tls_cert is not None and self.socket_path is None:
             raise ConfigError("socket_path: a daemon serving TLS needs --socket-path too: the launcher and this "
                               "node's ranks reach it there")
         for address in self.pool_with:

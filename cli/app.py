@@ -8,6 +8,7 @@ import typer
 
 from core.cli import TRACEBACK_HELP, remember_traceback
 from feeder import commands as serve_commands
+from launcher import commands as run_commands
 from sharder import commands as shard_commands
 from trainer import commands as train_commands
 
@@ -36,7 +37,7 @@ def _main(ctx: typer.Context,
     remember_traceback(ctx, traceback)
 
 
-for _module in (shard_commands, serve_commands, train_commands):
+for _module in (shard_commands, serve_commands, run_commands, train_commands):
     _module.register(app)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.proctree import pids_with_env
-from feeder.launcher import DaemonProcess
+from launcher.daemon_process import DaemonProcess
 from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
 from tests.common.shards import build_sample_shards

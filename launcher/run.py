@@ -8,7 +8,7 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   given and waited on until gRPC health says SERVING (a daemon that cannot start
   ends the launcher with its reason; the command never starts). A daemon already
   serving is shared only where it serves every dataset named with the identity the
-  launcher's own directories and pixel options give (:mod:`feeder.shared_daemon`);
+  launcher's own directories and pixel options give (:mod:`launcher.shared_daemon`);
   else the launcher stops with one line naming both;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
   ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
@@ -21,7 +21,7 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
   and the launcher exits with the command's status (128 + N for signal N). A
-  launcher killed outright takes its command with it (:mod:`feeder.run_guard`).
+  launcher killed outright takes its command with it (:mod:`launcher.guard`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from core.errors import ConfigError
 from core.processes import limited
 from feeder.config import ServerConfig
-from feeder.launcher import DaemonProcess
-from feeder.run_config import RunConfig
-from feeder.run_guard import LauncherGuard, sweep_leftovers
 from feeder.security import read_token
-from feeder.shared_daemon import SharedDaemon
+from launcher.config import RunConfig
+from launcher.daemon_process import DaemonProcess
+from launcher.guard import LauncherGuard, sweep_leftovers
+from launcher.shared_daemon import SharedDaemon
 
 __all__ = ["ADDRESS_ENV", "SHM_DIR_ENV", "TOKEN_ENV", "NodeLauncher", "exit_status", "local_address"]
 
@@ -106,7 +106,8 @@ class NodeLauncher:
         self._serve_args = list(serve_args)
         self._command = list(command)
         self._say = say
-        self._token = read_token(config.token_file).decode() if config.token_file is not None else None
+        token_file = config.security.token_file
+        self._token = read_token(token_file).decode() if token_file is not None else None
         self._port = config.port
         self.address = local_address(config)
         self.daemon: DaemonProcess | None = None  # the one this launcher started, if any
@@ -116,7 +117,7 @@ class NodeLauncher:
         self._child: subprocess.Popen[bytes] | None = None
         # The rings' directory the command is given: the launcher's, or a shared daemon's
         # (where a daemon of the launcher's own replacing that one then puts them too).
-        self._shm_dir = Path(config.shm_dir).resolve()
+        self._shm_dir = Path(config.shm.shm_dir).resolve()
         self._guard: LauncherGuard | None = None
 
     @property
@@ -174,7 +175,7 @@ class NodeLauncher:
     def _start_daemon(self) -> None:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
-        shm = () if self._shm_dir == Path(self.config.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
+        shm = () if self._shm_dir == Path(self.config.shm.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
         daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
                                echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
                                start_timeout_s=self.config.start_timeout_s,
