@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,6 @@ __all__ = [
 FORMATS = ("wds", "lmdb")
 CHECKS = ("decode", "header")
 ON_ERROR_POLICIES = ON_ERROR  # the sharder's words are the daemon's
-_OLD_ON_ERROR = {"raise": "fail"}  # ``feeder shard --on-error raise`` before it was ``fail``
 
 # shards.jpeg.DEFAULT_RESTART_INTERVAL, not imported here because that module loads
 # OpenCV (tests/sharder/test_config.py checks that the two agree).
@@ -41,17 +39,12 @@ DEFAULT_REENCODE_QUALITY = 95
 _MIB = 1 << 20
 
 
-def on_error_policy(value: str, stacklevel: int = 2) -> str:
-    """``value`` as one of ``ON_ERROR``: the old ``raise`` is ``fail``, with a
-    DeprecationWarning pointing ``stacklevel`` frames up from the caller.
+def on_error_policy(value: str) -> str:
+    """``value``, checked to be one of ``ON_ERROR``.
 
     Raises:
         ConfigError: any other word.
     """
-    if value in _OLD_ON_ERROR:
-        new = _OLD_ON_ERROR[value]
-        warnings.warn(f"on_error={value!r} is deprecated, use {new!r}", DeprecationWarning, stacklevel=stacklevel + 1)
-        return new
     if value not in ON_ERROR:
         raise ConfigError(f"--on-error must be one of {', '.join(ON_ERROR)}, got {value!r}")
     return value
@@ -213,7 +206,7 @@ class ShardConfig:
             raise ConfigError(f"--max-pixels must be >= 256, got {self.max_pixels}")
         if not 0 <= self.restart_interval <= 64:
             raise ConfigError(f"--restart-interval must be in 0..64 MCUs, got {self.restart_interval}")
-        object.__setattr__(self, "on_error", on_error_policy(self.on_error, stacklevel=3))
+        object.__setattr__(self, "on_error", on_error_policy(self.on_error))
 
     @property
     def store_options(self) -> StoreOptions:

@@ -59,16 +59,6 @@ def run_identity(config: ShardConfig, tree: SourceTree) -> dict[str, Any]:
     return {"source": config.source_name, "inputs_sha256": listing.hexdigest(), "options": config.options()}
 
 
-def _recorded_identity(run_file: Path) -> Any:
-    """The identity an unfinished run recorded; ``on_error: raise`` (its old word) reads
-    as ``fail``, so that a run started before the rename resumes."""
-    recorded = json.loads(run_file.read_text())
-    options = recorded.get("options") if isinstance(recorded, dict) else None
-    if isinstance(options, dict) and options.get("on_error") == "raise":
-        options["on_error"] = "fail"
-    return recorded
-
-
 def _contents(out: Path) -> list[Path]:
     """What OUT holds, but for the lock of the run (``sharder.out_lock``)."""
     return [child for child in out.iterdir() if child.name != LOCK_NAME] if out.is_dir() else []
@@ -83,7 +73,7 @@ def prepare_out(config: ShardConfig, identity: dict[str, Any]) -> None:
         ConfigError: OUT is not empty, holds another run, or is not writable.
     """
     out, run_file = config.out, config.out / WORK_DIR / _RUN_FILE
-    resumable = run_file.is_file() and _recorded_identity(run_file) == identity
+    resumable = run_file.is_file() and json.loads(run_file.read_text()) == identity
     if _contents(out) and not resumable and not config.overwrite:
         what = "holds an unfinished run of other inputs or options" if run_file.is_file() else "is not empty"
         raise ConfigError(f"OUT {out} {what} (use --overwrite to replace its contents)")

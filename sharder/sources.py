@@ -119,7 +119,7 @@ def find_sources(root: Path | str, on_error: str = "skip", store_options: StoreO
             either (``sharder.store_sources``).
         on_error: ``"skip"``: a directory that cannot be listed (a class tar that
             cannot be read) becomes a reject; ``"fail"``: it raises ``DataError``
-            naming it (the old ``"raise"`` still works, with a DeprecationWarning).
+            naming it.
         store_options: how a store SRC is talked to (endpoint, timeouts).
 
     Raises:

@@ -27,14 +27,7 @@ def test_default_restart_interval_is_the_jpeg_modules() -> None:
     assert DEFAULT_RESTART_INTERVAL == jpeg.DEFAULT_RESTART_INTERVAL
 
 
-def test_on_error_raise_is_fail_with_a_deprecation_warning(tmp_path: Path) -> None:
-    with pytest.warns(DeprecationWarning, match="on_error='raise' is deprecated, use 'fail'"):
-        config = ShardConfig(tmp_path, tmp_path / "out", on_error="raise")
-    assert config.on_error == "fail" and config.options()["on_error"] == "fail"
-    assert config == ShardConfig(tmp_path, tmp_path / "out", on_error="fail")
-
-
-@pytest.mark.parametrize("word", ["ignore", "Skip", ""])
+@pytest.mark.parametrize("word", ["ignore", "Skip", "", "raise"])
 def test_other_on_error_words_are_refused(tmp_path: Path, word: str) -> None:
     with pytest.raises(ConfigError, match="--on-error must be one of skip, fail"):
         ShardConfig(tmp_path, tmp_path / "out", on_error=word)

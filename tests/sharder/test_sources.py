@@ -115,10 +115,3 @@ def test_unreadable_directory_with_on_error_fail_stops_naming_it(
     make_unlistable(monkeypatch, src / "apple" / "sub")
     with pytest.raises(DataError, match=r"apple/sub: cannot list directory: Permission denied"):
         find_sources(src, on_error="fail")
-
-
-def test_on_error_raise_still_stops_with_a_deprecation_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = _tree(tmp_path / "src")
-    make_unlistable(monkeypatch, src / "apple" / "sub")
-    with pytest.warns(DeprecationWarning, match="'fail'"), pytest.raises(DataError, match="apple/sub"):
-        find_sources(src, on_error="raise")
