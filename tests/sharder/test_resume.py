@@ -106,30 +106,3 @@ def test_unfinished_run_with_other_options_is_not_resumed(src: Path, tmp_path: P
             shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
     finally:
         extra.unlink()
-
-
-class _Stop(Exception):
-    """Ends a run part-way, as a kill would."""
-
-
-def _stop_after_second_shard(split: str, number: int) -> None:
-    if number == 1:
-        raise _Stop
-
-
-def test_unfinished_run_recorded_with_on_error_raise_resumes_as_fail(src: Path, tmp_path: Path) -> None:
-    out = tmp_path / "old"
-    options = dict(formats=("wds",), seed=7, shard_size_bytes=SHARD_BYTES, on_error="fail")
-    with pytest.raises(_Stop):
-        shard(ShardConfig(src, out, **options, on_shard_done=_stop_after_second_shard))  # type: ignore[arg-type]
-    run_file = out / ".work" / "run.json"
-    recorded = json.loads(run_file.read_text())
-    recorded["options"]["on_error"] = "raise"  # the word a run before the rename recorded
-    run_file.write_text(json.dumps(recorded))
-    first = os.stat(out / "train" / "shard-000000.tar")
-
-    shard(ShardConfig(src, out, **options))  # type: ignore[arg-type]
-
-    again = os.stat(out / "train" / "shard-000000.tar")
-    assert (again.st_ino, again.st_mtime_ns) == (first.st_ino, first.st_mtime_ns)  # resumed, not redone
-    assert json.loads((out / "manifest.json").read_text())["options"]["on_error"] == "fail"
