@@ -75,6 +75,15 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in sockets]
 
 
+def _without_keys() -> dict[str, str]:
+    """This process's environment without the AWS keys: ``weed`` adds an identity of
+    its own for keys it finds there, which no reload of the identity file removes (a
+    store restarted while the variables pointed at it kept accepting its old keys
+    after every rotation)."""
+    return {name: value for name, value in os.environ.items()
+            if name not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")}
+
+
 @dataclass(frozen=True)
 class SeaweedPorts:
     """The eight ports of one ``weed server``: HTTP and gRPC of each part."""
@@ -188,7 +197,7 @@ class SeaweedFS:
         log = open(self.data_dir / "weed.log", "ab")  # noqa: SIM115 (the child keeps its own copy)
         with log:
             self._process = subprocess.Popen(self._command(), stdout=log, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+                                             stdin=subprocess.DEVNULL, start_new_session=True, env=_without_keys())
         self._wait_ready(timeout_s)
 
     def _wait_ready(self, timeout_s: float) -> None:

@@ -47,9 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             outcome = run(RunConfig(seed=seed, workdir=root / f"seed-{seed}", faults=args.faults, quick=args.quick))
             outcomes.append(outcome)
             print(_line(outcome), flush=True)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([o.to_dict() for o in outcomes], indent=1) + "\n")
+            if args.json is not None:  # after each seed: a run stopped part-way keeps the seeds it finished
+                args.json.parent.mkdir(parents=True, exist_ok=True)
+                args.json.write_text(json.dumps([o.to_dict() for o in outcomes], indent=1) + "\n")
     failed = [o.seed for o in outcomes if not o.ok]
     mixed = sum(o.mixed for o in outcomes)
     print(f"{len(outcomes) - len(failed)} of {len(outcomes)} schedules ({mixed} of them a mix) kept every sample "

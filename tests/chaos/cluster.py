@@ -2,9 +2,10 @@
 (SeaweedFS) holding the dataset (and another one, for the daemon restarted on another
 manifest), three ``feeder serve`` daemons on fixed ports reading it (and, where the
 run streams a mix, a second dataset from local disk), and the ranks' control
-directory. Every fault returns the evidence that it took place (an exit
-status, a process state, what the store answers, a counter), which the run records:
-a fault test proves its fault happened."""
+directory. Every fault returns what was measured while it was made (an exit
+status, process states, what the store answers, a counter: :mod:`tests.chaos.evidence`),
+which the run checks with the predicate of its kind: a fault test proves its fault
+happened."""
 
 from __future__ import annotations
 
@@ -14,15 +15,29 @@ import signal
 import socket
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+import grpc
+
 from bench.seaweedfs import SeaweedFS
 from launcher.daemon_process import DaemonProcess
-from shards.objects import ObjectUrl
+from protos import feeder_pb2, feeder_pb2_grpc
+from shards.objects import ObjectMissing, ObjectUrl, StoreRefused
 from shards.store import ObjectStore, StoreOptions
+from tests.chaos.evidence import (
+    ACCEPTED,
+    STOPPED,
+    Evidence,
+    IdleCancels,
+    KeysRotated,
+    ObjectDamage,
+    ProcessEnded,
+    ProcessesStopped,
+    StoreKilled,
+)
 from tests.chaos.schedule import Fault, Kind
 
 __all__ = ["Cluster", "free_port", "tell"]
@@ -45,8 +60,38 @@ def tell(control: Path, name: str, text: str) -> None:
 
 
 def _state(pid: int) -> str:
-    """The process's state letter (``T`` stopped, ``S`` sleeping...)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    """The process's state letter (``T`` stopped, ``S`` sleeping, ``Z`` a zombie...),
+    "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def _states(pids: list[int], stopped: bool, timeout_s: float = 2.0) -> tuple[str, ...]:
+    """The state letters of ``pids`` once all are stopped (or, with ``stopped`` false,
+    none is), or as they are after ``timeout_s``: a signal is delivered asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = tuple(_state(pid) for pid in pids)
+        if all((state == STOPPED) == stopped for state in states) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.05)
+
+
+def _group(group: int) -> list[int]:
+    """The processes of process group ``group``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 class Cluster:
@@ -96,30 +141,29 @@ class Cluster:
             if daemon is not None:
                 daemon.stop()
 
-    def idle_cancels(self) -> int:
-        """Streams the daemons cancelled for idleness, all together (their metrics)."""
-        total = 0
-        for port in self.metrics_ports:
-            try:
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                if line.startswith("feeder_streams_idle_cancelled_total"):
-                    total += int(float(line.split()[-1]))
-        return total
+    def idle_cancels(self) -> tuple[int | None, ...]:
+        """Each daemon's count of streams it cancelled for idleness (its metrics; None
+        where they did not answer)."""
+        return tuple(_idle_cancels(port) for port in self.metrics_ports)
+
+    def manifest(self, number: int) -> str:
+        """The manifest digest daemon ``number`` reports for the dataset (``ListDatasets``)."""
+        with grpc.insecure_channel(self.addresses[number]) as channel:
+            reply = feeder_pb2_grpc.FeederStub(channel).ListDatasets(feeder_pb2.ListDatasetsRequest(), timeout=30)
+        return next((info.manifest_sha256 for info in reply.datasets if info.name == DATASET), "")
 
     # -- the faults ------------------------------------------------------------------------
-    def make(self, fault: Fault) -> str:
-        """Make ``fault``, wait it out, put it right; the evidence it took place."""
-        act = {
+    def make(self, fault: Fault) -> Evidence:
+        """Make ``fault``, wait it out, put it right; what was measured meanwhile
+        (:func:`tests.chaos.evidence.not_landed` says whether it took place)."""
+        acts: dict[Kind, Callable[[Fault], Evidence]] = {
             Kind.DAEMON_KILLED: self._daemon_killed, Kind.DAEMON_STOPPED: self._daemon_stopped,
             Kind.DAEMON_RESTARTED: self._daemon_restarted, Kind.DAEMON_OTHER_MANIFEST: self._other_manifest,
             Kind.CONSUMER_PAUSED: self._consumer_paused, Kind.STORE_STOPPED: self._store_stopped,
             Kind.STORE_KILLED: self._store_killed, Kind.OBJECT_DAMAGED: self._object_damaged,
             Kind.CREDENTIALS_ROTATED: self._credentials_rotated,
-        }[fault.kind]
-        return act(fault)
+        }
+        return acts[fault.kind](fault)
 
     def _daemon(self, number: int) -> DaemonProcess:
         daemon = self.daemons[number]
@@ -127,97 +171,122 @@ class Cluster:
             raise RuntimeError(f"daemon {number} is not running")
         return daemon
 
-    def _daemon_killed(self, fault: Fault) -> str:
-        daemon = self._daemon(fault.target)
+    def _daemon_killed(self, fault: Fault) -> ProcessEnded:
+        daemon, manifest = self._daemon(fault.target), self.manifest(fault.target)
         os.kill(daemon.pid, signal.SIGKILL)
         status = daemon.stop()
         time.sleep(fault.duration_s)
         self.start_daemon(fault.target)
-        return f"exit status {status}, restarted"
+        return ProcessEnded(status, daemon.pid, self._daemon(fault.target).pid, manifest, self.manifest(fault.target))
 
-    def _daemon_stopped(self, fault: Fault) -> str:
-        daemon = self._daemon(fault.target)
-        os.kill(daemon.pid, signal.SIGSTOP)
-        time.sleep(0.1)  # the signal is delivered asynchronously
-        state = _state(daemon.pid)
+    def _daemon_stopped(self, fault: Fault) -> ProcessesStopped:
+        pid = self._daemon(fault.target).pid
+        os.kill(pid, signal.SIGSTOP)
+        states = _states([pid], stopped=True)  # the signal is delivered asynchronously
         time.sleep(fault.duration_s)
-        os.kill(daemon.pid, signal.SIGCONT)
-        return f"state {state} while stopped"
+        os.kill(pid, signal.SIGCONT)
+        return ProcessesStopped(states, _states([pid], stopped=False))
 
-    def _daemon_restarted(self, fault: Fault) -> str:
-        status = self._daemon(fault.target).stop()
-        self.start_daemon(fault.target)
-        return f"exit status {status} after SIGTERM, restarted"
+    def _restart(self, number: int, root: str) -> ProcessEnded:
+        daemon, manifest = self._daemon(number), self.manifest(number)
+        status = daemon.stop()
+        self.serving[number] = root
+        self.start_daemon(number)
+        return ProcessEnded(status, daemon.pid, self._daemon(number).pid, manifest, self.manifest(number))
 
-    def _other_manifest(self, fault: Fault) -> str:
-        status = self._daemon(fault.target).stop()
-        self.serving[fault.target] = self.other
-        self.start_daemon(fault.target)
-        return f"exit status {status}, restarted on {self.other}"
+    def _daemon_restarted(self, fault: Fault) -> ProcessEnded:
+        return self._restart(fault.target, self.serving[fault.target])
 
-    def _consumer_paused(self, fault: Fault) -> str:
+    def _other_manifest(self, fault: Fault) -> ProcessEnded:
+        return self._restart(fault.target, self.other)
+
+    def _consumer_paused(self, fault: Fault) -> IdleCancels:
         before = self.idle_cancels()
         tell(self.control, "pause", str(time.time() + fault.duration_s))
         time.sleep(fault.duration_s + 1.0)
-        return f"{self.idle_cancels() - before} streams cancelled for idleness"
+        return IdleCancels(before, self.idle_cancels())
 
-    def _store_pids(self) -> int:
+    def _store_pid(self) -> int:
         process = self.store._process  # noqa: SLF001 - its process group is the store
         if process is None:
             raise RuntimeError("the store is not running")
         return process.pid
 
-    def _store_stopped(self, fault: Fault) -> str:
-        pid = self._store_pids()
-        os.killpg(pid, signal.SIGSTOP)
-        time.sleep(0.1)
-        state = _state(pid)
+    def _store_stopped(self, fault: Fault) -> ProcessesStopped:
+        group = self._store_pid()
+        os.killpg(group, signal.SIGSTOP)
+        members = _group(group)
+        states = _states(members, stopped=True)
         time.sleep(fault.duration_s)
-        os.killpg(pid, signal.SIGCONT)
-        return f"state {state} while stopped"
+        os.killpg(group, signal.SIGCONT)
+        return ProcessesStopped(states, _states(members, stopped=False))
 
-    def _store_killed(self, fault: Fault) -> str:
-        pid = self._store_pids()
+    def _store_killed(self, fault: Fault) -> StoreKilled:
+        pid = self._store_pid()
         self.store.stop(kill=True)
-        gone = not Path(f"/proc/{pid}").exists() or _state(pid) == "Z"
+        gone = _state(pid) in ("", "Z")
         time.sleep(fault.duration_s)
         self.store.start()
-        return f"killed ({'gone' if gone else 'still there'}), restarted"
+        return StoreKilled(pid, gone, self._store_pid())
 
     def _objects(self) -> ObjectStore:
+        """The store as the daemons see it (their keys: the environment's)."""
         return ObjectStore(ObjectUrl.parse(self.url), StoreOptions(endpoint_url=self.store.endpoint_url,
                                                                   retry_window_s=30))
 
-    def _object_damaged(self, fault: Fault) -> str:
+    def _object_damaged(self, fault: Fault) -> ObjectDamage:
         objects = self._objects()
         tars = sorted(name for name in objects.listing("train") if name.endswith(".tar"))
         name = self._rng.choice(tars)
         data = objects.read_bytes(name)
-        before = objects.head(name).etag
+        before = objects.head(name)
         objects.delete([name])
-        missing = name not in objects.listing("train")
+        answer = _answer(lambda: objects.head(name))
+        listed = name in objects.listing("train")
         time.sleep(fault.duration_s)
         objects.put_bytes(name, bytes(b ^ 0xA5 for b in data))
-        corrupt = objects.head(name)
+        copy = objects.head(name)
         time.sleep(fault.duration_s)
         objects.put_bytes(name, data)
-        return (f"{name}: {'missing' if missing else 'still listed'}, then {corrupt.size} bytes with ETag "
-                f"{'changed' if corrupt.etag != before else 'unchanged'}, then put back")
+        return ObjectDamage(name, before.size, before.etag, answer, listed, copy.size, copy.etag,
+                            objects.head(name).etag)
 
-    def _credentials_rotated(self, fault: Fault) -> str:
+    def _credentials_rotated(self, fault: Fault) -> KeysRotated:
         keys = self.store.access_key, self.store.secret_key
         self.store.rotate_credentials("rotated", "rotated-secret")
-        refused = "not refused"
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and refused == "not refused":
-            try:
-                self._objects().get_range("manifest.json", 0, 1)
-                time.sleep(0.1)
-            except Exception as e:  # noqa: BLE001 - the evidence is the refusal
-                refused = f"refused ({type(e).__name__})"
+        rotated = self._answer_until(lambda answer: answer != ACCEPTED)  # the store reads its identity again
         time.sleep(fault.duration_s)
         self.store.rotate_credentials(*keys)
-        return f"the daemons' keys {refused}, then restored"
+        return KeysRotated(rotated, self._answer_until(lambda answer: answer == ACCEPTED))
+
+    def _answer_until(self, wanted: Callable[[str], bool], timeout_s: float = 10.0) -> str:
+        """The store's answer to the daemons' keys (a byte of the manifest), asked
+        again until ``wanted`` holds of it or ``timeout_s`` has passed."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            answer = _answer(lambda: self._objects().get_range("manifest.json", 0, 1))
+            if wanted(answer) or time.monotonic() > deadline:
+                return answer
+            time.sleep(0.1)
+
+
+def _idle_cancels(port: int) -> int | None:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    return sum(int(float(line.split()[-1])) for line in text.splitlines()
+               if line.startswith("feeder_streams_idle_cancelled_total"))
+
+
+def _answer(call: Callable[[], object]) -> str:
+    """``accepted``, or the class name of the store's permanent refusal of ``call``
+    (another error is raised: the fault was not made)."""
+    try:
+        call()
+    except (ObjectMissing, StoreRefused) as e:
+        return type(e).__name__
+    return ACCEPTED
 
 
 @contextmanager

@@ -8,7 +8,12 @@ read, and checks what every rank received against the reference
 (:func:`check`): every sample of every epoch exactly once, with the reference's label
 and pixels; a rank that ended in an error is a failure unless its one line names
 the cause of a fault that must end a job (none in a pool of three: the daemon on
-another manifest is left, the others serve).
+another manifest is left, the others serve). Each fault is checked too: what was
+measured while it was made must satisfy its kind's predicate
+(:func:`tests.chaos.evidence.not_landed`: the exit status of a kill, the state ``T``
+while stopped, a counter that went up, an ETag that changed, keys refused), and every
+rank must have received a batch before it began and after it ended; a fault that did
+not land fails the run, named.
 
 Every other seed (the even ones: at least a third of any run of seeds) streams a mix
 instead: the dataset from the store at 0.75 and a second one from each daemon's
@@ -36,7 +41,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -45,13 +50,14 @@ from clients import FeederLoader
 from feeder.config import ServerConfig
 from feeder.server import create_server
 from tests.chaos.cluster import DATASET, Cluster, daemons_up, tell
+from tests.chaos.evidence import Evidence, not_landed, recorded
 from tests.chaos.schedule import Fault, Kind, schedule
 from tests.common.env import child_env
 from tests.common.mixes import build_extra_shards
 from tests.common.s3 import pointed_at, upload_tree
 from tests.common.shards import build_sample_shards
 
-__all__ = ["Outcome", "RunConfig", "check", "run"]
+__all__ = ["Outcome", "RunConfig", "check", "fault_problems", "run"]
 
 _ROOT = Path(__file__).resolve().parents[2]
 _STORE_FAULTS = {Kind.STORE_STOPPED, Kind.STORE_KILLED, Kind.CREDENTIALS_ROTATED, Kind.OBJECT_DAMAGED}
@@ -94,6 +100,7 @@ class Outcome:
 
     seed: int
     mixed: bool = False  # streamed a mix of the store's dataset and a local one
+    extra_samples: int = 0  # samples of the mix's local dataset the ranks received (0 without a mix)
     epochs: int = 0
     faults: list[dict[str, Any]] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -304,8 +311,9 @@ def run(config: RunConfig) -> Outcome:
     epochs = 1 + max((r["epoch"] for rs in received.values() for r in rs if "epoch" in r), default=0)
     outcome.epochs = max(epochs, config.epochs)
     outcome.problems = check(reference(config, {DATASET: shards, **local}, outcome.epochs), received, outcome.epochs)
-    outcome.problems += [f"fault {n}: {f['evidence']}" for n, f in enumerate(outcome.faults)
-                         if f["evidence"].startswith("NOT MADE")]
+    outcome.problems += fault_problems(outcome.faults, received)
+    outcome.extra_samples = sum(key.startswith(f"{EXTRA}/") for records in received.values() for r in records
+                                for key in r.get("keys", ()))
     for number, fault in enumerate(faults):
         if fault.kind is Kind.DAEMON_OTHER_MANIFEST:  # left with one line by each rank that asked it again
             for rank in range(config.world_size):
@@ -319,8 +327,13 @@ def run(config: RunConfig) -> Outcome:
     return outcome
 
 
-def _make_faults(cluster: Cluster, faults: list[Fault]) -> list[dict[str, Any]]:
-    """Make the faults in order, each at its time (or once the one before is over)."""
+class _FaultMaker(Protocol):
+    def make(self, fault: Fault) -> Evidence: ...
+
+
+def _make_faults(cluster: _FaultMaker, faults: list[Fault]) -> list[dict[str, Any]]:
+    """Make the faults in order, each at its time (or once the one before is over),
+    each with what was measured while it was made and what of it did not happen."""
     t0, made = time.monotonic(), []
     wall0 = time.time()
     for fault in faults:
@@ -328,15 +341,37 @@ def _make_faults(cluster: Cluster, faults: list[Fault]) -> list[dict[str, Any]]:
         if delay > 0:
             time.sleep(delay)
         begun = time.time()
+        evidence: Evidence | None = None
         try:
             evidence = cluster.make(fault)
+            missed = not_landed(fault.kind, evidence)
         except Exception as e:  # noqa: BLE001 - recorded: a fault that could not be made fails the run
-            evidence = f"NOT MADE: {type(e).__name__}: {e}"
+            missed = [f"not made: {type(e).__name__}: {e}"]
         ended = time.time()
         made.append({"kind": fault.kind.name, "what": fault.kind.value, "target": fault.target,
                      "store": fault.kind in _STORE_FAULTS, "planned_at_s": fault.at_s, "at_s": round(begun - wall0, 1),
-                     "lasted_s": round(ended - begun, 1), "begun": begun, "ended": ended, "evidence": evidence})
+                     "lasted_s": round(ended - begun, 1), "begun": begun, "ended": ended,
+                     "evidence": recorded(evidence), "not_landed": missed})
     return made
+
+
+def _named(fault: dict[str, Any]) -> str:
+    target = f" {fault['target']}" if fault["kind"].startswith("DAEMON") else ""
+    return fault["kind"].lower().replace("_", " ").replace("daemon", f"daemon{target}", 1)
+
+
+def fault_problems(faults: list[dict[str, Any]], received: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """A line for each part of a fault that did not happen (its predicate's), and for
+    each fault that met no rank reading: a rank's batch before it began and after
+    it ended, or the fault came when the work was not going on."""
+    problems = [f"fault {n} ({_named(f)}): {missed}" for n, f in enumerate(faults) for missed in f["not_landed"]]
+    for n, fault in enumerate(faults):
+        for rank, records in received.items():
+            times = [r["t"] for r in records if "error" not in r]
+            if not any(t < fault["begun"] for t in times) or not any(t > fault["ended"] for t in times):
+                problems.append(f"fault {n} ({_named(fault)}): rank {rank} had no batch before it began "
+                                "and after it ended")
+    return problems
 
 
 def main_one(seed: int, workdir: Path, quick: bool) -> Outcome:

@@ -1,8 +1,10 @@
 """Three fixed seeds of the fault schedule (its quick durations): two ranks read a
-pool of three daemons over a real S3 server through six faults, and every sample of
-every epoch arrives exactly once with its own label and pixels (``make chaos`` runs
-more seeds, with the durations a cluster makes). Seed 2 streams a mix of the store's
-dataset and a local one: each sample as often as the fault-free plan has it."""
+pool of three daemons over a real S3 server through six faults, each of which is
+proved to have happened (its kind's predicate over what was measured while it was
+made), and every sample of every epoch arrives exactly once with its own label and
+pixels (``make chaos`` runs more seeds, with the durations a cluster makes). Seed 2
+streams a mix of the store's dataset and a local one: each sample as often as the
+fault-free plan has it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,5 @@ pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 def test_a_seeded_schedule_of_faults_loses_repeats_and_changes_nothing(seed: int, tmp_path: Path) -> None:
     outcome = run(RunConfig(seed=seed, workdir=tmp_path, quick=True))
     made = [f"{f['kind']}: {f['evidence']}" for f in outcome.faults]
-    assert len(outcome.faults) >= 6 and not any("NOT MADE" in line for line in made), made
-    assert outcome.epochs >= 3 and outcome.mixed == (seed == 2)
-    assert outcome.ok, "\n".join(outcome.problems + made)
+    assert outcome.ok, "\n".join(outcome.problems + made)  # each fault landed, every sample as planned
+    assert (outcome.extra_samples > 0) == (seed == 2), outcome.extra_samples  # the mix was streamed

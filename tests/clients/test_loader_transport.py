@@ -3,6 +3,7 @@ gRPC payload otherwise; and nothing of either side left in /dev/shm whatever die
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -71,16 +72,18 @@ def test_grpc_when_asked_and_when_the_client_is_on_another_host(shards, monkeypa
         server.stop(0).wait(10)
 
 
-def test_a_full_dev_shm_falls_back_to_grpc(shards, monkeypatch):
+def test_a_full_dev_shm_falls_back_to_grpc(shards, monkeypatch, caplog):
     def full(fd: int, offset: int, length: int) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "posix_fallocate", full)
     server, port = start_daemon(shards)
     try:
-        with _loader(f"127.0.0.1:{port}") as loader:
+        with caplog.at_level(logging.WARNING, logger="transport.daemon"), _loader(f"127.0.0.1:{port}") as loader:
             assert sum(_epoch_keys(loader).values()) == N_TRAIN
             assert loader.transport == "grpc"
+        # The daemon met the full /dev/shm (not some other reason to send inline).
+        assert "shared memory full" in caplog.text, caplog.text
         assert not _segments(os.getpid())
     finally:
         server.stop(0).wait(10)
@@ -137,7 +140,7 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
             with _loader(address) as other:  # another stream, meanwhile
                 other_keys = _epoch_keys(other)
             client.send_signal(signal.SIGKILL)
-            client.wait(10)
+            assert client.wait(10) == -signal.SIGKILL
         finally:
             if client.poll() is None:
                 client.kill()

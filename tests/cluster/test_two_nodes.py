@@ -201,6 +201,11 @@ def test_a_nodes_daemon_killed_mid_epoch_is_covered_by_the_other_and_comes_back(
     log = job.log(1).read_text(errors="replace")
     assert "feeder run: the daemon is gone (SIGKILL); starting one again in 1 s (restart 1 of 5)" in log
     assert len(job.daemon_pids(1)) == 2  # started again while the ranks trained on
+    # The ranks met the kill (their pool left the daemon), not only the launcher.
+    here, there = str(job.node_dir(1) / "feeder.sock"), f"127.0.0.1:{job.ports[1]}"
+    failed = [line for node in (0, 1) for line in job.log(node).read_text(errors="replace").splitlines()
+              if "of the pool failed" in line and (there in line or (node == 1 and here in line))]
+    assert failed, job.tail(0) + job.tail(1)
     assert job.visits() == Counter({key: EPOCHS for key in _keys(local_shards)})
     longest = max(float(row["longest_wait_s"]) for row in job.epochs())
     assert longest <= 2.0, f"the training loop waited {longest:.2f} s for a batch"

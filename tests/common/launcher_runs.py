@@ -21,7 +21,7 @@ __all__ = ["N_TRAIN", "Run", "consumer", "node_of", "nothing_left", "serve_args"
 N_TRAIN = 4 * 24  # the train split of the shards the launcher's tests build
 
 # Reads an epoch through FEEDER_ADDRESS (FEEDER_TOKEN, FEEDER_SHM_DIR), one batch per PAUSE_S,
-# writing each batch's count to PROGRESS; prints what it saw; exits with STATUS.
+# writing each batch's count to PROGRESS; prints its reconnects and what it saw; exits with STATUS.
 _CONSUMER = r"""
 import os, signal, sys, time
 from collections import Counter
@@ -38,6 +38,7 @@ with FeederLoader(dataset="sample", batch_size=4, image_size=32, rank=0, world_s
         seen.update(keys)
         progress.write_text(str(sum(seen.values())))
         time.sleep(pause)
+    print("reconnects", loader.reconnects, flush=True)
     print("samples", sum(seen.values()), "most", max(seen.values()), loader.transport, flush=True)
 time.sleep(float(os.environ.get("LINGER_S", "0")))
 sys.exit(int(os.environ.get("STATUS", "0")))
@@ -65,6 +66,10 @@ class Run:
 
     def said(self, text: str) -> list[str]:
         return [line for line in list(self.err) if text in line]
+
+    def reconnects(self) -> int:
+        """How often the command's loader reconnected (its line, once it has read its epoch)."""
+        return next(int(line.split()[1]) for line in self.out if line.startswith("reconnects "))
 
     def daemon_pids(self) -> list[int]:
         return [int(line.split("(pid ")[1].split(")")[0]) for line in self.said("feeder run: daemon serving on")]

@@ -88,8 +88,10 @@ def test_a_daemon_killed_mid_download_leaves_nothing_half_written_in_use(
             partial = _partial_download(cache, first)
             assert partial is not None, "no download was under way"
             os.kill(first.pid, signal.SIGKILL)
+            killed = first.stop()
     finally:
         first.stop()
+    assert killed == -signal.SIGKILL  # not stopped by SIGTERM, which could have cleaned up
     assert partial.exists()  # the half-written download is still there...
     assert not (cache / "shards" / f"{partial.name[:64]}.tar").exists() and _whole(cache / "shards")
 

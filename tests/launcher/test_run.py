@@ -103,6 +103,7 @@ def test_a_daemon_killed_mid_epoch_is_started_again_and_the_epoch_stays_whole(no
     assert run.wait() == 0
     assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"  # every sample once across the restart
     assert len(run.said("the daemon is gone (SIGKILL); starting one again in 1 s (restart 1 of 5)")) == 1
+    assert run.reconnects() >= 1  # the kill came while the daemon still owed batches
     assert len(run.daemon_pids()) == 2
     nothing_left(node)  # the killed daemon's segments too
 
@@ -133,6 +134,7 @@ def test_a_node_shared_by_two_runs_keeps_serving_when_the_first_run_ends(node, t
     assert second.said("using the daemon already serving on")
     assert second.said("the daemon is gone (the shared one stopped answering); starting one again")
     assert len(second.daemon_pids()) == 1  # its own, from then on
+    assert second.reconnects() >= 1  # its stream went from the shared daemon to its own mid-epoch
     assert second.out[-1] == f"samples {N_TRAIN} most 1 shm"
     nothing_left(node)
 

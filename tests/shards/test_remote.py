@@ -212,6 +212,8 @@ def test_one_datasets_stuck_store_does_not_hold_another_datasets_reads(s3_server
         started = time.monotonic()
         assert len(free.read_many(np.arange(len(free)))) == len(free)
         assert time.monotonic() - started < 15  # not behind the 20 s timeouts of the other
+        waiting = [a.future for _, a in stuck._bytes._ahead_order]
+        assert waiting and not any(f.done() for f in waiting)  # the other's reads were stuck all along
     finally:
         proxy.close()
 
@@ -274,6 +276,7 @@ def test_bytes_read_ahead_before_an_object_was_put_right_are_fetched_again(
     store.put_bytes(shard, bytes(b ^ 0x5A for b in original))
     split.will_need(rows)
     ahead = [a.future for _, a in split._bytes._ahead_order]
+    assert ahead  # the shard's bytes were read ahead while it was the corrupt copy
     for future in ahead:
         future.result(timeout=20)  # the corrupt bytes, read ahead
     store.put_bytes(shard, original)

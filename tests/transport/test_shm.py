@@ -213,6 +213,7 @@ def test_client_killed_with_sigkill_leaves_nothing(config, shm_dir, tmp_path):
     finally:
         client.send_signal(signal.SIGKILL)
         client.wait(10)
+    assert client.returncode == -signal.SIGKILL  # it died holding the mapping
     # The daemon's ring is untouched by the client's death; its close cleans up.
     again = sender.slot_for(pixels.shape)
     assert again.index == 1
