@@ -8,7 +8,7 @@ PROTO_OUT := protos/feeder_pb2.py
 NATIVE_LIBS := $(VENV)/.native-libraries
 DEMO    := .demo
 
-.PHONY: demo test test-cluster slurm test-under-load chaos install proto typecheck lint clean
+.PHONY: demo test test-quick test-cluster slurm test-under-load chaos install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,11 @@ proto: $(PROTO_OUT)
 test: install typecheck lint
 	$(BIN)/python -m pytest -q -n 3 -m "not serial and not cluster" --durations=15
 	$(BIN)/python -m pytest -q -m "serial and not cluster" --durations=5
+
+# The edit loop: the tests that start no process or daemon and take under a second each (not slow),
+# without the typecheck and the lint; `make test` runs these and the rest.
+test-quick: install
+	$(BIN)/python -m pytest -q -n 3 -m "not slow and not serial and not cluster" --durations=10
 
 # The tests that run a whole cluster on this host: a real Slurm (installed by `make slurm`
 # where the machine allows it, else skipped with the reason), two nodes of one job, fault

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "protos", "protocol", "shards", "transport", "sharder", "clients", "feeder", "trainer", "bench")
 # Bottom to top. A module may import its own package and the layers below its own.
@@ -113,6 +115,7 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
+@pytest.mark.slow
 def test_packages_import_only_downwards() -> None:
     wrong = []
     for module, targets in _graph().items():

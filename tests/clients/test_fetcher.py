@@ -115,6 +115,7 @@ def test_a_stream_that_ends_before_its_plan_does_is_reopened_at_its_cursor(fake_
     assert keys == [str(i) for i in range(SAMPLES)]
 
 
+@pytest.mark.slow
 def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> None:
     address = fake_daemon(lambda call, cursor: call > 0 or cursor == 8)
     started = time.monotonic()
@@ -173,6 +174,7 @@ class _DeafCall:
         pass
 
 
+@pytest.mark.slow
 def test_get_gives_up_even_when_the_stream_ignores_cancel(fake_daemon) -> None:
     released = threading.Event()
     address = fake_daemon(lambda call, cursor: False)

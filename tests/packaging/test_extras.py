@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 import clients
 import feeder
 from tests.common.env import ROOT, child_env
@@ -26,6 +28,7 @@ def test_torchvision_and_matplotlib_are_the_trainers_extra_only() -> None:
     assert "feeder[trainer]" in PROJECT["optional-dependencies"]["dev"]  # make test runs the trainer's tests
 
 
+@pytest.mark.slow
 def test_every_loader_and_daemon_module_imports_without_them() -> None:
     modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder)
                for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # that one runs the CLI

@@ -41,6 +41,7 @@ def _assert_one_line(process, line: str) -> None:
     assert process.stderr == line + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", ["train/shard-000003.tar", "train/index.parquet", "manifest.json"])
 def test_no_space_left_is_one_line_and_the_same_command_resumes(src: Path, reference: Path, tmp_path: Path,
                                                                 planted: str) -> None:
@@ -64,6 +65,7 @@ def test_no_space_left_is_one_line_and_the_same_command_resumes(src: Path, refer
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+@pytest.mark.slow
 def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     failed = shard_command(src, out, file_size_bytes=40_000)  # below the first tar's 58,880 bytes
@@ -75,6 +77,7 @@ def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, refer
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+@pytest.mark.slow
 def test_an_lmdb_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     failed = shard_command(src, out, file_size_bytes=100_000)  # every tar fits, train's LMDB does not

@@ -71,6 +71,7 @@ def reference(src: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [(), ("--overwrite",)], ids=["plain", "overwrite"])
 def test_a_second_run_is_refused_naming_the_first_which_completes(src: Path, reference: Path, tmp_path: Path,
                                                                   extra: tuple[str, ...]) -> None:
@@ -100,6 +101,7 @@ def test_a_second_run_is_refused_naming_the_first_which_completes(src: Path, ref
     assert tree_bytes(out) == tree_bytes(reference)  # the first run's output, whole; no lock file
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over_silently(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     # Its own process group, so that the workers it forked, which outlive it, can be ended.

@@ -57,6 +57,7 @@ def _config(src: Path, url: str, stage: Path, **options) -> ShardConfig:
     return ShardConfig(src, url, seed=7, shard_size_bytes=SHARD_BYTES, stage_dir=stage, **options)
 
 
+@pytest.mark.slow
 def test_sharding_into_a_store_uploads_the_bytes_of_a_local_run(
         s3_server: SeaweedFS, src: Path, reference: Path, tmp_path: Path) -> None:
     url = f"s3://{fresh_bucket(s3_server)}/imagenet"
@@ -128,6 +129,7 @@ shard_to_store(ShardConfig(sys.argv[1], sys.argv[2], seed=7, shard_size_bytes=in
 """
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_uploads_only_what_is_missing(
         s3_server: SeaweedFS, src: Path, reference: Path, tmp_path: Path) -> None:
     url, stage = f"s3://{fresh_bucket(s3_server)}/killed", tmp_path / "stage"
