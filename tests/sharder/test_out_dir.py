@@ -15,25 +15,10 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from sharder import ShardConfig, shard
 from sharder.out_dir import write_errors_named
-from tests.common.shards import build_sample_tree
-from tests.sharder.runs import SHARD_BYTES, kill_after_second_shard, shard_command, tree_bytes
+from tests.sharder.runs import kill_after_second_shard, shard_command, tree_bytes
 
 _NO_ROOM = "(resume with the same command once there is room)"
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_tree(tmp_path_factory.mktemp("full"), classes=3, train_per_class=12, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def reference(src: Path) -> Path:
-    out = src.parent / "reference"
-    shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
-    assert len(list((out / "train").glob("*.tar"))) == 4
-    return out
 
 
 def _assert_one_line(process, line: str) -> None:
