@@ -1,20 +1,15 @@
 """Shared pytest configuration: the ``gpu`` marker skips without CUDA; ``s3_server``
 is a real S3 server (SeaweedFS) on loopback, started once per session when a test
-asks for it; the order and grouping of tests for pytest-xdist's workers."""
+asks for it; the order of the tests for pytest-xdist's workers."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
 from bench.seaweedfs import SeaweedFS, seaweedfs
-
-# Module fixtures too costly to make on more than one worker: the tests that use one
-# go to the same worker (``--dist loadgroup``, in addopts). module -> fixture.
-_ONE_WORKER_FIXTURES = {
-    "tests/trainer/test_loop.py": "reference",  # a whole two-rank training run of 6 epochs
-}
 
 # Fixtures that start a process or daemon: a test that asks for one is slow.
 _DAEMON_FIXTURES = {"s3_server"}
@@ -39,25 +34,34 @@ def _skip_gpu_tests(items: list[pytest.Item]) -> None:
             item.add_marker(skip_gpu)
 
 
-def _mark_slow_and_grouped(items: list[pytest.Item]) -> None:
+def _mark_slow(items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
-        if fixtures & _DAEMON_FIXTURES:
+        if set(getattr(item, "fixturenames", ())) & _DAEMON_FIXTURES:
             item.add_marker(pytest.mark.slow)
-        shared = _ONE_WORKER_FIXTURES.get(item.nodeid.split("::")[0])
-        if shared in fixtures:
-            item.add_marker(pytest.mark.xdist_group(f"{item.nodeid.split('::')[0]}:{shared}"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """xdist gives each worker whole modules (``--dist loadfile`` in addopts: a module's
+    fixtures, such as the trainer's 6-epoch reference run, are made once), in the order
+    of the collection: the modules with the most slow tests go first, then the largest,
+    so that the last minutes are not one worker's long module while the others idle."""
+    slow: Counter[str] = Counter()
+    tests: Counter[str] = Counter()
+    for item in items:
+        tests[_module(item)] += 1
+        slow[_module(item)] += item.get_closest_marker("slow") is not None
+    items.sort(key=lambda item: (-slow[_module(item)], -tests[_module(item)]))  # stable: modules stay whole
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_gpu_tests(items)
-    _mark_slow_and_grouped(items)
-    if hasattr(config, "workerinput"):
-        # On xdist's workers the slow tests go first, so that the last minutes are
-        # not one worker's long test while the others idle. (Alone, pytest keeps each
-        # module's tests together, so that its module fixtures are made once.)
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    _mark_slow(items)
+    _heaviest_modules_first(items)
 
 
 @pytest.fixture(scope="session")
