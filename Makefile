@@ -50,8 +50,9 @@ test-quick: install
 # The tests that run a whole cluster on this host: a real Slurm (installed by `make slurm`
 # where the machine allows it, else skipped with the reason), two nodes of one job, fault
 # schedules, the sharder on a two-node Ray cluster (Ray installed here). CI runs it after `make test`.
+# Test by test to its two workers (--dist load): two of its longest tests share a module.
 test-cluster: install slurm $(RAY_STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m cluster --durations=10
+	$(BIN)/python -m pytest -q -n 2 --dist load -m cluster --durations=10
 
 # slurm-wlm and munge from the distribution's packages (root and apt needed; else a line says why).
 slurm:
