@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def made_once(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callabl
     with open(folder / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed, or the worker dies
         if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # what a worker that failed making it left
             make(path)
             done.touch()
     return path
