@@ -8,7 +8,7 @@ PROTO_OUT := protos/feeder_pb2.py
 NATIVE_LIBS := $(VENV)/.native-libraries
 DEMO    := .demo
 
-.PHONY: demo test docs-check test-cluster slurm test-under-load chaos install proto typecheck lint clean
+.PHONY: demo test test-quick docs-check test-cluster slurm test-under-load chaos install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -47,11 +47,17 @@ test: install typecheck lint
 docs-check: install
 	$(BIN)/python -m pytest -q tests/docs
 
+# The edit loop: the tests that start no process or daemon and take under a second each (not slow),
+# without the typecheck and the lint; `make test` runs these and the rest.
+test-quick: install
+	$(BIN)/python -m pytest -q -n 3 -m "not slow and not serial and not cluster" --durations=10
+
 # The tests that run a whole cluster on this host: a real Slurm (installed by `make slurm`
 # where the machine allows it, else skipped with the reason), two nodes of one job, fault
 # schedules, the sharder on a two-node Ray cluster (Ray installed here). CI runs it after `make test`.
+# Test by test to its two workers (--dist load): two of its longest tests share a module.
 test-cluster: install slurm $(RAY_STAMP)
-	$(BIN)/python -m pytest -q -n 2 -m cluster --durations=10
+	$(BIN)/python -m pytest -q -n 2 --dist load -m cluster --durations=10
 
 # slurm-wlm and munge from the distribution's packages (root and apt needed; else a line says why).
 slurm:

@@ -1,14 +1,18 @@
 """Shared pytest configuration: the ``gpu`` marker skips without CUDA; ``s3_server``
 is a real S3 server (SeaweedFS) on loopback, started once per session when a test
-asks for it."""
+asks for it; the order of the tests for pytest-xdist's workers."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
 
 from bench.seaweedfs import SeaweedFS, seaweedfs
+
+# Fixtures that start a process or daemon: a test that asks for one is slow.
+_DAEMON_FIXTURES = {"s3_server"}
 
 
 def _cuda_available() -> bool:
@@ -19,7 +23,7 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _skip_gpu_tests(items: list[pytest.Item]) -> None:
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
@@ -28,6 +32,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # folder named "gpu" would skip everything).
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip_gpu)
+
+
+def _mark_slow(items: list[pytest.Item]) -> None:
+    for item in items:
+        if set(getattr(item, "fixturenames", ())) & _DAEMON_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _heaviest_modules_first(items: list[pytest.Item]) -> None:
+    """xdist gives each worker whole modules (``--dist loadfile`` in addopts: a module's
+    fixtures, such as the trainer's 6-epoch reference run, are made once), in the order
+    of the collection: the modules with the most slow tests go first, then the largest,
+    so that the last minutes are not one worker's long module while the others idle."""
+    slow: Counter[str] = Counter()
+    tests: Counter[str] = Counter()
+    for item in items:
+        tests[_module(item)] += 1
+        slow[_module(item)] += item.get_closest_marker("slow") is not None
+    items.sort(key=lambda item: (-slow[_module(item)], -tests[_module(item)]))  # stable: modules stay whole
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_gpu_tests(items)
+    _mark_slow(items)
+    _heaviest_modules_first(items)
 
 
 @pytest.fixture(scope="session")

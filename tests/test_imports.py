@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("core", "protos", "protocol", "shards", "transport", "sharder", "clients", "feeder", "launcher", "trainer",
             "cli", "bench")
@@ -108,6 +110,7 @@ def test_no_import_cycles() -> None:
     assert _cycles(_graph()) == []
 
 
+@pytest.mark.slow
 def test_packages_import_only_downwards() -> None:
     wrong = []
     for module, targets in _graph().items():

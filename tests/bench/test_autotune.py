@@ -24,6 +24,7 @@ def test_each_scenario_runs_one_client_per_rank_of_each_job() -> None:
     assert autotune.SCENARIOS["jobs-2"].clients == [(0, 0), (0, 1)]
 
 
+@pytest.mark.slow
 def test_a_run_opens_every_clients_stream_and_brings_back_their_records(bench_shards: Path) -> None:
     args = autotune.parse_args(["--seconds", "1"])
     scenario = autotune.Scenario(image_size=32, batch_size=8, jobs=2)

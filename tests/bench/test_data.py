@@ -23,6 +23,7 @@ def test_a_folder_without_manifest_is_refused(tmp_path: Path) -> None:
         resolve(tmp_path, None)
 
 
+@pytest.mark.slow
 def test_a_sample_of_another_size_is_made_in_a_folder_of_its_own(tmp_path: Path) -> None:
     data = prepare_sample(tmp_path, train_per_class=3)
     assert data.shards == tmp_path / "sample-3" / "shards"

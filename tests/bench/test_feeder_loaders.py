@@ -31,6 +31,7 @@ def test_a_batch_over_another_transport_than_asked_for_fails_the_run() -> None:
     assert batch.count == 2 and batch.layout == "NCHW"
 
 
+@pytest.mark.slow
 def test_cuda_ipc_without_a_gpu_is_skipped_with_its_reason(tmp_path: Path, bench_shards: Path) -> None:
     spec = LoaderSpec(shards=bench_shards, source=None, device="cpu")
     with pytest.raises(LoaderUnavailable, match="--device gpu"):

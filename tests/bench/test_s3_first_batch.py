@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.s3_first_batch import measure, parse_args
 from bench.seaweedfs import SeaweedFS
 from tests.common.s3 import fresh_bucket, pointed_at
+
+pytestmark = pytest.mark.slow
 
 
 def test_cold_and_warm_first_batches_are_timed(s3_server: SeaweedFS, bench_shards: Path, tmp_path: Path) -> None:

@@ -83,6 +83,7 @@ def test_every_loader_delivers_uint8_batches_and_the_run_is_recorded(
     assert all(name in table for name in SMOKE_LOADERS)
 
 
+@pytest.mark.slow
 def test_a_failing_loader_is_reported_and_fails_the_run(tmp_path: Path, bench_shards: Path, bench_source: Path) -> None:
     code, doc = _run(tmp_path, bench_shards, bench_source, ["decode-only"], split="no-such-split")
 
@@ -143,6 +144,7 @@ def test_tfdata_runs_or_is_skipped_with_its_reason(tmp_path: Path, bench_shards:
         assert row["problems"] == [] and row["images_per_s"] > 0
 
 
+@pytest.mark.slow
 def test_a_loader_whose_package_is_not_installed_is_skipped_with_one_line(
     tmp_path: Path, bench_shards: Path, bench_source: Path
 ) -> None:

@@ -60,6 +60,7 @@ def test_feeder_and_the_store_peers_read_the_store_the_run_started(tmp_path: Pat
     assert doc["config"]["store"] == "s3" and doc["config"]["epochs"] == 2
 
 
+@pytest.mark.slow
 def test_feeder_from_the_store_alone_reports_both_epochs(tmp_path: Path, bench_shards: Path) -> None:
     out = tmp_path / "result.json"
 

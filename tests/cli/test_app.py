@@ -26,6 +26,7 @@ def _heavy(modules: set[str]) -> set[str]:
     return {name for name in modules if name.split(".")[0] in HEAVY}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["", "serve", "shard", "verify", "sample-data", "train"])
 def test_help_loads_no_heavy_module(command: str) -> None:
     modules = _imported("-m", "feeder", *command.split(), "--help")

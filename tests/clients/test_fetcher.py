@@ -158,6 +158,7 @@ def test_a_reopen_the_daemon_would_refuse_is_refused_with_its_message(fake_daemo
         failover.close()
 
 
+@pytest.mark.slow
 def test_gives_up_naming_daemon_dataset_split_rank_and_cursor(fake_daemon) -> None:
     address = fake_daemon(lambda call, cursor: call > 0 or cursor == 8)
     started = time.monotonic()
@@ -216,6 +217,7 @@ class _DeafCall:
         pass
 
 
+@pytest.mark.slow
 def test_get_gives_up_even_when_the_stream_ignores_cancel(fake_daemon) -> None:
     released = threading.Event()
     address = fake_daemon(lambda call, cursor: False)

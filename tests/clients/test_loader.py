@@ -139,6 +139,7 @@ def test_wait_seconds_and_stall_fraction_are_recorded(daemon) -> None:
         assert 0 < loader.longest_wait_s < loader.wait_seconds  # one batch's, not the first's
 
 
+@pytest.mark.slow
 def test_reconnects_after_daemon_restart_without_loss_or_repeat(shards) -> None:
     server, port = start_daemon(shards)
     loader = _loader(f"127.0.0.1:{port}", batch_size=2, image_size=96, prefetch_batches=1,
@@ -158,6 +159,7 @@ def test_reconnects_after_daemon_restart_without_loss_or_repeat(shards) -> None:
     assert Counter(keys) == Counter({k: 1 for k in keys}) and len(keys) == N_TRAIN
 
 
+@pytest.mark.slow
 def test_gives_up_after_deadline_naming_the_address(shards) -> None:
     server, port = start_daemon(shards)
     address = f"127.0.0.1:{port}"

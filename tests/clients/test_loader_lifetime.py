@@ -14,6 +14,8 @@ import warnings
 import weakref
 from pathlib import Path
 
+import pytest
+
 from clients import FeederLoader
 from tests.common.env import ROOT, child_env
 from tests.common.sample_daemon import start_daemon
@@ -34,6 +36,7 @@ def _take_one_batch(address: str) -> weakref.ref[FeederLoader]:
     return weakref.ref(loader)
 
 
+@pytest.mark.slow
 def test_dropped_loaders_end_their_threads_and_daemon_streams(shards: Path) -> None:
     server, port = start_daemon(shards)
     try:
@@ -82,6 +85,7 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_process_exits_promptly_without_close(shards: Path) -> None:
     server, port = start_daemon(shards)
     try:

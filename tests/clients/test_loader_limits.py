@@ -6,10 +6,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 from clients import FeederLoader
 from feeder.config import ServerConfig
 from feeder.server import create_server
 from tests.common.sample_daemon import N_TRAIN
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_loader_paused_past_the_idle_timeout_resumes_without_loss(shards):

@@ -149,6 +149,7 @@ def starved_daemon(shards) -> Iterator[str]:
     server.stop(0).wait(10)
 
 
+@pytest.mark.slow
 def test_a_memory_refusal_is_reported_with_the_daemons_message(starved_daemon) -> None:
     address = starved_daemon
     expected = _daemon_refusal(address)

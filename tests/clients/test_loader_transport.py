@@ -127,6 +127,7 @@ for i, _ in enumerate(loader):
 """
 
 
+@pytest.mark.slow
 def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
     server, port = start_daemon(shards)
     address = f"127.0.0.1:{port}"
@@ -152,6 +153,7 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
         server.stop(0).wait(10)
 
 
+@pytest.mark.slow
 def test_a_daemon_killed_and_restarted_is_swept_and_the_loader_resumes_over_shm(shards):
     first = DaemonProcess({"sample": shards}, ("--device", "cpu", "--threads", "1"), cwd=ROOT)
     first.start()
@@ -199,6 +201,7 @@ def _stop_in_namespace(daemon: DaemonProcess) -> None:
     daemon.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True).returncode != 0,
                     reason="unshare --pid: no new pid namespaces here (needs root or user namespaces)")
 def test_a_daemon_restarted_in_a_new_pid_namespace_reclaims_segments_whose_pid_is_alive(shards, tmp_path):

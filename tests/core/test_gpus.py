@@ -31,6 +31,7 @@ def test_an_inventory_finds_its_devices_by_uuid_and_holds_them_normalised():
     assert gpus.find("") is None
 
 
+@pytest.mark.slow
 def test_the_inventory_without_cuda_is_empty_and_nothing_raises():
     """A child that sees no device (CUDA_VISIBLE_DEVICES empty: true on a GPU machine
     too) gets empty inventories from every user of it: the CUDA IPC transport says it

@@ -38,6 +38,7 @@ def test_without_limits_the_command_runs_unchanged():
     assert shown.strip() == f"0 {unlimited} []"
 
 
+@pytest.mark.slow
 def test_a_child_of_a_process_where_grpc_ran_starts():
     # grpc's at-fork handler restarts its poller in a forked copy of the caller, which
     # aborts once the copy closes its descriptors: the prelude forks no Python code.

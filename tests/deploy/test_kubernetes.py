@@ -258,6 +258,7 @@ def _serves_trainer(doc: Doc, trainer_doc: Doc, tmp: Path, shards: Path, monkeyp
             assert tuple(images.shape) == (4, 3, 32, 32) and loader.transport == "shm"
 
 
+@pytest.mark.slow
 def test_the_sidecar_job_serves_its_trainer(shards: Path, short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     job = k8s.document("train-sidecar.yaml", "Job")
     sidecar = k8s.daemon(job)
@@ -270,6 +271,7 @@ def test_the_sidecar_job_serves_its_trainer(shards: Path, short_tmp: Path, monke
     _serves_trainer(job, job, short_tmp, shards, monkeypatch)
 
 
+@pytest.mark.slow
 def test_the_daemonset_serves_the_training_pods_of_its_node(shards: Path, short_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     daemons, job = k8s.document("daemonset.yaml", "DaemonSet"), k8s.document("daemonset.yaml", "Job")
@@ -281,6 +283,7 @@ def test_the_daemonset_serves_the_training_pods_of_its_node(shards: Path, short_
     _serves_trainer(daemons, job, short_tmp, shards, monkeypatch)
 
 
+@pytest.mark.slow
 def test_the_cpu_pool_serves_tls_behind_its_headless_service(shards: Path, short_tmp: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     pool, service = k8s.document("cpu-pool.yaml", "Deployment"), k8s.document("cpu-pool.yaml", "Service")

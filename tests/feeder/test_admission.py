@@ -194,6 +194,7 @@ def test_unread_streams_past_the_peer_limit_are_refused_over_grpc(private_server
 
 # -- idle streams ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_unread_stream_is_cancelled_after_the_idle_timeout(private_server, caplog):
     caplog.set_level(logging.INFO, logger="feeder.service")
     server, port = private_server(idle_timeout_s=1.0)
@@ -213,6 +214,7 @@ def test_an_unread_stream_is_cancelled_after_the_idle_timeout(private_server, ca
     assert any("idle" in r.getMessage() and "cancelled" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.slow
 def test_while_a_client_is_refused_for_all_streams_unread_ones_are_cancelled_sooner(private_server):
     server, port = private_server(max_streams=2, idle_timeout_s=600.0, contended_idle_timeout_s=1.0)
     with connect(port) as hog, connect(port) as channel:
@@ -233,6 +235,7 @@ def test_while_a_client_is_refused_for_all_streams_unread_ones_are_cancelled_soo
             assert ended.value.code() == grpc.StatusCode.CANCELLED
 
 
+@pytest.mark.slow
 def test_a_slow_but_steady_reader_is_not_idle(private_server):
     server, port = private_server(idle_timeout_s=2.0)
     with connect(port) as channel:
@@ -278,6 +281,7 @@ def test_one_batch_larger_than_the_byte_bound_still_moves():
     assert taken and q.nbytes == 0
 
 
+@pytest.mark.slow
 def test_queue_bytes_bounds_a_slow_streams_queue(private_server):
     batch_bytes = 16 * 128 * 128 * 3
     server, port = private_server(queue_batches=8, queue_bytes=2 * batch_bytes)

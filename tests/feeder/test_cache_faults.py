@@ -29,6 +29,8 @@ from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.s3 import fresh_bucket, pointed_at, upload_tree
 from tests.feeder.conftest import request
 
+pytestmark = pytest.mark.slow
+
 # A tmpfs this size over the cache directory holds a shard or two of the sample data.
 _FULL_DISK = "160k"
 

@@ -173,6 +173,7 @@ def _suspended_runs() -> list[object]:
             and g.gi_code is CachedRunner.run_many.__code__ and inspect.getgeneratorstate(g) == inspect.GEN_SUSPENDED]
 
 
+@pytest.mark.slow
 def test_a_stream_that_fails_closes_its_run_on_its_own_thread(shards, tmp_path):
     # Left to the garbage collector, a run's cleanup could run on any thread, a pool
     # worker among them, and wait there for work only that worker could do.

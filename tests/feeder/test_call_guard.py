@@ -153,6 +153,7 @@ def test_calls_without_the_token_that_never_send_lock_nobody_out(private_server,
     assert wait_for(lambda: server.metrics.registry.get_sample_value("feeder_waiting_calls") == 0)
 
 
+@pytest.mark.slow
 def test_a_call_without_its_request_is_cancelled_after_the_first_message_timeout(private_server):
     server, port = private_server(first_message_timeout_s=1.0)
     with connect(port) as channel:

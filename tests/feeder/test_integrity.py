@@ -61,6 +61,7 @@ def _overwrite_in_place(tar: Path, data: bytes) -> bytes:
     return before
 
 
+@pytest.mark.slow
 def test_a_tar_overwritten_in_place_ends_the_stream_naming_it_and_serves_no_wrong_pixels(served):
     copy, stub, reference = served
     tar, _ = _first_tar(copy)

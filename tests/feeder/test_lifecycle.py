@@ -178,6 +178,7 @@ def _serve(*args: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_serve_with_a_bad_path_exits_1_with_one_line(tmp_path):
     proc = _serve("--dataset", f"x={tmp_path / 'nowhere'}")
     _, err = proc.communicate(timeout=60)
@@ -185,6 +186,7 @@ def test_serve_with_a_bad_path_exits_1_with_one_line(tmp_path):
     assert err.strip().count("\n") == 0 and "nowhere" in err and err.startswith("feeder: ")
 
 
+@pytest.mark.slow
 def test_a_start_refused_for_its_input_leaves_stale_rings_alone_and_says_one_line(tmp_path):
     shm_dir = tmp_path / "shm"
     shm_dir.mkdir()
@@ -198,6 +200,7 @@ def test_a_start_refused_for_its_input_leaves_stale_rings_alone_and_says_one_lin
     assert stale.exists()  # swept by the next daemon that starts
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_daemon_cleanly_and_exits_0(shards):
     proc = _serve("--dataset", f"sample={shards}", "--grace-s", "1")
     try:

@@ -57,6 +57,7 @@ def test_line_limit_filter_caps_any_line():
 
 # -- a real daemon ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_daemon_writes_bounded_lines_whatever_clients_send(shards):
     lines: list[str] = []
     huge = "n" * (1 << 20)

@@ -42,6 +42,7 @@ def _slow_clients(port: int, count: int) -> list[socket.socket]:
     return clients
 
 
+@pytest.mark.slow
 def test_slow_clients_cannot_multiply_threads_and_a_scrape_answers(private_server):
     server, _ = private_server(metrics_port=0, metrics_threads=4, metrics_timeout_s=1.0)
     assert _scrape(server.metrics_port)[0] == 200
@@ -67,6 +68,7 @@ def test_slow_clients_cannot_multiply_threads_and_a_scrape_answers(private_serve
     assert server.metrics.registry.get_sample_value("feeder_metrics_scrapes_refused_total", {"reason": "busy"}) > 0
 
 
+@pytest.mark.slow
 def test_a_slow_client_is_cut_off_however_slowly_it_trickles(private_server):
     server, _ = private_server(metrics_port=0, metrics_timeout_s=1.0)
     with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=10) as client:

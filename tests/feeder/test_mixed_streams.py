@@ -47,6 +47,7 @@ def mixed(weights=(("sample", 0.75), ("extra", 0.25)), **fields) -> feeder_pb2.S
     return feeder_pb2.StreamRequest(**(base | fields))
 
 
+@pytest.mark.slow
 def test_a_mixed_stream_holds_each_datasets_share_with_labels_over_the_union(mixed_stub, shards, extra):
     server, stub = mixed_stub
     request = mixed(epochs=2)

@@ -32,6 +32,7 @@ def service_with(shards):
         service.close()
 
 
+@pytest.mark.slow
 def test_distinct_crops_and_batch_sizes_build_a_bounded_number_of_pipelines(service_with):
     before = threading.active_count()
     service = service_with(max_pipelines=2, pipeline_idle_s=1.0)

@@ -31,6 +31,7 @@ def _fields(batch) -> tuple:
     return tuple(batch.keys), tuple(batch.labels), tuple(batch.padding), batch.images
 
 
+@pytest.mark.slow
 def test_a_remote_dataset_serves_the_batches_of_its_local_copy(s3_server: SeaweedFS, shards: Path, remote: str) -> None:
     with pointed_at(s3_server):
         server, port = start({"remote": remote, "local": shards}, s3_endpoint=s3_server.endpoint_url, metrics_port=0)
@@ -80,6 +81,7 @@ def test_refused_credentials_stop_the_daemon_with_one_line(s3_server: SeaweedFS,
     )
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_stops_the_daemon_with_one_line(s3_server: SeaweedFS, remote: str) -> None:
     with pointed_at(s3_server):
         line = _one_line(_serve("--dataset", f"x={remote}", "--s3-endpoint", "http://127.0.0.1:1"))

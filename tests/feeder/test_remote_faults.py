@@ -28,6 +28,7 @@ def _serve(server: SeaweedFS, datasets: dict, **options):
         return start(datasets, s3_endpoint=server.endpoint_url, **options)
 
 
+@pytest.mark.slow
 def test_a_store_killed_mid_epoch_and_restarted_loses_and_repeats_nothing(
         s3_server: SeaweedFS, shards: Path, index_rows: dict) -> None:
     url = upload_tree(s3_server, shards, f"s3://{fresh_bucket(s3_server, 'restart')}/sample")
@@ -74,6 +75,7 @@ def _delete_a_shard_mid_epoch(server: SeaweedFS, url: str, stub, **fields) -> tu
     return batches, f"{url}/{tars[-1]}", None
 
 
+@pytest.mark.slow
 def test_a_shard_deleted_mid_epoch_is_skipped_under_skip_naming_its_url(
         s3_server: SeaweedFS, shards: Path, deletable: str, index_rows: dict) -> None:
     # A shard gone for good: past a short heal window (its samples read again for it).
@@ -97,6 +99,7 @@ def test_a_shard_deleted_mid_epoch_is_skipped_under_skip_naming_its_url(
         daemon.stop(0).wait(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["skip", "fail"])
 def test_a_shard_deleted_mid_epoch_ends_the_stream_naming_its_url_past_the_limits(
         s3_server: SeaweedFS, shards: Path, deletable: str, index_rows: dict, on_error: str) -> None:

@@ -159,6 +159,7 @@ def _answer(stub, message: feeder_pb2.StreamRequest) -> grpc.StatusCode | int:
     return taken
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                    HealthCheck.too_slow])
 @given(message=stream_requests())

@@ -240,6 +240,7 @@ def test_metrics_listen_only_where_the_service_listens(private_server):
 
 # -- launcher ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_launcher_checks_health_of_a_tls_daemon(shards, certs, token_file):
     options = ("--device", "cpu", "--threads", "1", "--tls-cert", str(certs.server_cert),
                "--tls-key", str(certs.server_key), "--token-file", str(token_file))

@@ -23,7 +23,7 @@ from shards import jpeg
 from shards.layout import index_path
 from tests.common.shards import build_sample_tree
 
-pytestmark = pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason()))
+pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason())), pytest.mark.slow]
 
 BATCH, SIZE, EPOCHS = 8, 24, 2
 

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from protos import feeder_pb2_grpc
 from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request
+
+pytestmark = pytest.mark.slow
 
 
 def _gauges(server, name: str) -> dict[str, float]:

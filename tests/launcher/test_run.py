@@ -18,6 +18,8 @@ from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_
 from tests.common.shards import build_sample_shards
 from tests.common.waiting import wait_for
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:

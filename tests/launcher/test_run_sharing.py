@@ -15,6 +15,8 @@ from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
 from tests.common.shards import build_sample_shards
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:

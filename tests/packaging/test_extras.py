@@ -8,6 +8,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 import cli
 import clients
 import feeder
@@ -28,6 +30,7 @@ def test_torchvision_and_matplotlib_are_the_trainers_extra_only() -> None:
     assert "feeder[trainer]" in PROJECT["optional-dependencies"]["dev"]  # make test runs the trainer's tests
 
 
+@pytest.mark.slow
 def test_every_loader_and_daemon_module_imports_without_them() -> None:
     modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder, launcher, cli)
                for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # feeder.__main__ runs the CLI

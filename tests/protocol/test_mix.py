@@ -192,6 +192,7 @@ def test_every_batch_holds_each_datasets_share_of_its_part(case) -> None:
         assert _spread(mix.dataset_of(part.indices[~part.padding]), shares) < bound
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(resumes())
 def test_two_datasets_batches_hold_their_weights_shares(case) -> None:

@@ -108,6 +108,7 @@ def _same(a: list[BatchSlice], b: list[BatchSlice]) -> bool:
         and np.array_equal(x.padding, y.padding) for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(streams())
 def test_the_daemons_cut_of_a_share_is_what_it_was(s):
@@ -312,6 +313,7 @@ def mixed_requests(draw: st.DrawFn) -> tuple[StreamSpec, Mix]:
     return mixed, Mix(sizes, weights, n)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(mixed_requests())
 def test_a_mixed_requests_stream_is_its_orders_cut_as_a_plain_ones(request):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.shard import main
 
 
+@pytest.mark.slow
 def test_bench_writes_figures_config_and_revision(tmp_path: Path) -> None:
     args = ["--cache", str(tmp_path), "--classes", "2", "--train-per-class", "4", "--val-per-class", "1",
             "--workers", "1,2", "--pair", "--modes", "copy,passthrough", "--repeats", "2",

@@ -148,6 +148,7 @@ def test_ray_at_an_address_nothing_answers_is_one_line_naming_it(src: Path, tmp_
                     "no Ray cluster answers")
 
 
+@pytest.mark.slow
 def test_workers_past_the_cpus_are_one_warning_and_the_run_goes_on(src: Path, tmp_path: Path) -> None:
     import subprocess
 

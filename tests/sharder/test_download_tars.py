@@ -42,6 +42,7 @@ def _copy(download: Path, dest: Path, *names: str) -> Path:
     return dest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_tars_shard_to_the_bytes_of_their_extracted_tree(
         download: tuple[Path, Path], tmp_path: Path, workers: int) -> None:

@@ -91,6 +91,7 @@ def huge() -> bytes:
     return huge_jpeg()
 
 
+@pytest.mark.slow
 def test_a_decompression_bomb_is_rejected_without_a_decode_or_downscaled(huge: bytes) -> None:
     result = process_image(huge)
     assert not result.data and "20000x20000" in result.reject and "--max-pixels" in result.reject
@@ -99,6 +100,7 @@ def test_a_decompression_bomb_is_rejected_without_a_decode_or_downscaled(huge: b
     assert not small.reject and (small.width, small.height) == (500, 500)
 
 
+@pytest.mark.slow
 def test_a_jpeg_claiming_more_pixels_than_its_data_holds_is_rejected_downscaled_or_not() -> None:
     forged = forged_size_jpeg(65000)
     assert "65000x65000" in process_image(forged).reject  # over --max-pixels, by its header

@@ -15,25 +15,10 @@ from pathlib import Path
 import pytest
 
 from core.errors import ConfigError
-from sharder import ShardConfig, shard
 from sharder.out_dir import write_errors_named
-from tests.common.shards import build_sample_tree
-from tests.sharder.runs import SHARD_BYTES, kill_after_second_shard, shard_command, tree_bytes
+from tests.sharder.runs import kill_after_second_shard, shard_command, tree_bytes
 
 _NO_ROOM = "(resume with the same command once there is room)"
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_tree(tmp_path_factory.mktemp("full"), classes=3, train_per_class=12, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def reference(src: Path) -> Path:
-    out = src.parent / "reference"
-    shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
-    assert len(list((out / "train").glob("*.tar"))) == 4
-    return out
 
 
 def _assert_one_line(process, line: str) -> None:
@@ -41,6 +26,7 @@ def _assert_one_line(process, line: str) -> None:
     assert process.stderr == line + "\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planted", ["train/shard-000003.tar", "train/index.parquet", "manifest.json"])
 def test_no_space_left_is_one_line_and_the_same_command_resumes(src: Path, reference: Path, tmp_path: Path,
                                                                 planted: str) -> None:
@@ -64,6 +50,7 @@ def test_no_space_left_is_one_line_and_the_same_command_resumes(src: Path, refer
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+@pytest.mark.slow
 def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     failed = shard_command(src, out, file_size_bytes=40_000)  # below the first tar's 58,880 bytes
@@ -75,6 +62,7 @@ def test_a_tar_over_the_file_size_limit_is_one_line_and_resumes(src: Path, refer
     assert tree_bytes(out) == tree_bytes(reference)
 
 
+@pytest.mark.slow
 def test_an_lmdb_over_the_file_size_limit_is_one_line_and_resumes(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     failed = shard_command(src, out, file_size_bytes=100_000)  # every tar fits, train's LMDB does not

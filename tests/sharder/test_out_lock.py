@@ -19,7 +19,6 @@ import pytest
 from core.errors import ConfigError, NotFound
 from sharder import ShardConfig, shard
 from sharder.out_lock import LOCK_NAME, OutLock
-from tests.common.shards import build_sample_tree
 from tests.common.waiting import wait_for
 from tests.sharder.runs import REPO, SHARD_BYTES, killing_command, shard_command, tree_bytes
 
@@ -59,18 +58,6 @@ def _takes(out: Path) -> bool:
         return False
 
 
-@pytest.fixture(scope="module")
-def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_tree(tmp_path_factory.mktemp("lock"), classes=3, train_per_class=12, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def reference(src: Path) -> Path:
-    out = src.parent / "reference"
-    shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
-    return out
-
-
 @pytest.mark.parametrize("extra", [(), ("--overwrite",)], ids=["plain", "overwrite"])
 def test_a_second_run_is_refused_naming_the_first_which_completes(src: Path, reference: Path, tmp_path: Path,
                                                                   extra: tuple[str, ...]) -> None:
@@ -100,6 +87,7 @@ def test_a_second_run_is_refused_naming_the_first_which_completes(src: Path, ref
     assert tree_bytes(out) == tree_bytes(reference)  # the first run's output, whole; no lock file
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_run_is_taken_over_silently(src: Path, reference: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     # Its own process group, so that the workers it forked, which outlive it, can be ended.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from sharder import ShardConfig, shard
-from tests.common.shards import build_sample_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_BYTES = 60_000
@@ -20,18 +20,6 @@ SHARD_BYTES = 60_000
 
 def _tree_bytes(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_tree(tmp_path_factory.mktemp("resume"), classes=3, train_per_class=12, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def reference(src: Path) -> Path:
-    out = src.parent / "reference"
-    shard(ShardConfig(src, out, formats=("wds", "lmdb"), seed=7, shard_size_bytes=SHARD_BYTES))
-    return out
 
 
 def test_same_seed_gives_identical_bytes_with_two_workers(src: Path, reference: Path, tmp_path: Path) -> None:
@@ -94,6 +82,7 @@ def test_a_run_killed_before_checksums_were_recorded_resumes_with_them(
 def test_unfinished_run_with_other_options_is_not_resumed(src: Path, tmp_path: Path) -> None:
     from core.errors import ConfigError
 
+    src = Path(shutil.copytree(src, tmp_path / src.name))  # a file is added to it: the shared tree is only read
     out = tmp_path / "out"
     command = [sys.executable, "-c", _KILL_AFTER_SECOND_SHARD, str(src), str(out), str(SHARD_BYTES)]
     subprocess.run(command, cwd=REPO, capture_output=True, timeout=120)

@@ -244,6 +244,7 @@ def test_worker_processes_give_the_same_bytes_for_odd_files(odd_tree: Path, tmp_
     assert all(max(r["width"], r["height"]) <= 32 for r in _rows(two, "train"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_path: Path, workers: int) -> None:
     good = {f"img{i}.jpg": rgb_jpeg(20 + i) for i in range(4)}
@@ -260,6 +261,7 @@ def test_decode_check_rejects_corrupt_scan_data_and_bombs_on_the_workers(tmp_pat
     assert not verify(tmp_path / "small", full=True).problems
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_downscaling_decodes_every_image_it_stores(tmp_path: Path, workers: int) -> None:
     good = {f"img{i}.jpg": rgb_jpeg(20 + i) for i in range(4)}
@@ -300,6 +302,7 @@ def test_manifest_names_skipped_links_empty_classes_and_unlistable_folders(
     assert ShardDataset.open("fruit", out).classes == manifest["classes"]  # the one reader tolerates the new keys
 
 
+@pytest.mark.slow
 def test_the_bytes_are_the_same_whatever_the_workers_and_whoever_processed_each_run(tmp_path: Path) -> None:
     # Enough inputs for every worker's tasks and the writing process's own runs to
     # interleave (runs of 16, 4 tasks a worker at hand).

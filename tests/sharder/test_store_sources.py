@@ -31,6 +31,7 @@ def _config(src: Path | str, out: Path, server: SeaweedFS, **options) -> ShardCo
     return ShardConfig(src, out, seed=9, shard_size_bytes=SHARD_BYTES, s3_endpoint=server.endpoint_url, **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["tree", "tars"])
 def test_a_store_prefix_shards_to_the_bytes_of_its_local_copy(
         s3_server: SeaweedFS, local: tuple[Path, Path], tmp_path: Path, layout: str) -> None:

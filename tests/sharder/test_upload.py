@@ -19,12 +19,11 @@ from bench.seaweedfs import SeaweedFS
 from cli.app import app
 from core.errors import ConfigError
 from protos import feeder_pb2_grpc
-from sharder import ShardConfig, shard, shard_to_store
+from sharder import ShardConfig, shard_to_store
 from sharder.verify import verify
 from shards.index import read_index
 from shards.layout import shard_name
 from tests.common.s3 import fresh_bucket, pointed_at, store_of
-from tests.common.shards import build_sample_tree
 from tests.feeder.conftest import connect, request, start
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,15 +31,9 @@ SHARD_BYTES = 60_000
 
 
 @pytest.fixture(scope="module")
-def src(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_tree(tmp_path_factory.mktemp("upload"), classes=3, train_per_class=12, val_per_class=2)
-
-
-@pytest.fixture(scope="module")
-def reference(src: Path) -> Path:
-    out = src.parent / "reference"
-    shard(ShardConfig(src, out, seed=7, shard_size_bytes=SHARD_BYTES))
-    return out
+def reference(wds_reference: Path) -> Path:
+    """``src`` (tests/sharder/conftest.py) sharded locally with the options these uploads use."""
+    return wds_reference
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -57,6 +50,7 @@ def _config(src: Path, url: str, stage: Path, **options) -> ShardConfig:
     return ShardConfig(src, url, seed=7, shard_size_bytes=SHARD_BYTES, stage_dir=stage, **options)
 
 
+@pytest.mark.slow
 def test_sharding_into_a_store_uploads_the_bytes_of_a_local_run(
         s3_server: SeaweedFS, src: Path, reference: Path, tmp_path: Path) -> None:
     url = f"s3://{fresh_bucket(s3_server)}/imagenet"
@@ -136,6 +130,7 @@ shard_to_store(ShardConfig(sys.argv[1], sys.argv[2], seed=7, shard_size_bytes=in
 """
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_and_uploads_only_what_is_missing(
         s3_server: SeaweedFS, src: Path, reference: Path, tmp_path: Path) -> None:
     url, stage = f"s3://{fresh_bucket(s3_server)}/killed", tmp_path / "stage"

@@ -148,6 +148,7 @@ def test_a_manifest_of_the_wrong_shape_is_one_line_and_exit_1(
     assert result.output.strip() == f"feeder: bad data: {root}/{message}", result.output
 
 
+@pytest.mark.slow
 def test_a_decompression_bomb_in_a_shard_is_one_problem_naming_its_key(tmp_path: Path) -> None:
     src = write_tree(tmp_path / "src", {"a": {"bomb.jpg": huge_jpeg(), "ok.jpg": rgb_jpeg(1)}})
     out = tmp_path / "out"

@@ -93,6 +93,7 @@ def test_a_tar_swapped_for_a_link_while_served_is_never_read(shards, tmp_path, r
         unopened.read_many(rows)
 
 
+@pytest.mark.slow
 def test_feeder_serve_refuses_a_linked_tar_with_one_line_and_serves_it_when_allowed(shards, tmp_path):
     copy = _copy(shards, tmp_path)
     link, outside = _link_out(copy, tmp_path)

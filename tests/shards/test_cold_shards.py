@@ -65,6 +65,7 @@ def _expected(local: Path) -> list[np.ndarray]:
     return split.read_many(np.arange(len(split)))
 
 
+@pytest.mark.slow
 def test_a_cold_epoch_takes_each_byte_from_the_store_once(
         s3_server: SeaweedFS, local: Path, remote: str, tmp_path: Path) -> None:
     # Before: the samples read while a shard was downloaded were fetched twice, once

@@ -129,6 +129,7 @@ def test_an_index_changed_after_sharding_is_refused_naming_it_and_both_digests(s
         ShardDataset.open("s", copy)
 
 
+@pytest.mark.slow
 def test_feeder_serve_refuses_an_index_changed_after_sharding_with_one_line(shards: Path, tmp_path: Path) -> None:
     copy = _copy(shards, tmp_path)
     path = _permute_labels(copy, "val")

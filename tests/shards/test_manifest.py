@@ -143,6 +143,7 @@ def _serve(root: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda m: [m], "manifest.json: expected a JSON object, got a list"),
     (lambda m: "manifest", "manifest.json: expected a JSON object, got a string"),

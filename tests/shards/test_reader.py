@@ -34,6 +34,7 @@ def test_bytes_by_index_are_the_tar_members(shards):
     assert [a.tobytes() for a in split.read_many([3, 1])] == [members[f"{split.keys[j]}.jpg"] for j in (3, 1)]
 
 
+@pytest.mark.slow
 def test_manifest_problems_are_named(shards, tmp_path):
     copy = Path(shutil.copytree(shards, tmp_path / "copy"))
     manifest = json.loads((copy / "manifest.json").read_text())

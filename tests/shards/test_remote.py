@@ -43,6 +43,7 @@ def _requests(split) -> int:
     return split._bytes._store.counters.snapshot()["requests"]
 
 
+@pytest.mark.slow
 def test_a_remote_root_reads_the_same_samples_as_the_local_one(s3_server: SeaweedFS, local: Path, remote: str) -> None:
     there, here = _open(s3_server, remote), ShardDataset.open("local", local)
     assert str(there.root) == remote and there.classes == here.classes and set(there.splits) == set(here.splits)
@@ -88,6 +89,7 @@ def test_read_ahead_fetches_the_next_batch_before_it_is_read(s3_server: SeaweedF
     assert _requests(split) == requested  # every byte was already on its way
 
 
+@pytest.mark.slow
 def test_a_read_ahead_that_failed_is_never_handed_to_a_later_read(s3_server: SeaweedFS, own_copy: str) -> None:
     # Before: read-aheads that failed while the store was down were kept and handed to
     # the reads of the next batches, which failed at once after the store was back.
@@ -123,6 +125,7 @@ def test_refused_credentials_are_unauthenticated_naming_the_url(s3_server: Seawe
         ShardDataset.open("remote", remote, remote=access)
 
 
+@pytest.mark.slow
 def test_an_unreachable_endpoint_is_unavailable_soon_naming_it(s3_server: SeaweedFS, remote: str) -> None:
     started = time.monotonic()
     with pytest.raises(ServiceUnavailable, match=rf"^{remote}: the store did not answer .*endpoint http://127.0.0.1:1\)"):
@@ -191,6 +194,7 @@ def test_connection_resets_are_retried_and_counted(s3_server: SeaweedFS, remote:
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_store_that_stops_answering_is_unavailable_after_the_retry_window(s3_server: SeaweedFS, remote: str) -> None:
     proxy = TcpProxy(s3_server.endpoint)
     try:
@@ -218,6 +222,7 @@ def test_one_datasets_stuck_store_does_not_hold_another_datasets_reads(s3_server
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_datasets_request_threads_serve_its_splits_and_end_with_them(s3_server: SeaweedFS, remote: str) -> None:
     def threads() -> int:
         return sum(t.name.startswith("feeder-get-short-lived-") for t in threading.enumerate())
@@ -235,6 +240,7 @@ def test_a_datasets_request_threads_serve_its_splits_and_end_with_them(s3_server
     assert threads() == 0
 
 
+@pytest.mark.slow
 def test_a_stopping_daemon_ends_the_waits_between_retries_at_once(s3_server: SeaweedFS, remote: str) -> None:
     # Before: a retry's sleep could not be cut short: a stopping daemon's reads retried
     # against a dead store for the whole retry window.

@@ -48,6 +48,7 @@ def _shard_bytes(local: Path, split: str = "val") -> list[int]:
     return sorted(p.stat().st_size for p in (local / split).glob("*.tar"))
 
 
+@pytest.mark.slow
 def test_shards_are_fetched_once_and_read_locally_from_then_on(
         s3_server: SeaweedFS, local: Path, remote: str, tmp_path: Path) -> None:
     cache = ShardCache(tmp_path / "cache", 1 << 30)

@@ -33,6 +33,7 @@ def tls_daemon(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     server.stop(0).wait(10)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", ["feeder", "synthetic"])
 def test_the_trainers_loaders_use_tls_root_and_feeder_token(tls_daemon, monkeypatch, tmp_path, data):
     port, ca = tls_daemon

@@ -60,6 +60,7 @@ def test_a_bad_mix_is_one_line_naming_the_entry(text: str, line: str) -> None:
     assert str(caught.value).startswith(line)
 
 
+@pytest.mark.slow
 def test_the_command_refuses_a_name_given_twice_in_one_line(tmp_path: Path) -> None:
     run = subprocess.run([sys.executable, "-m", "feeder", "train", "--data", "synthetic", "--device", "cpu",
                           "--dataset", "a=1,a=2", "--out-dir", str(tmp_path)], cwd=ROOT, env=child_env(),
@@ -77,6 +78,7 @@ def mixed_daemon(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     server.stop(0).wait(10)
 
 
+@pytest.mark.slow
 def test_validation_on_a_dataset_whose_labels_mean_other_classes_is_refused(mixed_daemon: str) -> None:
     config = TrainConfig(server=mixed_daemon, dataset="sample=0.75,extra=0.25", val_dataset="extra",
                          val_split="train")

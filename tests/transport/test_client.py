@@ -86,6 +86,7 @@ def _request(shm_dir, transport=feeder_pb2.TRANSPORT_AUTO) -> feeder_pb2.StreamR
     return feeder_pb2.StreamRequest(transport=transport, client_host=host.to_message())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport, kind", [
     (feeder_pb2.TRANSPORT_AUTO, TransportKind.SHM),
     (feeder_pb2.TRANSPORT_GRPC, TransportKind.GRPC),

@@ -233,6 +233,7 @@ def test_unknown_device_uuid_is_unavailable():
         device_index("GPU-00000000-0000-0000-0000-000000000000")
 
 
+@pytest.mark.slow
 def test_the_client_process_keeps_the_packages_this_one_was_given(tmp_path, monkeypatch):
     # The GPU machine brings its packages in a folder of its own on PYTHONPATH: the
     # client process must import those (and this repository), not the machine's own.

@@ -81,6 +81,7 @@ def test_a_client_waiting_while_the_daemon_retires_finds_it_unlinked(shm_dir: Pa
     assert len(raised) == 1 and isinstance(raised[0], RingRetired)
 
 
+@pytest.mark.slow
 def test_a_killed_client_lets_go_of_the_ring(shm_dir: Path) -> None:
     holder = RingHolder(holder_path(shm_dir, STREAM))
     client = subprocess.Popen([sys.executable, "-c", _CLIENT, str(holder.path)], cwd=ROOT, env=child_env(),
@@ -120,6 +121,7 @@ def _torch_counters() -> tuple[torch.Tensor, bytes]:
     return counters, handle
 
 
+@pytest.mark.slow
 def test_the_consumers_share_of_torchs_counter_is_given_back() -> None:
     counters, handle = _torch_counters()
     counters[7] = 1  # one consumer holds the block
@@ -149,6 +151,7 @@ def test_counter_values_out_of_the_file_are_none() -> None:
     assert counter_value(b"/../etc/passwd", 0) is None and counter_value(b"", 0) is None
 
 
+@pytest.mark.slow
 def test_the_lock_goes_with_the_last_view_of_the_ring(shm_dir: Path) -> None:
     holder = RingHolder(holder_path(shm_dir, STREAM))
     storage = torch.UntypedStorage(64)

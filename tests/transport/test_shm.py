@@ -94,6 +94,7 @@ def test_segment_is_owner_only_and_unlinked_on_close(config, shm_dir):
     assert _segments(shm_dir) == []
 
 
+@pytest.mark.slow
 def test_unreferenced_batch_releases_its_slot_kept_views_hold_it(config, shm_dir):
     sender = _sender(config)
     pixels, meta = make_batch()
@@ -203,6 +204,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_client_killed_with_sigkill_leaves_nothing(config, shm_dir, tmp_path):
     sender = _sender(config)
     pixels, meta = make_batch()
@@ -232,6 +234,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 def test_sweep_removes_segments_of_a_daemon_killed_with_sigkill(shm_dir):
     daemon = _run(_DAEMON, str(shm_dir))
     name = daemon.stdout.readline().strip()
@@ -256,6 +259,7 @@ def test_sweep_removes_an_unlocked_segment_whatever_its_pid_and_age(shm_dir):
     assert sweep_stale(shm_dir) == [] and _segments(shm_dir) == ["not-ours"]
 
 
+@pytest.mark.slow
 def test_a_segment_is_locked_before_it_has_its_name(shm_dir, monkeypatch):
     import transport.shm as shm
 
