@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,23 +13,10 @@ import pytest
 from bench.proctree import pids_with_env
 from launcher.daemon_process import DaemonProcess
 from tests.common.env import ROOT
-from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
-from tests.common.shards import build_sample_shards
+from tests.common.launcher_runs import N_TRAIN, Run, consumer, nothing_left, serve_args
 from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_shards(tmp_path_factory.mktemp("run-shards"), classes=4, train_per_class=24,
-                               val_per_class=4)
-
-
-@pytest.fixture()
-def node(tmp_path: Path, shards: Path) -> Iterator[dict]:
-    with node_of(tmp_path, shards) as found:
-        yield found
 
 
 def test_the_command_reads_through_the_daemon_it_was_given_and_its_status_is_the_runs(node, tmp_path):

@@ -12,16 +12,10 @@ import pytest
 
 from launcher.daemon_process import DaemonProcess
 from tests.common.env import ROOT
-from tests.common.launcher_runs import N_TRAIN, Run, consumer, node_of, nothing_left, serve_args
+from tests.common.launcher_runs import N_TRAIN, Run, consumer, nothing_left, serve_args
 from tests.common.shards import build_sample_shards
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_sample_shards(tmp_path_factory.mktemp("run-shards"), classes=4, train_per_class=24,
-                               val_per_class=4)
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +23,6 @@ def other_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another dataset, to be served under the same name."""
     return build_sample_shards(tmp_path_factory.mktemp("other-shards"), classes=4, train_per_class=8,
                                val_per_class=2)
-
-
-@pytest.fixture()
-def node(tmp_path: Path, shards: Path) -> Iterator[dict]:
-    with node_of(tmp_path, shards) as found:
-        yield found
 
 
 @pytest.fixture()
