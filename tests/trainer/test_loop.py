@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -104,50 +105,62 @@ def test_every_training_sample_visited_once_per_epoch(reference: Path, shards: P
     assert _visits(reference / "visits") == Counter({key: 6 for key in keys})
 
 
-def _killed_at_step_6(daemon: str, tmp_path: Path) -> list[str]:
-    """Runs the trainer (two ranks, one epoch per phase: 8 steps of batch 8, then 4 of
-    batch 16 at another size) until its checkpoint at step 6 (mid epoch 0, phase 0),
-    then kills every process of it; returns its arguments, to resume with."""
-    schedule = tmp_path / "short.toml"
-    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
-    common = ["--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
-              "--visit-log", str(tmp_path / "visits"), "--checkpoint-every-steps", "6",
-              "--val-every-epochs", "0"]
-    latest = tmp_path / "checkpoints" / "LATEST"
+def _arguments(folder: Path) -> list[str]:
+    """The trainer's arguments for a run in ``folder``: two ranks, one epoch per phase
+    (8 steps of batch 8, then 4 of batch 16 at another size), a checkpoint every 6."""
+    return ["--arch", "resnet18", "--schedule", str(folder / "short.toml"), "--out-dir", str(folder),
+            "--visit-log", str(folder / "visits"), "--checkpoint-every-steps", "6",
+            "--val-every-epochs", "0"]
+
+
+@pytest.fixture(scope="module")
+def killed_at_step_6(daemon: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run killed whole (every process of it) once its checkpoint at step 6 (mid
+    epoch 0, phase 0) is written; the tests resume copies of its folder."""
+    folder = tmp_path_factory.mktemp("killed")
+    (folder / "short.toml").write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
+    latest = folder / "checkpoints" / "LATEST"
 
     def checkpointed() -> bool:
         return latest.is_file() and latest.read_text() == "step-000006"
 
-    assert kill_trainer_when(daemon, *common, ready=checkpointed) == -signal.SIGKILL
+    assert kill_trainer_when(daemon, *_arguments(folder), ready=checkpointed) == -signal.SIGKILL
     assert latest.read_text() == "step-000006"
-    return common
+    return folder
+
+
+def _resumable(killed: Path, tmp_path: Path) -> list[str]:
+    """A copy of the killed run's folder, to resume; its arguments."""
+    folder = tmp_path / "run"
+    shutil.copytree(killed, folder)
+    return _arguments(folder)
 
 
 def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
-    daemon: str, shards: Path, tmp_path: Path
+    daemon: str, shards: Path, killed_at_step_6: Path, tmp_path: Path
 ) -> None:
     # Uninterrupted, every sample is trained on once per epoch (the reference run above
     # shows it), so exactly twice here; the resumed run crosses into the next phase.
-    common = _killed_at_step_6(daemon, tmp_path)
+    common = _resumable(killed_at_step_6, tmp_path)
     resumed = run_trainer(daemon, *common, "--resume")
     _check(resumed)
     assert "resumed at step 6: epoch 0, cursor 48" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
-    assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
+    assert _visits(tmp_path / "run" / "visits") == Counter({key: 2 for key in keys})
 
 
 def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epoch(
-    daemon: str, shards: Path, tmp_path: Path
+    daemon: str, shards: Path, killed_at_step_6: Path, tmp_path: Path
 ) -> None:
     # As above, but the job comes back on four ranks: the rest of epoch 0 (what the two
     # ranks had not consumed at step 6) is split among four, then epoch 1 is planned
     # for four, and the learning rate goes on by samples seen.
-    common = _killed_at_step_6(daemon, tmp_path)
+    common = _resumable(killed_at_step_6, tmp_path)
     resumed = run_trainer(daemon, *common, "--resume", nproc=4)
     _check(resumed)
     assert "resumed at step 6: epoch 0, cursor 0, 2 ranks then, 4 now" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
-    assert _visits(tmp_path / "visits") == Counter({key: 2 for key in keys})
+    assert _visits(tmp_path / "run" / "visits") == Counter({key: 2 for key in keys})
 
 
 def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(daemon: str, tmp_path: Path) -> None:
