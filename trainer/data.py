@@ -55,7 +55,8 @@ def make_loaders(
 
     Images come normalised in ``dtype`` (the autocast dtype; None: fp32). The
     validation loader pads the last batch (every image once across ranks) and yields
-    the padding mask so the pads can be left out of the metrics.
+    the padding mask so the pads can be left out of the metrics; as every pass is the
+    same, it streams the next one while the model trains (see :func:`trainer.evaluate.evaluate`).
     """
     if config.data == "synthetic":
         samples, classes = _describe_synthetic(config)
@@ -75,8 +76,7 @@ def make_loaders(
     if config.val_every_epochs:
         val_loader = FeederLoader(
             config.validation_dataset, address=config.server, split=config.val_split, batch_size=first.batch_size,
-            image_size=first.eval_image_size, last_batch="pad", return_padding=True, augment="val",
-            prefetch_next_epoch=False, **common)
+            image_size=first.eval_image_size, last_batch="pad", return_padding=True, augment="val", **common)
     if val_loader is not None:
         _check_val_classes(val_loader, train_loader, config)
     return train_loader, val_loader, len(train_loader.classes)

@@ -51,7 +51,8 @@ def evaluate(
     Returns:
         The figures over every image of the split.
     """
-    loader.set_epoch(0)  # the same deterministic pass every time
+    # Every pass is the same (the validation transform, no shuffle): the loader's next
+    # epoch is this pass, streaming since the last one ended unless the sizes changed.
     loader.set_image_size(image_size)
     loader.set_batch_size(batch_size)
     model.eval()
