@@ -6,10 +6,11 @@ import csv
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["EpochRecord", "MetricsLog", "plot_records", "topk_correct"]
+__all__ = ["EpochPart", "EpochRecord", "MetricsLog", "plot_records", "topk_correct"]
 
 
 def topk_correct(
@@ -75,6 +76,50 @@ class EpochRecord:
                 f"{self.images_per_s:.1f} img/s stall {self.stall_fraction:.1%} idle {self.idle_fraction:.1%} "
                 f"val top1 {self.val_top1:.2%} top5 {self.val_top5:.2%} "
                 f"({self.val_images} images) wall {self.wall_s:.1f} s")
+
+
+@dataclass(frozen=True)
+class EpochPart:
+    """A training epoch's figures over some of its steps, for the whole job: what a
+    checkpoint taken within an epoch carries, so that the epoch's row after a resume
+    counts the steps trained before it as well (with none left, the row is the
+    checkpointed part's alone).
+
+    Attributes:
+        epoch: The epoch.
+        loss_sum: Training loss summed over the samples of every rank.
+        images: Samples trained on, every rank.
+        train_s: Wall time training.
+        stall_s: ``train_s`` times the ranks' mean share of it waiting for data.
+        idle_s: ``train_s`` times the ranks' mean share of device idle time.
+        longest_wait_s: The longest wait of any rank for one batch.
+    """
+
+    epoch: int
+    loss_sum: float = 0.0
+    images: int = 0
+    train_s: float = 0.0
+    stall_s: float = 0.0
+    idle_s: float = 0.0
+    longest_wait_s: float = 0.0
+
+    def __add__(self, later: EpochPart) -> EpochPart:
+        """This part followed by ``later`` (of the same epoch)."""
+        if later.epoch != self.epoch:
+            raise ValueError(f"epoch {self.epoch}'s part cannot be followed by epoch {later.epoch}'s")
+        return EpochPart(self.epoch, self.loss_sum + later.loss_sum, self.images + later.images,
+                         self.train_s + later.train_s, self.stall_s + later.stall_s, self.idle_s + later.idle_s,
+                         max(self.longest_wait_s, later.longest_wait_s))
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        """The training fields of an :class:`EpochRecord`."""
+        seconds = self.train_s
+        return {"train_loss": self.loss_sum / max(self.images, 1), "train_images": self.images,
+                "train_s": seconds, "images_per_s": self.images / seconds if seconds > 0 else 0.0,
+                "stall_fraction": self.stall_s / seconds if seconds > 0 else 0.0,
+                "idle_fraction": self.idle_s / seconds if seconds > 0 else 0.0,
+                "longest_wait_s": self.longest_wait_s}
 
 
 class MetricsLog:

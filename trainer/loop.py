@@ -8,6 +8,7 @@ import json
 import signal
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from clients import merge_states
 from clients.idle import StepGaps
-from trainer.accuracy import EpochRecord, MetricsLog, plot_records
+from trainer.accuracy import EpochPart, EpochRecord, MetricsLog, plot_records
 from trainer.checkpoint import (
     capture_rng,
     latest_checkpoint,
@@ -78,6 +79,17 @@ def _precision(config: TrainConfig, device: torch.device) -> torch.dtype | None:
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
 
 
+@dataclass
+class _Running:
+    """This rank's figures of the epoch whose steps are running."""
+
+    epoch: int
+    wait_before: float  # the loader's wait_seconds at the epoch's start
+    loss_sum: torch.Tensor  # on the device: read back only for a line or a checkpoint
+    images: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
 class Trainer:
     """One rank's training run; see ``TrainConfig`` for what it does."""
 
@@ -108,6 +120,8 @@ class Trainer:
         self.time_to_target_s: float | None = None
         self.visits: Counter[str] = Counter()
         self.stops: StopRequests | None = None  # SIGTERM noted while training (see train())
+        self._running: _Running | None = None  # while an epoch's steps run
+        self._carried: EpochPart | None = None  # the resumed epoch's steps before the checkpoint
         if config.resume and latest_checkpoint(config.checkpoints) is not None:
             self._restore()
 
@@ -155,51 +169,56 @@ class Trainer:
         loader.set_batch_size(phase.batch_size)
         loader.set_image_size(phase.image_size)
         loader.set_min_scale(phase.min_scale)
-        loss, images, train_s, stall, idle = self._train_epoch(epoch, phase.momentum, started)
-        longest_wait_s = all_reduce_max([loader.longest_wait_s], self.dist.device)[0]
+        part = self._train_epoch(epoch, phase.momentum, started)
+        if self._carried is not None and self._carried.epoch == epoch:
+            part = self._carried + part
+        self._carried = None
         evaluation = self._validate(epoch, phase)
         return EpochRecord(
             epoch=epoch, phase=index, image_size=phase.image_size, batch_size=phase.batch_size,
-            lr=self.optimizer.param_groups[0]["lr"], momentum=phase.momentum,
-            train_loss=loss, train_images=images, train_s=train_s,
-            images_per_s=images / train_s if train_s > 0 else 0.0, stall_fraction=stall, idle_fraction=idle,
+            lr=self.optimizer.param_groups[0]["lr"], momentum=phase.momentum, **part.figures,
             val_loss=evaluation.loss, val_top1=evaluation.top1, val_top5=evaluation.top5,
-            val_images=evaluation.images, wall_s=time.perf_counter() - started, longest_wait_s=longest_wait_s,
+            val_images=evaluation.images, wall_s=time.perf_counter() - started,
         )
 
-    def _train_epoch(self, epoch: int, momentum: float,
-                     started: float) -> tuple[float, int, float, float, float]:
+    def _train_epoch(self, epoch: int, momentum: float, started: float) -> EpochPart:
         loader, config = self.train_loader, self.config
         self.net.train()
-        wait_before, t0 = loader.wait_seconds, time.perf_counter()
-        loss_sum = torch.zeros((), device=self.dist.device)
-        count = steps = 0
         self.gaps.reset()
+        running = self._running = _Running(epoch, loader.wait_seconds, torch.zeros((), device=self.dist.device))
+        steps = 0
         progress = loader.epoch_progress  # of the whole job: the schedule follows samples seen, not steps
         for batch in loader:
             images, labels = batch[0], batch[1]
             self._set_hyper(self.schedule.lr_at(epoch + progress, self.dist.world_size), momentum)
             progress = loader.epoch_progress
             self.gaps.started()
-            loss_sum += self._step(images, labels) * len(labels)
+            running.loss_sum += self._step(images, labels) * len(labels)
             self.gaps.ended()
-            count += len(labels)
+            running.images += len(labels)
             steps += 1
             self.step += 1
             if config.visit_log is not None:
                 self.visits.update(batch[2])
-            self._after_step(epoch, steps, loss_sum, count, started)
+            self._after_step(epoch, steps, running, started)
             if config.max_steps_per_epoch and steps >= config.max_steps_per_epoch:
                 break
         if self.dist.device.type == "cuda":
             torch.cuda.synchronize(self.dist.device)  # once an epoch: the figures below are of work done
-        train_s = time.perf_counter() - t0
-        stall = (loader.wait_seconds - wait_before) / train_s if train_s > 0 else 0.0
-        idle = self.gaps.share().fraction
-        total_loss, total, stall_sum, idle_sum = all_reduce_sum(
-            [float(loss_sum), count, stall, idle], self.dist.device)
+        self._running = None
+        return self._part_of(running)
+
+    def _part_of(self, running: _Running) -> EpochPart:
+        """The job's figures of ``running``'s steps so far (collective: every rank calls it)."""
+        loader = self.train_loader
+        train_s = time.perf_counter() - running.started
+        stall = (loader.wait_seconds - running.wait_before) / train_s if train_s > 0 else 0.0
+        loss, images, stall_sum, idle_sum = all_reduce_sum(
+            [float(running.loss_sum), running.images, stall, self.gaps.share().fraction], self.dist.device)
+        longest_wait_s = all_reduce_max([loader.longest_wait_s], self.dist.device)[0]
         ranks = self.dist.world_size
-        return total_loss / max(total, 1), int(total), train_s, stall_sum / ranks, idle_sum / ranks
+        return EpochPart(running.epoch, loss, int(images), train_s, train_s * stall_sum / ranks,
+                         train_s * idle_sum / ranks, longest_wait_s)
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self._autocast():
@@ -212,13 +231,12 @@ class Trainer:
         self.scaler.update()
         return loss.detach().float()
 
-    def _after_step(self, epoch: int, steps: int, loss_sum: torch.Tensor, count: int,
-                    started: float) -> None:
+    def _after_step(self, epoch: int, steps: int, running: _Running, started: float) -> None:
         config = self.config
         if config.log_every_steps and steps % config.log_every_steps == 0:
             self._say(f"  epoch {epoch} step {steps} ({self.train_loader.cursor}/"
                       f"{self.train_loader.samples_per_rank} samples) "
-                      f"loss {float(loss_sum) / max(count, 1):.4f}")
+                      f"loss {float(running.loss_sum) / max(running.images, 1):.4f}")
         due = bool(config.checkpoint_every_steps) and self.step % config.checkpoint_every_steps == 0
         signum = self.stops.agreed(self.step) if self.stops is not None else 0
         if due or signum:
@@ -248,11 +266,16 @@ class Trainer:
         # Every rank's position, gathered: ranks may be a batch apart, and the job may
         # resume at another world size (clients.elastic).
         loader_state = merge_states(all_gather_objects(self.train_loader.state_dict()))  # type: ignore[arg-type]
+        part = None  # within an epoch: its steps so far, for the epoch's row after a resume
+        if self._running is not None:
+            part = self._part_of(self._running)
+            if self._carried is not None and self._carried.epoch == part.epoch:
+                part = self._carried + part
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
                   "elapsed_s": self.elapsed_s, "time_to_target_s": self.time_to_target_s,
                   "records": [vars(r) for r in self.log.records], "loader": loader_state,
-                  "world_size": self.dist.world_size}
+                  "world_size": self.dist.world_size, "epoch_part": vars(part) if part else None}
         per_rank = {"rng": capture_rng(), "visits": dict(self.visits)}
         folder = save_checkpoint(self.config.checkpoints, self.step, shared, per_rank, self.dist)
         self._say(f"  checkpoint {folder} (epoch {self.epoch}, cursor "
@@ -267,6 +290,8 @@ class Trainer:
         self.elapsed_s = shared["elapsed_s"]
         self.time_to_target_s = shared.get("time_to_target_s")
         self.log.load_records(shared["records"])
+        part = shared.get("epoch_part")
+        self._carried = EpochPart(**part) if part else None
         self.train_loader.load_state_dict(shared["loader"])
         saved_world = shared.get("world_size", self.dist.world_size)
         if saved_world == self.dist.world_size and taken_over:

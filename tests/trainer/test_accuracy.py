@@ -5,9 +5,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 import torch
 
-from trainer.accuracy import EpochRecord, MetricsLog, plot_records, topk_correct
+from trainer.accuracy import EpochPart, EpochRecord, MetricsLog, plot_records, topk_correct
 
 
 def test_topk_counts_and_excludes_padding() -> None:
@@ -42,3 +43,15 @@ def test_log_writes_csv_and_plot(tmp_path: Path) -> None:
     silent = MetricsLog(tmp_path / "other.csv", write=False)
     silent.append(_record(0, 0.1))
     assert not (tmp_path / "other.csv").exists()
+
+
+def test_an_epochs_parts_add_up_to_the_figures_of_the_whole() -> None:
+    before = EpochPart(2, loss_sum=30.0, images=20, train_s=2.0, stall_s=0.2, idle_s=0.1, longest_wait_s=0.5)
+    after = EpochPart(2, loss_sum=10.0, images=20, train_s=2.0, stall_s=0.6, idle_s=0.3, longest_wait_s=0.1)
+
+    assert (before + after).figures == {"train_loss": 1.0, "train_images": 40, "train_s": 4.0, "images_per_s": 10.0,
+                                        "stall_fraction": 0.2, "idle_fraction": 0.1, "longest_wait_s": 0.5}
+    assert (before + EpochPart(2)).figures == before.figures  # resumed with no step left: the part before alone
+    assert EpochPart(2).figures["images_per_s"] == 0.0
+    with pytest.raises(ValueError, match="epoch 2's part cannot be followed by epoch 3's"):
+        before + EpochPart(3)

@@ -105,6 +105,12 @@ def test_every_training_sample_visited_once_per_epoch(reference: Path, shards: P
     assert _visits(reference / "visits") == Counter({key: 6 for key in keys})
 
 
+def _trained_images(folder: Path) -> list[int]:
+    """Each epoch's training images in the run's log (every rank's)."""
+    with (folder / "metrics.csv").open() as rows:
+        return [int(row["train_images"]) for row in csv.DictReader(rows)]
+
+
 def _arguments(folder: Path) -> list[str]:
     """The trainer's arguments for a run in ``folder``: two ranks, one epoch per phase
     (8 steps of batch 8, then 4 of batch 16 at another size), a checkpoint every 6."""
@@ -147,6 +153,7 @@ def test_kill_and_resume_mid_epoch_visits_like_uninterrupted(
     assert "resumed at step 6: epoch 0, cursor 48" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(tmp_path / "run" / "visits") == Counter({key: 2 for key in keys})
+    assert _trained_images(tmp_path / "run") == [N_TRAIN] * 2  # epoch 0's row counts the steps before the kill
 
 
 def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epoch(
@@ -161,6 +168,7 @@ def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epo
     assert "resumed at step 6: epoch 0, cursor 0, 2 ranks then, 4 now" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(tmp_path / "run" / "visits") == Counter({key: 2 for key in keys})
+    assert _trained_images(tmp_path / "run") == [N_TRAIN] * 2
 
 
 def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(daemon: str, tmp_path: Path) -> None:
@@ -207,3 +215,5 @@ def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_fr
     assert f"resumed at step {step}: epoch " in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(tmp_path / "visits") == Counter({key: 6 for key in keys})
+    # the stopped epoch's row too, wherever the stop fell in it (at its last step: all of it before)
+    assert _trained_images(tmp_path) == [N_TRAIN] * 6
