@@ -194,12 +194,16 @@ def _device_used_bytes() -> int:
 
 
 @pytest.mark.gpu
-def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path):
+def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path, monkeypatch):
     # Each stream's ring (10 slots) is opened by a live client that reads a batch and
     # lets go, as every stream closed normally does; each must be freed, in the daemon
     # (its allocator) and on the device (the client's mapping).
     import torch
 
+    # The client has let go of each ring before its stream closes: the grace for a
+    # client about to open one (1 s a ring, 50 s in all) would only make the test
+    # outlast its 45 s limit.
+    monkeypatch.setattr("transport.cuda_ipc._OPEN_GRACE_S", 0.0)
     hub, request, before = _hub(shm_dir)
     client = subprocess.Popen([sys.executable, "-c", _CLIENT_OF_MANY, str(tmp_path), str(shm_dir), "50"], cwd=ROOT,
                               env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -212,6 +216,7 @@ def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path):
             line = client.stdout.readline().split()
             assert line == [str(i), str(int(np.asarray(pixels, dtype=np.int64).sum()))], client.stderr
             sender.release(slot.index, slot.generation)
+            del slot  # a view of the ring: while it lives, so does the ring's memory
             hub.close_sender(sender)
             assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before), i
             torch.cuda.synchronize()
