@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -236,6 +238,49 @@ def test_unknown_device_uuid_is_unavailable():
 
     with pytest.raises(TransportUnavailable):
         device_index("GPU-00000000-0000-0000-0000-000000000000")
+
+
+class _Recorded:
+    """Stands in for torch in the daemon half: the ring, its stream and its events,
+    each call in ``calls`` in the order made."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.calls: list[str] = []
+        self.device, self.uint8 = torch.device, torch.uint8
+        self.cuda = SimpleNamespace(device=lambda device: nullcontext(), Stream=self._stream, Event=self._event)
+
+    def empty(self, *shape: int, **options: object) -> SimpleNamespace:
+        return SimpleNamespace(record_stream=lambda stream: self.calls.append(f"record_stream({stream})"),
+                               untyped_storage=lambda: SimpleNamespace(_share_cuda_=self._share))
+
+    def _stream(self, device: object, priority: int = 0) -> str:
+        return "ring stream"
+
+    def _event(self, interprocess: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(ipc_handle=lambda: bytes(64))
+
+    def _share(self) -> tuple[object, ...]:
+        self.calls.append("_share_cuda_")
+        return (0, b"handle", 2 * SLOT_BYTES, 0, b"/torch_feeder_test_no_such_counter", 0, bytes(64), True)
+
+
+def test_the_ring_is_tied_to_its_stream_before_it_is_shared(shm_dir, monkeypatch):
+    # Written on its own stream, allocated on the current one: freed while writes are
+    # queued, its block must not go to another allocation before they have run. torch's
+    # record_stream says so only before _share_cuda_, which swaps the storage's deleter
+    # for its IPC one (the allocator skips memory with any other deleter).
+    from transport import cuda_ipc
+
+    torch = _Recorded()
+    monkeypatch.setattr(cuda_ipc, "torch", torch)
+    monkeypatch.setattr(cuda_ipc, "device_index", lambda uuid: 0)
+    sender = cuda_ipc.CudaIpcSender(f"{instance_prefix()}1", TransportConfig(shm_dir=shm_dir, ring_slots=2),
+                                    SLOT_BYTES, "GPU-00000000-0000-0000-0000-000000000000")
+    assert torch.calls == ["record_stream(ring stream)", "_share_cuda_"]
+    sender.close()
+    assert sender.retire() and list(shm_dir.iterdir()) == []
 
 
 @pytest.mark.slow
