@@ -139,6 +139,12 @@ class CudaIpcSender(BatchSender):
                 # torch's stream priority 0 is CUDA's lowest: the block scheduler runs
                 # a training step's kernels (priority 0 or higher) first.
                 self.stream = torch.cuda.Stream(self.device, priority=0)
+                # The ring is allocated on the current stream but written on its own:
+                # once freed, the allocator must not lend its block out again before
+                # the writes still queued there have run. Only here, before
+                # _share_cuda_: that swaps the storage's deleter for torch's IPC one,
+                # and the allocator's record_stream skips memory with another deleter.
+                ring.record_stream(self.stream)
                 self._ready = [torch.cuda.Event(interprocess=True) for _ in range(slots)]
                 self._free = [torch.cuda.Event(interprocess=True) for _ in range(slots)]
                 self._ring_message = self._describe(ring, gpu_uuid)

@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -194,12 +196,16 @@ def _device_used_bytes() -> int:
 
 
 @pytest.mark.gpu
-def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path):
+def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path, monkeypatch):
     # Each stream's ring (10 slots) is opened by a live client that reads a batch and
     # lets go, as every stream closed normally does; each must be freed, in the daemon
     # (its allocator) and on the device (the client's mapping).
     import torch
 
+    # The client has let go of each ring before its stream closes: the grace for a
+    # client about to open one (1 s a ring, 50 s in all) would only make the test
+    # outlast its 45 s limit.
+    monkeypatch.setattr("transport.cuda_ipc._OPEN_GRACE_S", 0.0)
     hub, request, before = _hub(shm_dir)
     client = subprocess.Popen([sys.executable, "-c", _CLIENT_OF_MANY, str(tmp_path), str(shm_dir), "50"], cwd=ROOT,
                               env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -212,6 +218,7 @@ def test_fifty_streams_closed_normally_keep_gpu_memory_flat(shm_dir, tmp_path):
             line = client.stdout.readline().split()
             assert line == [str(i), str(int(np.asarray(pixels, dtype=np.int64).sum()))], client.stderr
             sender.release(slot.index, slot.generation)
+            del slot  # a view of the ring: while it lives, so does the ring's memory
             hub.close_sender(sender)
             assert wait_for(timeout_s=10, predicate=lambda: hub.collect() == 0 and _allocated() == before), i
             torch.cuda.synchronize()
@@ -231,6 +238,49 @@ def test_unknown_device_uuid_is_unavailable():
 
     with pytest.raises(TransportUnavailable):
         device_index("GPU-00000000-0000-0000-0000-000000000000")
+
+
+class _Recorded:
+    """Stands in for torch in the daemon half: the ring, its stream and its events,
+    each call in ``calls`` in the order made."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.calls: list[str] = []
+        self.device, self.uint8 = torch.device, torch.uint8
+        self.cuda = SimpleNamespace(device=lambda device: nullcontext(), Stream=self._stream, Event=self._event)
+
+    def empty(self, *shape: int, **options: object) -> SimpleNamespace:
+        return SimpleNamespace(record_stream=lambda stream: self.calls.append(f"record_stream({stream})"),
+                               untyped_storage=lambda: SimpleNamespace(_share_cuda_=self._share))
+
+    def _stream(self, device: object, priority: int = 0) -> str:
+        return "ring stream"
+
+    def _event(self, interprocess: bool = False) -> SimpleNamespace:
+        return SimpleNamespace(ipc_handle=lambda: bytes(64))
+
+    def _share(self) -> tuple[object, ...]:
+        self.calls.append("_share_cuda_")
+        return (0, b"handle", 2 * SLOT_BYTES, 0, b"/torch_feeder_test_no_such_counter", 0, bytes(64), True)
+
+
+def test_the_ring_is_tied_to_its_stream_before_it_is_shared(shm_dir, monkeypatch):
+    # Written on its own stream, allocated on the current one: freed while writes are
+    # queued, its block must not go to another allocation before they have run. torch's
+    # record_stream says so only before _share_cuda_, which swaps the storage's deleter
+    # for its IPC one (the allocator skips memory with any other deleter).
+    from transport import cuda_ipc
+
+    torch = _Recorded()
+    monkeypatch.setattr(cuda_ipc, "torch", torch)
+    monkeypatch.setattr(cuda_ipc, "device_index", lambda uuid: 0)
+    sender = cuda_ipc.CudaIpcSender(f"{instance_prefix()}1", TransportConfig(shm_dir=shm_dir, ring_slots=2),
+                                    SLOT_BYTES, "GPU-00000000-0000-0000-0000-000000000000")
+    assert torch.calls == ["record_stream(ring stream)", "_share_cuda_"]
+    sender.close()
+    assert sender.retire() and list(shm_dir.iterdir()) == []
 
 
 @pytest.mark.slow
