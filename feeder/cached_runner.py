@@ -76,7 +76,11 @@ def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
 
     host = np.empty(tuple(slot.tensor.shape), dtype=np.uint8)
     fill(host)
-    slot.tensor.copy_(torch.from_numpy(host))
+    # On the slot's stream, which waits for the client's last read of the slot; the
+    # copy from pageable memory has read ``host`` when it returns.
+    with torch.cuda.stream(slot.stream) if slot.stream is not None else contextlib.nullcontext():
+        slot.tensor.copy_(torch.from_numpy(host))
+    slot.seal()
     return slot
 
 

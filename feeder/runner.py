@@ -170,7 +170,12 @@ class PipelineRunner:
         """The oldest job and its slot (None without ``allocate``) or its error."""
         job, started = self._in_flight.popleft()
         try:
-            return job, self._decoder.finish(started, allocate)
+            slot = self._decoder.finish(started, allocate)
+            if slot is not None:
+                # Every write of the batch is enqueued now: its ready event goes here, not
+                # where it is sent, which would also cover the runs enqueued after it.
+                slot.seal()
+            return job, slot
         except SampleDecodeError as e:
             return job, e
         except TransportClosed:

@@ -169,6 +169,32 @@ def test_a_slot_is_filled_and_handed_back(jpegs):
     assert runner.device_copies == runner.host_copies == 0  # the CPU path counts no GPU copies
 
 
+def test_each_slot_is_sealed_once_written_before_the_next_is_lent(jpegs):
+    # A device slot's ready event (what the client's stream waits on) must cover its own
+    # writes only: sealed where the message is made, it covered the runs enqueued since.
+    import torch
+
+    said: list[str] = []
+
+    class Ready:  # stands in for the slot's CUDA event
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def record(self, stream: object) -> None:
+            said.append(f"sealed {self.n} on {stream}")
+
+    def allocate(shape: tuple[int, ...]) -> Slot:
+        n = sum(line.startswith("lent") for line in said)
+        said.append(f"lent {n}")
+        return Slot(tensor=torch.empty(shape, dtype=torch.uint8), stream="ring", ready=Ready(n))  # type: ignore[arg-type]
+
+    runner = PipelineRunner(PipelineSpec(max_batch_size=8, threads=1, prefetch=2))
+    outs = list(runner.run_many([header_job(jpegs[:4], 32) for _ in range(3)], allocate=allocate))
+
+    assert all(isinstance(out, Decoded) and out.slot.sealed for out in outs)
+    assert said == ["lent 0", "sealed 0 on ring", "lent 1", "sealed 1 on ring", "lent 2", "sealed 2 on ring"]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", list(AugmentKind))
 def test_gpu_pipeline_matches_shapes(kind, jpegs):
