@@ -49,6 +49,8 @@ class DeviceTransfer:
         self._mean = torch.tensor(IMAGENET_MEAN, device=device).mul_(255)
         self._inv_std = torch.tensor(IMAGENET_STD, device=device).mul_(255).reciprocal_()
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        if self._side is not None:  # it reads mean and 1/std, written on the current stream
+            self._side.wait_stream(torch.cuda.current_stream(device))
         # Recorded after the last read of a batch's tensors (None: reads were synchronous).
         self.copied: torch.cuda.Event | None = None
 
