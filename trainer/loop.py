@@ -64,7 +64,9 @@ def _step_stream(device: torch.device, priority: str) -> contextlib.AbstractCont
     """Where the steps' kernels go: on CUDA with ``high`` priority, a stream of the
     highest priority CUDA has, so the block scheduler runs them before the input
     pipeline's (the daemon's copies and DALI's kernels run at the lowest); the
-    loader's conversion of each batch runs there too, in order before the step."""
+    loader's conversion of a CUDA IPC batch runs there too, in order before the step
+    (a batch from host memory is copied and converted on the loader's side stream,
+    which the step stream then waits for)."""
     if device.type != "cuda" or priority != "high":
         return contextlib.nullcontext()
     _, highest = torch.cuda.Stream.priority_range()  # type: ignore[call-arg]  # a static method
