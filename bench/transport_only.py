@@ -102,7 +102,7 @@ def _stream_rate(channel: grpc.Channel, path: str, config: BenchConfig, batch_si
     request = feeder_pb2.StreamRequest(
         batch_size=batch_size, max_samples=config.warmup_batches + config.batches, transport=transport,
         job_id=path if path in (TODAY, CEILING) else "",
-        client_host=HostIdentity.of_this_process(shm_dir).to_message(),
+        client_host=HostIdentity.of_this_process(shm_dir).client_host().to_message(),
     )
     call = channel.unary_stream(STREAM_BATCHES, request_serializer=feeder_pb2.StreamRequest.SerializeToString)
     releaser = SlotReleaser(channel.unary_unary(

@@ -105,7 +105,8 @@ def serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any, server_kind:
     thread-per-call ``grpc.server`` (behind the daemon's call guard for ``GUARD``) or
     a ``grpc.aio`` one (``AIO``)."""
     from protocol.batch import BatchMeta
-    from transport.base import Slot, TransportConfig
+    from protocol.request import ClientHost
+    from transport.base import Slot, TransportConfig, TransportKind
     from transport.daemon import TransportHub, TransportRequest
 
     hub = TransportHub(TransportConfig(shm_dir=Path(shm_dir), ring_slots=config.ring_slots, slot_wait_s=30.0))
@@ -129,7 +130,8 @@ def serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any, server_kind:
             for _ in range(request.max_samples):
                 yield message
             return
-        sender = hub.open_sender(TransportRequest.from_message(request), images.nbytes)
+        client = ClientHost.from_message(request.client_host) if request.HasField("client_host") else None
+        sender = hub.open_sender(TransportRequest(TransportKind(request.transport), client), images.nbytes)
 
         def write() -> Slot:
             slot = sender.slot_for(images.shape)

@@ -29,7 +29,6 @@ from clients.streams import Streams, checked_specs
 from clients.transfer import DeviceTransfer
 from core.errors import DataError
 from protocol.plan import remaining_length
-from protocol.request import ClientHost
 from transport.base import HostIdentity
 
 __all__ = ["DAEMONS_IN_USE", "FeederLoader"]
@@ -115,9 +114,9 @@ class FeederLoader(Positioned):
         config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))  # refused before connecting
         self.device = resolve_device(config.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
-        host = HostIdentity.of_this_process(config.shm_path).to_message(gpu_uuid(self.device))
+        host = HostIdentity.of_this_process(config.shm_path).client_host(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
-        self._specs = checked_specs(daemons, config, self.rank, self.world_size, ClientHost.from_message(host))
+        self._specs = checked_specs(daemons, config, self.rank, self.world_size, host)
         self._pinned = PinnedFields() if self.device.type == "cuda" else None
         self._streams = Streams(daemons, self._specs, config, pin=self._pinned)
         # Runs once: on close(), when the loader is collected, or at interpreter exit.

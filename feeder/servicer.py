@@ -55,8 +55,9 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
 
     def StreamBatches(self, request, context) -> Iterator[bytes]:  # noqa: N802
         try:
-            stream = self.service.open_stream(from_request(request), context.peer(), cancel=context.cancel,
-                                              transport=TransportRequest.from_message(request))
+            spec = from_request(request)
+            stream = self.service.open_stream(spec, context.peer(), cancel=context.cancel,
+                                              transport=TransportRequest.of(spec))
         except FeederError as e:
             self._abort(context, e)
         context.add_callback(stream.close)

@@ -38,6 +38,7 @@ import torch
 
 from core.errors import ConfigError, DataError, FeederError
 from protocol.batch import BatchMeta, from_message
+from protocol.request import ClientHost
 from protos import feeder_pb2
 
 __all__ = [
@@ -361,18 +362,12 @@ class HostIdentity:
             shm_device = 0
         return cls(boot_id=boot_id, hostname=socket.gethostname(), shm_device=shm_device, pid=os.getpid())
 
-    @classmethod
-    def from_message(cls, message: feeder_pb2.ClientHost) -> HostIdentity:
-        return cls(boot_id=message.boot_id, hostname=message.hostname, shm_device=message.shm_device,
-                   pid=message.pid)
+    def client_host(self, gpu_uuid: str = "") -> ClientHost:
+        """What a client in this process says of where it runs (its request's
+        ``client_host``), reading on ``gpu_uuid`` (empty: a CPU consumer)."""
+        return ClientHost(boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device,
+                          gpu_uuid=gpu_uuid, pid=self.pid)
 
-    def to_message(self, gpu_uuid: str = "") -> feeder_pb2.ClientHost:
-        """The ``ClientHost`` a client puts in its ``StreamRequest``."""
-        return feeder_pb2.ClientHost(
-            boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device, gpu_uuid=gpu_uuid,
-            pid=self.pid,
-        )
-
-    def shares_shm_with(self, other: HostIdentity) -> bool:
+    def shares_shm_with(self, other: HostIdentity | ClientHost) -> bool:
         """True when a segment made by one is visible to the other."""
         return bool(self.boot_id) and self.boot_id == other.boot_id and self.shm_device == other.shm_device

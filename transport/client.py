@@ -10,7 +10,7 @@ Usage in the loader::
     releaser = SlotReleaser(stub.ReleaseSlots)
     receiver = StreamReceiver(releaser)
     request.transport = feeder_pb2.TRANSPORT_AUTO
-    request.client_host.CopyFrom(HostIdentity.of_this_process().to_message(gpu_uuid))
+    request.client_host.CopyFrom(HostIdentity.of_this_process().client_host(gpu_uuid).to_message())
     call = channel.unary_stream(STREAM_BATCHES, request.SerializeToString, None)
     for data in call(request):
         batch = receiver.receive(parse_batch(data))

@@ -12,7 +12,7 @@ Usage in the daemon::
 
     shm.sweep_stale(config.shm_dir)                    # at start
     hub = TransportHub(config)
-    sender = hub.open_sender(TransportRequest.from_message(request), slot_bytes)
+    sender = hub.open_sender(TransportRequest.of(spec), slot_bytes)  # spec: the parsed request
     try: ... stream ... finally: hub.close_sender(sender)
     hub.release(request.slots)                         # ReleaseSlots
     hub.collect()                                      # now and then (once a second)
@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from core.errors import InvalidArgument
+from protocol.request import ClientHost, StreamSpec
 from protos import feeder_pb2
 from transport.base import (
     BatchSender,
@@ -47,40 +48,31 @@ _SHM, _INLINE = "batches go over shared memory", "batches go inline over gRPC"
 
 @dataclass(frozen=True)
 class TransportRequest:
-    """What a stream's client asked for.
+    """What a stream's client asked for: the transport part of its request, read
+    with the rest of it (:func:`protocol.request.from_request`, which refuses an
+    unknown transport).
 
     Attributes:
         preference: The transport asked for: AUTO (the best that works), CUDA_IPC,
             SHM (host shared memory, also for a client on the batches' GPU) or GRPC.
-        client: The client's host, None when it did not say (a remote client).
-        gpu_uuid: The client's CUDA device, empty for a CPU consumer.
+        client: Where the client runs, None when it did not say (a remote client).
         prefetch_batches: Batches the client holds ready beyond the one it reads
             (0: not said); a ring covers them.
     """
 
     preference: TransportKind = TransportKind.AUTO
-    client: HostIdentity | None = None
-    gpu_uuid: str = ""
+    client: ClientHost | None = None
     prefetch_batches: int = 0
 
     @classmethod
-    def from_message(cls, request: feeder_pb2.StreamRequest) -> TransportRequest:
-        """The transport part of a ``StreamRequest``.
+    def of(cls, spec: StreamSpec) -> TransportRequest:
+        """The transport part of a stream's request."""
+        return cls(TransportKind(spec.transport), spec.client_host, spec.prefetch_batches)
 
-        Raises:
-            InvalidArgument: an unknown ``transport`` value.
-        """
-        try:
-            preference = TransportKind(request.transport)
-        except ValueError as e:
-            raise InvalidArgument(f"transport: unknown value {request.transport}") from e
-        host = request.client_host if request.HasField("client_host") else None
-        return cls(
-            preference=preference,
-            client=HostIdentity.from_message(host) if host is not None else None,
-            gpu_uuid=host.gpu_uuid if host is not None else "",
-            prefetch_batches=max(0, request.prefetch_batches),
-        )
+    @property
+    def gpu_uuid(self) -> str:
+        """The client's CUDA device, empty for a CPU consumer."""
+        return self.client.gpu_uuid if self.client is not None else ""
 
 
 class TransportHub:

@@ -61,7 +61,7 @@ def _transport(device: str) -> TransportRequest:
         return TransportRequest(preference=TransportKind.GRPC)
     from core.gpus import device_uuid
 
-    return TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(), device_uuid(0))
+    return TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process().client_host(device_uuid(0)))
 
 
 def _images(stream: BatchStream) -> Iterator[np.ndarray | torch.Tensor]:

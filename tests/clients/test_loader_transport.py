@@ -96,7 +96,8 @@ def test_a_stale_or_twice_released_slot_is_invalid_and_the_daemon_goes_on(shards
             stub = feeder_pb2_grpc.FeederStub(channel)
             request = feeder_pb2.StreamRequest(
                 dataset="sample", split="train", world_size=1, batch_size=4, image_size=32,
-                transport=feeder_pb2.TRANSPORT_SHM, client_host=HostIdentity.of_this_process().to_message())
+                transport=feeder_pb2.TRANSPORT_SHM,
+                client_host=HostIdentity.of_this_process().client_host().to_message())
             call = stub.StreamBatches(request)  # kept open: slots of ended streams are moot
             first = next(call)
             assert first.WhichOneof("pixels") == "shm" and first.shm.segment

@@ -33,7 +33,7 @@ def test_resident_memory_under_load_stays_within_the_footprint(shards: Path):
     with DaemonProcess({"sample": shards}, options) as daemon:
         with grpc.insecure_channel(daemon.address, options=[("grpc.max_receive_message_length", -1)]) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
-            host = HostIdentity.of_this_process().to_message()
+            host = HostIdentity.of_this_process().client_host().to_message()
             calls = [stub.StreamBatches(feeder_pb2.StreamRequest(
                 dataset="sample", split="train", world_size=1, batch_size=64, image_size=224, epochs=10,
                 transport=transport, client_host=host))

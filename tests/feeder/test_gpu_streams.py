@@ -30,7 +30,7 @@ def service(shards):
 
 def _rank_on(gpu_uuid: str) -> TransportRequest:
     """What a rank on this host training on ``gpu_uuid`` asks for."""
-    return TransportRequest(TransportKind.AUTO, HostIdentity.of_this_process(), gpu_uuid)
+    return TransportRequest(TransportKind.AUTO, HostIdentity.of_this_process().client_host(gpu_uuid))
 
 
 def _spec() -> StreamSpec:

@@ -90,7 +90,7 @@ USUAL = dict(
     max_scale=[0.0, 0.5, 1.0], min_ratio=[0.0, 0.5, 0.75], max_ratio=[0.0, 4 / 3, 2.0],
     max_samples=[0, 5, 20], epochs=[0, 1, 2], antialias=[False, True], transport=[0, 1, 2],
     local_world_size=[0, 1, 2],
-    client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().to_message()],
+    client_host=[None, feeder_pb2.ClientHost(), HostIdentity.of_this_process().client_host().to_message()],
     consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
     batch_stride=[0, 1, 3], batch_offset=[0],
     manifest_sha256=[""], index_sha256=[""], pixel_options_sha256=[""], prefetch_batches=[0, 4, 16],

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from core.errors import FeederError, grpc_code
+from protocol.request import ClientHost
 from protos import feeder_pb2
 from tests.transport.conftest import make_batch
 from transport.base import HostIdentity, TransportConfig, TransportKind
@@ -34,7 +35,9 @@ class FakeDaemon:
         self.batches = [make_batch(*SHAPE[:2], seed=s) for s in range(BATCHES)]
 
     def stream(self, request: feeder_pb2.StreamRequest, context) -> Iterator[bytes]:
-        sender = self.hub.open_sender(TransportRequest.from_message(request), int(np.prod(SHAPE)))
+        client = ClientHost.from_message(request.client_host) if request.HasField("client_host") else None
+        asked = TransportRequest(TransportKind(request.transport), client)
+        sender = self.hub.open_sender(asked, int(np.prod(SHAPE)))
         self.senders.append(sender)
         context.add_callback(lambda: self.hub.close_sender(sender))
         try:
@@ -83,7 +86,7 @@ def _release_stub(channel: grpc.Channel):
 
 def _request(shm_dir, transport=feeder_pb2.TRANSPORT_AUTO) -> feeder_pb2.StreamRequest:
     host = HostIdentity.of_this_process(shm_dir)
-    return feeder_pb2.StreamRequest(transport=transport, client_host=host.to_message())
+    return feeder_pb2.StreamRequest(transport=transport, client_host=host.client_host().to_message())
 
 
 @pytest.mark.slow

@@ -96,7 +96,8 @@ def _hub(shm_dir: Path):
     from transport.daemon import TransportHub, TransportRequest
 
     hub = TransportHub(TransportConfig(shm_dir=shm_dir, ring_slots=10))
-    request = TransportRequest(TransportKind.CUDA_IPC, HostIdentity.of_this_process(shm_dir), device_uuid(0))
+    client = HostIdentity.of_this_process(shm_dir).client_host(device_uuid(0))
+    request = TransportRequest(TransportKind.CUDA_IPC, client)
     torch.cuda.synchronize()
     torch.cuda.ipc_collect()
     return hub, request, torch.cuda.memory_allocated(0)
