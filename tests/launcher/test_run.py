@@ -112,9 +112,11 @@ def test_a_command_killed_by_a_signal_is_reported_as_a_shell_does(node):
 
 
 def test_a_node_shared_by_two_runs_keeps_serving_when_the_first_run_ends(node, tmp_path):
-    # The first run's command outlasts the second launcher's start, the second's epoch
-    # (24 batches, 0.5 s each) outlasts the first run, on a busy machine too.
-    first = Run([*serve_args(node), "--", "sleep", "6"], node["env"])
+    # The first run's command ends once the second's has read a batch from the shared
+    # daemon (a fixed sleep could end before a slow start on a busy machine read any),
+    # and the second's epoch (24 batches, 0.5 s each) outlasts the first run.
+    until_read = f'until [ -e "{node["progress"]}" ]; do sleep 0.1; done; sleep 1'
+    first = Run([*serve_args(node), "--", "sh", "-c", until_read], node["env"])
     assert wait_for(lambda: bool(first.daemon_pids()), timeout_s=90)
     second = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"] | {"PAUSE_S": "0.5"})
     assert first.wait() == 0  # and stops the daemon it started, under the second's stream
