@@ -130,8 +130,8 @@ def serve(config: BenchConfig, shm_dir: str, ports: Any, stop: Any, server_kind:
             for _ in range(request.max_samples):
                 yield message
             return
-        client = ClientHost.from_message(request.client_host) if request.HasField("client_host") else None
-        sender = hub.open_sender(TransportRequest(TransportKind(request.transport), client), images.nbytes)
+        asked = TransportRequest(TransportKind(request.transport), ClientHost.of_request(request))
+        sender = hub.open_sender(asked, images.nbytes)
 
         def write() -> Slot:
             slot = sender.slot_for(images.shape)

@@ -197,6 +197,11 @@ class ClientHost:
     def from_message(cls, message: feeder_pb2.ClientHost) -> ClientHost:
         return cls(message.boot_id, message.hostname, message.shm_device, message.gpu_uuid, message.pid)
 
+    @classmethod
+    def of_request(cls, request: feeder_pb2.StreamRequest) -> ClientHost | None:
+        """What ``request`` says of where its client runs (None: it did not say)."""
+        return cls.from_message(request.client_host) if request.HasField("client_host") else None
+
     def to_message(self) -> feeder_pb2.ClientHost:
         return feeder_pb2.ClientHost(boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device,
                                      gpu_uuid=self.gpu_uuid, pid=self.pid)
@@ -378,7 +383,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         antialias=request.antialias if request.HasField("antialias") else None,
         consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
         mix=tuple(MixPart(p.dataset, p.weight, p.manifest_sha256, p.index_sha256) for p in request.mix),
-        client_host=ClientHost.from_message(request.client_host) if request.HasField("client_host") else None,
+        client_host=ClientHost.of_request(request),
     )
 
 

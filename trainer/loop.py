@@ -172,9 +172,7 @@ class Trainer:
         loader.set_image_size(phase.image_size)
         loader.set_min_scale(phase.min_scale)
         part = self._train_epoch(epoch, phase.momentum, started)
-        if self._carried is not None and self._carried.epoch == epoch:
-            part = self._carried + part
-        self._carried = None
+        self._carried = None  # in part now
         evaluation = self._validate(epoch, phase)
         return EpochRecord(
             epoch=epoch, phase=index, image_size=phase.image_size, batch_size=phase.batch_size,
@@ -211,7 +209,8 @@ class Trainer:
         return self._part_of(running)
 
     def _part_of(self, running: _Running) -> EpochPart:
-        """The job's figures of ``running``'s steps so far (collective: every rank calls it)."""
+        """The job's figures of ``running``'s epoch so far, the steps before a resume
+        included (collective: every rank calls it)."""
         loader = self.train_loader
         train_s = time.perf_counter() - running.started
         stall = (loader.wait_seconds - running.wait_before) / train_s if train_s > 0 else 0.0
@@ -219,8 +218,10 @@ class Trainer:
             [float(running.loss_sum), running.images, stall, self.gaps.share().fraction], self.dist.device)
         longest_wait_s = all_reduce_max([loader.longest_wait_s], self.dist.device)[0]
         ranks = self.dist.world_size
-        return EpochPart(running.epoch, loss, int(images), train_s, train_s * stall_sum / ranks,
+        part = EpochPart(running.epoch, loss, int(images), train_s, train_s * stall_sum / ranks,
                          train_s * idle_sum / ranks, longest_wait_s)
+        carried = self._carried
+        return carried + part if carried is not None and carried.epoch == running.epoch else part
 
     def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self._autocast():
@@ -268,11 +269,8 @@ class Trainer:
         # Every rank's position, gathered: ranks may be a batch apart, and the job may
         # resume at another world size (clients.elastic).
         loader_state = merge_states(all_gather_objects(self.train_loader.state_dict()))  # type: ignore[arg-type]
-        part = None  # within an epoch: its steps so far, for the epoch's row after a resume
-        if self._running is not None:
-            part = self._part_of(self._running)
-            if self._carried is not None and self._carried.epoch == part.epoch:
-                part = self._carried + part
+        # Within an epoch: its figures so far, for the epoch's row after a resume.
+        part = self._part_of(self._running) if self._running is not None else None
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict(), "epoch": self.epoch, "step": self.step,
                   "elapsed_s": self.elapsed_s, "time_to_target_s": self.time_to_target_s,

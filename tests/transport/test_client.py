@@ -35,8 +35,7 @@ class FakeDaemon:
         self.batches = [make_batch(*SHAPE[:2], seed=s) for s in range(BATCHES)]
 
     def stream(self, request: feeder_pb2.StreamRequest, context) -> Iterator[bytes]:
-        client = ClientHost.from_message(request.client_host) if request.HasField("client_host") else None
-        asked = TransportRequest(TransportKind(request.transport), client)
+        asked = TransportRequest(TransportKind(request.transport), ClientHost.of_request(request))
         sender = self.hub.open_sender(asked, int(np.prod(SHAPE)))
         self.senders.append(sender)
         context.add_callback(lambda: self.hub.close_sender(sender))
