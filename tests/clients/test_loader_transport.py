@@ -25,8 +25,8 @@ from transport.base import HostIdentity
 SHM = Path("/dev/shm")
 
 
-def _segments(pid: int) -> list[str]:
-    return sorted(p.name for p in SHM.glob(f"feeder-{pid}-*"))
+def _segments(pid: int, shm_dir: Path = SHM) -> list[str]:
+    return sorted(p.name for p in shm_dir.glob(f"feeder-{pid}-*"))
 
 
 
@@ -155,34 +155,38 @@ def test_a_client_killed_mid_stream_frees_its_ring_and_others_go_on(shards):
 
 
 @pytest.mark.slow
-def test_a_daemon_killed_and_restarted_is_swept_and_the_loader_resumes_over_shm(shards):
-    first = DaemonProcess({"sample": shards}, ("--device", "cpu", "--threads", "1"), cwd=ROOT)
+def test_a_daemon_killed_and_restarted_is_swept_and_the_loader_resumes_over_shm(shards, tmp_path):
+    # A shm dir of its own: a daemon another test starts meanwhile sweeps /dev/shm, and
+    # would take the killed daemon's segments before the restarted one could.
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    options = ("--device", "cpu", "--threads", "1", "--shm-dir", str(shm_dir))
+    first = DaemonProcess({"sample": shards}, options, cwd=ROOT)
     first.start()
     port = first.address.rsplit(":", 1)[1]
     seen: Counter[str] = Counter()
     try:
-        with _loader(first.address, batch_size=4, reconnect_timeout_s=60) as loader:
+        with _loader(first.address, batch_size=4, shm_dir=shm_dir, reconnect_timeout_s=60) as loader:
             batches = iter(loader)
             for _ in range(3):
                 seen.update(next(batches)[2])
-            assert loader.transport == "shm" and _segments(first.pid)
+            assert loader.transport == "shm" and _segments(first.pid, shm_dir)
             os.kill(first.pid, signal.SIGKILL)
             first.stop()
-            assert _segments(first.pid)  # a daemon killed with SIGKILL cannot clean up
-            second = DaemonProcess({"sample": shards}, ("--device", "cpu", "--threads", "1", "--port", port),
-                                   cwd=ROOT)
+            assert _segments(first.pid, shm_dir)  # a daemon killed with SIGKILL cannot clean up
+            second = DaemonProcess({"sample": shards}, (*options, "--port", port), cwd=ROOT)
             second.command.remove("0")  # the same port as before, not a free one
             second.command.remove("--port")
             second.start()
             try:
-                assert not _segments(first.pid)  # swept by the new daemon at start
+                assert not _segments(first.pid, shm_dir)  # swept by the new daemon at start
                 for batch in batches:
                     seen.update(batch[2])
                 assert loader.transport == "shm" and loader.reconnects >= 1
             finally:
                 second.stop()
         assert sum(seen.values()) == N_TRAIN and set(seen.values()) == {1}
-        assert not _segments(second.pid)
+        assert not _segments(second.pid, shm_dir)
     finally:
         first.stop()
 
