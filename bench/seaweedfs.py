@@ -176,12 +176,15 @@ class SeaweedFS:
     def rotate_credentials(self, access_key: str, secret_key: str) -> None:
         """Accept ``access_key`` / ``secret_key`` from now on, and no other, without a
         restart: the identity file rewritten and the server told to read it again
-        (SIGHUP), as an operator rotates keys. (A restart with another file keeps the
-        old identity too: the filer remembers the identities it was started with.)"""
+        (SIGHUP), as an operator rotates keys; it returns once the new keys are taken
+        (the server reads the file again in the background). (A restart with another
+        file keeps the old identity too: the filer remembers the identities it was
+        started with.)"""
         self.access_key, self.secret_key = access_key, secret_key
         self._write_identity()
         if self._process is not None:
             os.killpg(self._process.pid, signal.SIGHUP)
+            self._wait_ready(_START_TIMEOUT_S)
 
     def start(self, timeout_s: float = _START_TIMEOUT_S) -> None:
         """Start the server (again, on the same ports and data) and wait until it
