@@ -210,6 +210,18 @@ def serve(config: ServerConfig) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for output in logging.getLogger().handlers:
         output.addFilter(LineLimitFilter())  # no client input makes a line longer than this
+    # Taken before the server starts: a launcher may send SIGTERM as soon as health says
+    # SERVING, and the default action would end the daemon with its socket still bound.
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _serve_until(config, stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _serve_until(config: ServerConfig, stop: threading.Event) -> None:
     server, port = create_server(config)
     # The one line on stdout: launchers read the port from it.
     print(f"feeder: serving on {format_address(config.bind, port)}", flush=True)
@@ -231,14 +243,8 @@ def serve(config: ServerConfig) -> None:
              tuning.decode_threads, " (tuned)" if tuning.autotune and not tuning.threads else "", tuning.fair_share)
     if config.socket_path is not None:
         log.info("also serving on unix:%s (mode 0600)", config.socket_path)
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(timeout=1.0):
-            pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    while not stop.wait(timeout=1.0):
+        pass
     log.info("shutting down: streams get %.1f s to finish", config.grace_s)
     server.stop(config.grace_s).wait()
     log.info("stopped")

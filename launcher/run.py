@@ -281,6 +281,8 @@ class NodeLauncher:
         if self.daemon is None:
             return
         died = self.daemon.returncode is not None
-        self.daemon.stop()
-        if died:  # killed before the launcher's SIGTERM: its socket and segments are still there
+        status = self.daemon.stop()
+        # Killed before the launcher's SIGTERM, or by the SIGKILL after it: its socket and
+        # segments are still there.
+        if died or status < 0:
             sweep_leftovers(self.config.socket_path, self._shm_dir)

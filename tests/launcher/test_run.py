@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from bench.proctree import pids_with_env
+from feeder.config_groups import SharedMemory
+from launcher.config import RunConfig
 from launcher.daemon_process import DaemonProcess
+from launcher.run import NodeLauncher
 from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, nothing_left, serve_args
 from tests.common.waiting import wait_for
@@ -165,4 +168,19 @@ def test_a_daemon_killed_with_no_restarts_left_leaves_no_socket(node, tmp_path):
     assert run.proc.poll() is None  # swept while the command still runs
     stop.touch()
     assert run.wait() == 0
+    nothing_left(node)
+
+
+def test_a_daemon_that_must_be_killed_at_the_end_leaves_no_socket(node):
+    """A daemon that does not stop on SIGTERM (here: frozen) gets SIGKILL after its
+    grace, which leaves its socket file: the launcher sweeps it as it would a daemon
+    that died while the command ran."""
+    config = RunConfig(datasets={"sample": node["shards"]}, device="cpu", port=0, grace_s=0.0,
+                       socket_path=node["socket"], shm=SharedMemory(shm_dir=node["shm"]))
+    launcher = NodeLauncher(config, serve_args(node, "--grace-s", "0"), ["true"], say=lambda _: None)
+    launcher._have_daemon()
+    assert launcher.daemon is not None and node["socket"].exists()
+    os.kill(launcher.daemon.pid, signal.SIGSTOP)
+    launcher._stop_daemon()
+    assert launcher.daemon.returncode == -signal.SIGKILL  # the SIGTERM did not end it
     nothing_left(node)
