@@ -4,24 +4,25 @@ it asks the daemon for is checked with the daemon's own checks (:mod:`clients.sp
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from clients.channel import check_address, check_token, resolve_address, resolve_shm_dir
+from clients.dataloader_args import take_dataloader_arguments
 from clients.spec import Sizes, make_spec
 from core.errors import ConfigError
 from protocol.plan import LastBatch
 from protocol.request import AugmentKind, ClientHost, MixPart, StreamSpec, mix_name
 from transport.base import TransportKind
 
-__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig", "OnePass"]
+__all__ = ["AUGMENTS", "LAST_BATCHES", "POOL_MODES", "TRANSPORTS", "LoaderConfig"]
 
-LAST_BATCHES = tuple(policy.value for policy in LastBatch)
+# The plan's policies, and "partial": the plan's "pad" with the repeats left out here,
+# so the last batch is short and every sample comes once.
+LAST_BATCHES = (*(policy.value for policy in LastBatch), "partial")
 AUGMENTS = ("auto", *(kind.value for kind in AugmentKind))
 # The transports a loader may ask for (``auto``: CUDA IPC for a consumer on the
 # daemon's GPU, else shared memory on the daemon's host, else gRPC).
@@ -88,9 +89,14 @@ class LoaderConfig:
         world_size: Ranks in the job; None: as for ``rank``.
         device: Where the tensors go (``"cuda"`` means the current CUDA device).
         normalize: Convert to ``dtype`` with the ImageNet mean/std, else keep uint8.
-        channels_last: NHWC memory layout behind the NCHW shape.
-        last_batch: ``"drop"`` (equal full batches on every rank) or ``"pad"`` (every
-            sample once; the last batch is filled with repeats, see ``return_padding``).
+        channels_last: NHWC memory layout behind the NCHW shape (faster convolutions
+            for a model converted with ``model.to(memory_format=torch.channels_last)``;
+            a model left contiguous under DDP would warn about its gradients' strides).
+        last_batch: ``"drop"`` (equal full batches on every rank), ``"pad"`` (every
+            sample once; the last batch is filled with repeats, see ``return_padding``)
+            or ``"partial"`` (every sample once; the last batch is short, and ranks'
+            batch counts may differ by one). None: ``drop_last``'s, else ``"drop"``
+            for the ``train`` split and ``"partial"`` for the others.
         return_keys: Also yield the list of sample keys.
         return_padding: Also yield a bool tensor, True where a sample is a repeat: to
             fill the last batch, or in place of a sample the daemon could not serve
@@ -148,6 +154,19 @@ class LoaderConfig:
             splits); each dataset gives its weight's share of them (largest
             remainders). Given with one dataset, that dataset's passes are cut into
             epochs of this length.
+        shuffle: The order of each epoch: a permutation drawn from ``seed`` and the
+            epoch (True) or the stored order (False); None: shuffled for the
+            ``train`` split only.
+
+    The rest are ``torch.utils.data.DataLoader``'s own arguments, so that a
+    ``DataLoader(...)`` statement keeps its arguments when it becomes a
+    ``FeederLoader(...)`` (:mod:`clients.dataloader_args` says what each does here):
+    ``drop_last`` sets ``last_batch``; a stock ``sampler`` gives its shuffle and is
+    otherwise ignored, like ``num_workers``, ``pin_memory``, ``timeout``,
+    ``multiprocessing_context``, ``generator``, ``prefetch_factor``,
+    ``persistent_workers``, ``pin_memory_device`` and ``in_order`` (one warning each
+    where not DataLoader's default); ``batch_sampler``, ``collate_fn`` and
+    ``worker_init_fn`` are refused.
 
     Raises:
         ConfigError: A value that cannot work, or that the daemon would refuse in a
@@ -165,8 +184,8 @@ class LoaderConfig:
     world_size: int | None = None
     device: str | torch.device = "cpu"
     normalize: bool = True
-    channels_last: bool = True
-    last_batch: str = "drop"
+    channels_last: bool = False
+    last_batch: str | None = None
     return_keys: bool = False
     return_padding: bool = False
     dtype: torch.dtype = torch.float32
@@ -188,15 +207,33 @@ class LoaderConfig:
     pool: str = "all"
     pool_stall_timeout_s: float = 1.0
     epoch_samples: int | None = None
+    shuffle: bool | None = None
+    sampler: object = None
+    batch_sampler: object = None
+    num_workers: int = 0
+    collate_fn: object = None
+    pin_memory: bool = False
+    drop_last: bool | None = None
+    timeout: float = 0.0
+    worker_init_fn: object = None
+    multiprocessing_context: object = None
+    generator: object = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory_device: str = ""
+    in_order: bool = True
 
     def __post_init__(self) -> None:
+        taken = take_dataloader_arguments(vars(self), self.split)
+        object.__setattr__(self, "shuffle", taken.shuffle)
+        object.__setattr__(self, "last_batch", taken.last_batch)
         object.__setattr__(self, "address", resolve_address(self.address))
         object.__setattr__(self, "shm_dir", resolve_shm_dir(self.shm_dir))
         _mix(self.dataset, self.epoch_samples)
         for address in self.addresses or ("",):  # no address at all: refused as an empty one
             check_address(address)
         _choice("pool", self.pool, POOL_MODES)
-        _choice("last_batch", self.last_batch, LAST_BATCHES)
+        _choice("last_batch", self.last_batch or "", LAST_BATCHES)
         _choice("augment", self.augment, AUGMENTS)
         _choice("transport", self.transport, TRANSPORTS)
         if self.prefetch_batches < 1:
@@ -272,8 +309,13 @@ class LoaderConfig:
 
     @property
     def last_batch_policy(self) -> LastBatch:
-        """``last_batch`` as the plan's policy."""
-        return LastBatch(self.last_batch)
+        """``last_batch`` as the plan's policy (``partial`` is ``pad``'s plan)."""
+        return LastBatch.PAD if self.last_batch == "partial" else LastBatch(self.last_batch)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the repeats that fill a last batch are left out (``last_batch="partial"``)."""
+        return self.last_batch == "partial"
 
     @property
     def augment_kind(self) -> AugmentKind | None:
@@ -284,30 +326,4 @@ class LoaderConfig:
     def transport_kind(self) -> TransportKind:
         """``transport`` as the request's kind."""
         return TransportKind[self.transport.upper()]
-
-
-class OnePass:
-    """Who iterates a loader now: one pass at a time (a second pass meanwhile would
-    take batches of the first one's epoch, and move the position under it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._thread = ""
-
-    @contextmanager
-    def held_by(self, loader: str) -> Iterator[None]:
-        """Hold it for one pass of ``loader`` (named in the error).
-
-        Raises:
-            RuntimeError: another pass is under way.
-        """
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError(f"{loader} is already being iterated (by thread {self._thread!r}); one pass at a "
-                               f"time: finish or close that one, or give each thread its own loader")
-        self._thread = threading.current_thread().name
-        try:
-            yield
-        finally:
-            self._thread = ""
-            self._lock.release()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -94,6 +94,15 @@ class HostBatch:
     release: Callable[[torch.cuda.Event | None], None] = field(default=_no_release, repr=False)
     ready: torch.cuda.Event | None = None
     fields: torch.Tensor | None = field(default=None, repr=False)
+
+    def head(self, count: int) -> HostBatch:
+        """Its first ``count`` samples (views of the same memory, released as this batch is)."""
+        if count >= len(self.meta):
+            return self
+        meta = replace(self.meta, keys=self.meta.keys[:count], labels=self.meta.labels[:count],
+                       padding=self.meta.padding[:count])
+        return replace(self, images=self.images[:count], labels=self.labels[:count], padding=self.padding[:count],
+                       meta=meta)
 
 
 def to_host(received: ReceivedBatch, pinned: PinnedFields | None) -> HostBatch:

@@ -2,7 +2,9 @@
 
 The loader composes the pieces: what it asks for (:mod:`clients.spec`, checked when it
 is built), the streams that deliver it (:mod:`clients.streams`), where it is
-(:mod:`clients.position`) and the copy to the device (:mod:`clients.transfer`).
+(:mod:`clients.position`), which iteration takes its batches (:mod:`clients.passes`),
+the copy to the device (:mod:`clients.transfer`), and what a ``DataLoader`` would
+answer (:mod:`clients.dataloader_attrs`, :mod:`clients.dataloader_args`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from prometheus_client import Gauge
 
 from clients.channel import check_address
-from clients.config import LoaderConfig, OnePass
+from clients.config import LoaderConfig
+from clients.dataloader_attrs import AsDataLoader
 from clients.elastic import check_identity, check_state, resume, segments_to
 from clients.host_batch import HostBatch, PinnedFields
-from clients.idle import IdleShare, StepGaps
+from clients.loader_figures import LoaderFigures
+from clients.passes import Passes
 from clients.pool import DaemonPool
 from clients.position import Position, Positioned
 from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
@@ -28,43 +31,36 @@ from clients.spec import Sizes
 from clients.streams import Streams, checked_specs
 from clients.transfer import DeviceTransfer
 from core.errors import DataError
-from protocol.plan import remaining_length
 from transport.base import HostIdentity
 
-__all__ = ["DAEMONS_IN_USE", "FeederLoader"]
-
-# In the process's default registry: a training script's own Prometheus endpoint shows it.
-DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
-                       ["dataset", "split", "rank"])
+__all__ = ["FeederLoader"]
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-class FeederLoader(Positioned):
-    """An iterable of ``(images, labels)`` streamed from a feeder daemon.
+class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
+    """An iterable of ``(images, labels)`` streamed from a feeder daemon, with a
+    ``DataLoader``'s contract: ``len()`` is an epoch's batches, each iteration is a
+    pass over the epoch the loader stands in (:mod:`clients.passes`), and once a pass
+    has handed out the epoch's last batch the loader stands in the next one;
+    ``dataset``, ``sampler`` and DataLoader's arguments answer as a DataLoader's do.
 
     Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
-    int64. Batches are prefetched by a background thread, so the training step does
-    not wait on a network round trip. Position is ``(epoch, sample cursor)``:
-    iterating yields the rest of the current epoch, then moves to the next one. One
-    pass at a time: a second iteration while one is under way (from another thread)
-    raises ``RuntimeError``.
-
+    int64, prefetched by a background thread. Position is ``(epoch, sample cursor)``.
     Every argument is a field of :class:`LoaderConfig`, same name, type and default,
-    documented there. The loader refuses at construction what the daemon would
-    refuse when the first stream opens: each request is checked with the daemon's
-    own checks (:mod:`protocol.request`), its message raised as ``ConfigError``.
+    documented there. What the daemon would refuse when the first stream opens is
+    refused here: each request is checked with the daemon's own checks
+    (:mod:`protocol.request`), its message raised as ``ConfigError``.
 
     Raises:
         ConfigError: An argument out of range or that the daemon would refuse (an
-            ``image_size`` or ``min_scale`` out of its range, a ``world_size`` over
-            its limit, a ``batch_size`` over its ``--max-batch-size`` or, under
-            ``drop``, larger than this rank's part), or an ``address`` that is not
-            one (``host:port``, ``[v6]:port``, ``dns:///host:port``, ``unix:/path``).
-            A mix with a weight that is not a positive finite number, a dataset (or
-            its split) no daemon serves, or ``epoch_samples`` below 1.
+            ``image_size`` or ``min_scale`` out of range, a ``world_size`` over its
+            limit, a ``batch_size`` over its ``--max-batch-size`` or, under ``drop``,
+            larger than this rank's part), an ``address`` that is not one, a mix's
+            weight that is not a positive number, a dataset (or split) no daemon
+            serves, ``epoch_samples`` below 1, a DataLoader argument it refuses.
         ServiceUnavailable: The daemon cannot be reached within ``connect_timeout_s``.
         NotFound: The daemon does not serve ``dataset`` / ``split`` (one dataset).
         Unauthenticated: The daemon wants another token.
@@ -83,8 +79,8 @@ class FeederLoader(Positioned):
         world_size: int | None = None,
         device: str | torch.device = "cpu",
         normalize: bool = True,
-        channels_last: bool = True,
-        last_batch: str = "drop",
+        channels_last: bool = False,
+        last_batch: str | None = None,
         return_keys: bool = False,
         return_padding: bool = False,
         dtype: torch.dtype = torch.float32,
@@ -106,6 +102,21 @@ class FeederLoader(Positioned):
         pool: str = "all",
         pool_stall_timeout_s: float = 1.0,
         epoch_samples: int | None = None,
+        shuffle: bool | None = None,
+        sampler: object = None,
+        batch_sampler: object = None,
+        num_workers: int = 0,
+        collate_fn: object = None,
+        pin_memory: bool = False,
+        drop_last: bool | None = None,
+        timeout: float = 0.0,
+        worker_init_fn: object = None,
+        multiprocessing_context: object = None,
+        generator: object = None,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
     ) -> None:
         # First statement: the arguments are LoaderConfig's fields (a test keeps them so).
         config = LoaderConfig(**{name: value for name, value in locals().items() if name != "self"})
@@ -113,6 +124,7 @@ class FeederLoader(Positioned):
         self.rank, self.world_size = resolve_rank(config.rank, config.world_size)
         config.stream_spec(self.rank, self.world_size, local_world_size(self.world_size))  # refused before connecting
         self.device = resolve_device(config.device)
+        LoaderFigures.__init__(self, self.device)
         self._transfer = DeviceTransfer(self.device, config.normalize, config.channels_last, config.dtype)
         host = HostIdentity.of_this_process(config.shm_path).client_host(gpu_uuid(self.device))
         daemons = DaemonPool(config, config.addresses)
@@ -126,11 +138,10 @@ class FeederLoader(Positioned):
         # Samples of an epoch (a mix's epoch_samples) and the class names labels index
         # (a mix's: the union of its datasets', in the order given).
         self.num_samples, self.classes = self._specs.epoch_length, self._specs.split.classes
-        self.wait_seconds = 0.0
-        self._skipped = 0
-        self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
-        self._gaps = StepGaps(self.device)
-        self._pass = OnePass()
+        self._passes = Passes()
+        # Epoch -> where its pass began after a resume mid-epoch: (cursor, batches handed out before).
+        self._resumed: dict[int, tuple[int, int]] = {}
+        self._as_dataloader(self.classes, self.num_samples, self._specs.shuffled)
 
     def __repr__(self) -> str:
         c = self.config
@@ -142,11 +153,6 @@ class FeederLoader(Positioned):
     def address(self) -> str:
         """The daemon's address (the pool's, comma-separated)."""
         return ",".join(self.config.addresses)
-
-    @property
-    def dataset(self) -> str:
-        """The dataset streamed (a mix's: its names joined with ``+``)."""
-        return self.config.dataset_name
 
     @property
     def epoch_counts(self) -> dict[str, int]:
@@ -192,10 +198,6 @@ class FeederLoader(Positioned):
         0 before the first batch)."""
         return self._streams.daemons_in_use
 
-    def _report_daemons(self) -> None:
-        """Keep the gauge of daemons in use (Prometheus' default registry) current."""
-        DAEMONS_IN_USE.labels(dataset=self.dataset, split=self.split, rank=str(self.rank)).set(self.daemons_in_use)
-
     def add_daemon(self, address: str) -> None:
         """Draw batches from ``address`` too, from the next batch on once it answers
         (with the pool's dataset and manifest).
@@ -211,37 +213,11 @@ class FeederLoader(Positioned):
         """Times a stream was reopened after a transient failure."""
         return self._streams.reconnects
 
-    @property
-    def skipped(self) -> int:
-        """Samples the daemon could not serve (undecodable, or over its pixel cap) that
-        arrived replaced by a repeat of another sample of their batch, marked as
-        padding (``feeder serve --on-error skip``); the daemon logs and names them."""
-        return self._skipped
-
-    @property
-    def stall_fraction(self) -> float:
-        """Share of the current (or last) epoch's iteration time spent waiting for data."""
-        return self._epoch_wait_s / self._epoch_wall_s if self._epoch_wall_s > 0 else 0.0
-
-    @property
-    def device_idle(self) -> IdleShare:
-        """The device's idle time between the steps of the current (or last) epoch and
-        its busy time in them (:mod:`clients.idle`): a step runs from the moment a
-        batch is handed over until the next is asked for, and the device's idle time
-        is what the loader costs it (waiting for data and preparing it). On CUDA it
-        is read from events on the consumer's stream once they have completed, never
-        with a synchronisation; on the CPU it is wall-clock time."""
-        return self._gaps.share()
-
-    @property
-    def longest_wait_s(self) -> float:
-        """The longest wait for one batch in the current (or last) epoch, past its first
-        (which waits on the streams' start too): what a daemon lost costs the loop."""
-        return self._epoch_longest_s
-
     # -- position and sizes --------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed cursor).
+        """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed
+        cursor). Not needed between epochs: after an epoch's last batch the loader
+        stands in the next one.
 
         Raises:
             ConfigError: an epoch the daemon would refuse.
@@ -249,6 +225,7 @@ class FeederLoader(Positioned):
         self._specs.spec(epoch, 0, self._sizes)
         if self.position.move_to_epoch(epoch):
             self._streams.drop()
+            self._passes.moved((epoch, 0))
 
     def set_batch_size(self, batch_size: int) -> None:
         """Batch size from the next batch on (a stream opened ahead by :meth:`plan_sizes`
@@ -287,13 +264,16 @@ class FeederLoader(Positioned):
         self._streams.planned[epoch] = sizes
 
     def __len__(self) -> int:
-        """Batches left in the current epoch for this rank (equal on every rank)."""
-        left = self._specs.batches_after(self.position.cursor, self._sizes.batch_size, self.position.epoch)
-        cap = self.config.max_batches_per_epoch
-        if cap:
-            batch = self._sizes.batch_size
-            left = min(left, max(0, -(-(cap * batch - self.position.cursor) // batch)))
-        return left
+        """Batches of a whole pass over the current epoch at the current batch size, the
+        same before, during and after a pass (equal on every rank but under ``partial``,
+        where they may differ by one). After a resume mid-epoch: the batches before the
+        checkpoint (at the batch size saved) and those the pass yields (docs/loader.md)."""
+        cursor, before = self._resumed.get(self.position.epoch, (0, 0))
+        return before + self._batches_from(cursor)
+
+    def _batches_from(self, cursor: int) -> int:
+        """Batches of the current epoch from ``cursor`` on."""
+        return self._specs.batches_handed(self.position.epoch, cursor, self._sizes.batch_size, self.config)
 
     # -- resumable state -----------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -309,7 +289,7 @@ class FeederLoader(Positioned):
 
     def _identity(self) -> dict[str, Any]:
         """What a state must share with this loader (see :func:`clients.elastic.check_identity`)."""
-        mine: dict[str, Any] = {"dataset": self.dataset, "split": self.split, "seed": self.seed,
+        mine: dict[str, Any] = {"dataset": self.dataset_name, "split": self.split, "seed": self.seed,
                                 "manifest_sha256": self._specs.split.manifest_sha256}
         if self.config.mix:
             mine |= {"mix": [[name, weight] for name, weight in self.config.mix],
@@ -322,71 +302,77 @@ class FeederLoader(Positioned):
         of the epoch is split among this loader's ranks, each sample once).
 
         Raises:
-            ConfigError: the state was saved for another dataset, split, seed,
-                manifest or mix (its datasets, weights, epoch length), is another
-                rank's or one rank's at another world size, holds a cursor past the
-                rank's part or a position the daemon would refuse, or is of the wrong
-                shape (one line naming the field).
+            ConfigError: a state saved for another plan (dataset, split, seed, manifest,
+                mix), one rank's at another world size, a cursor past the rank's part, a
+                position the daemon would refuse, a wrong shape (one line naming the field).
         """
         check_identity(check_state(state), self._identity())
         at = resume(state, self.rank, self.world_size)
         self._specs.resume_at(at, self._sizes)
         self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})
         self._streams.drop()
+        self._passes.moved((at.epoch, at.cursor))
+        saved_batch = int(state.get("batch_size") or self._sizes.batch_size)
+        self._resumed = {at.epoch: (at.cursor, -(-at.cursor // saved_batch))} if at.cursor else {}
 
     @property
     def epoch_progress(self) -> float:
         """Share of the current epoch the whole job has consumed (0 to 1), counting
         what earlier ranks consumed before a resume at another world size: where a
         learning-rate schedule stands, by samples seen rather than steps."""
-        epoch, total = self.position.epoch, self.num_samples
-        before = total - remaining_length(total, self._specs.consumed.get(epoch, ()), self._specs.base.last_batch)
-        part = self._specs.part_length(epoch)
-        done = before + min(self.position.cursor, part) * self.world_size
-        whole = before + part * self.world_size
-        return done / whole if whole else 0.0
+        return self._specs.progress(self.position.epoch, self.position.cursor)
 
     # -- iteration -------------------------------------------------------------
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        with self._pass.held_by(repr(self)):
-            yield from self._epoch()
-
-    def _epoch(self) -> Iterator[tuple[Any, ...]]:
-        self._epoch_wait_s = self._epoch_wall_s = self._epoch_longest_s = 0.0
-        self._gaps.reset()
-        started, first = time.perf_counter(), True
-        while len(self) > 0:
-            if not first:
-                self._gaps.ended()  # the step on the batch before is enqueued
-            waited = time.perf_counter()
-            host = self._streams.next_batch(self.position.epoch, self.position.cursor, self._sizes)
-            if host is None:  # the plan's batches of this epoch are all delivered by then
-                raise DataError(f"{self!r}: the streams ended with {len(self)} batches of epoch "
-                                f"{self.position.epoch} left (cursor {self.position.cursor})")
-            out = self._deliver(host)
-            self._gaps.started()
-            now = time.perf_counter()
-            self._account(now - waited, now - started, first)
-            first = False
+        """A pass over the rest of the current epoch (see :mod:`clients.passes`)."""
+        number, back = self._passes.begin((self.position.epoch, self.position.cursor), repr(self))
+        if back is not None:
+            self.position.load_state_dict({"epoch": back[0], "cursor": back[1]})
+            self._streams.drop()
+        if self._batches_from(self.position.cursor) == 0:  # at an epoch's end (a state saved there)
+            self._next_epoch()
+        self._pass_began()
+        started, handed, done = time.perf_counter(), 0, False
+        while not done:
+            with self._passes.taking(number, repr(self)):
+                if handed:
+                    self._gaps.ended()  # the step on the batch before is enqueued
+                waited = time.perf_counter()
+                out = self._next_batch()
+                self._gaps.started()
+                now = time.perf_counter()
+                self._account(now - waited, now - started, not handed)
+                handed += 1
+                self._passes.handed()
+                done = self._batches_from(self.position.cursor) == 0
+                if done:  # the epoch's last batch: the loader stands in the next epoch from now on
+                    self._next_epoch()
             yield out
-        if not first:
+        if done:
             self._gaps.ended()
-        self.position.next_epoch()
-        self._streams.epoch_ended(self.position.epoch, self._sizes)
         self._epoch_wall_s = time.perf_counter() - started
 
-    def _account(self, wait_s: float, wall_s: float, first: bool) -> None:
-        self.wait_seconds += wait_s
-        self._epoch_wait_s += wait_s
-        self._epoch_wall_s = wall_s
-        if not first:  # the first waits on the stream's start as well
-            self._epoch_longest_s = max(self._epoch_longest_s, wait_s)
+    def _next_epoch(self) -> None:
+        self.position.next_epoch()
+        self._streams.epoch_ended(self.position.epoch, self._sizes)
+        self._passes.finished((self.position.epoch, 0))
+
+    def _next_batch(self) -> tuple[Any, ...]:
+        """The next batch of the current epoch (one is left) to hand out."""
+        epoch, cursor = self.position.epoch, self.position.cursor
+        host = self._streams.next_batch(epoch, cursor, self._sizes)
+        if host is None:  # the plan's batches of this epoch are all delivered by then
+            raise DataError(f"{self!r}: the streams ended with {self._batches_from(cursor)} batches of epoch "
+                            f"{epoch} left (cursor {cursor})")
+        if self.config.partial:  # the repeats filling the part's end are left out
+            host = host.head(self._specs.real_length(epoch) - cursor)
+        return self._deliver(host)
 
     def _deliver(self, host: HostBatch) -> tuple[Any, ...]:
         meta = host.meta
         self.position.cursor = meta.cursor
         self._skipped += len(meta.failed_keys)
-        self._report_daemons()
+        self._streams.report_daemons(self.dataset_name, self.split, self.rank)
         images, labels, padding = self._transfer(host.images, host.labels, host.padding, ready=host.ready)
         if not _shares_memory(images, host.images):  # copied out: the slot can go back now
             host.release(self._transfer.copied)

@@ -20,17 +20,27 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from clients.elastic import Resume
 from core.errors import ConfigError, InvalidArgument
 from protocol.identity import Identity, digest_for
 from protocol.mix import epoch_counts, union_classes
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
-from protocol.request import CropRange, MixPart, StreamSpec, from_request, to_request
+from protocol.request import AugmentKind, CropRange, MixPart, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow, stream_window
 
 __all__ = ["MixInfo", "Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
+
+
+class _Cut(Protocol):
+    """How a loader cuts its epochs (a :class:`clients.config.LoaderConfig`)."""
+
+    @property
+    def partial(self) -> bool: ...
+
+    @property
+    def max_batches_per_epoch(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,11 @@ class StreamSpecs:
         self._check_daemon_limits(base.batch_size)
 
     @property
+    def shuffled(self) -> bool:
+        """Whether each epoch's order is a permutation (else the stored order)."""
+        return self.base.kind is AugmentKind.TRAIN
+
+    @property
     def epoch_counts(self) -> dict[str, int]:
         """Samples each dataset gives an epoch (one dataset: the split's size)."""
         if not self.base.mix:
@@ -180,6 +195,16 @@ class StreamSpecs:
         with _refused_as_config():
             rest = remaining_length(self.epoch_length, consumed, self.base.last_batch)
         return plan_length(rest, self.base.world_size, self.base.last_batch)
+
+    def progress(self, epoch: int, cursor: int) -> float:
+        """Share of ``epoch`` the whole job has consumed (0 to 1) with this rank at
+        ``cursor``, what earlier ranks consumed before a resume at another world size
+        included (the ranks are at one cursor)."""
+        total, world = self.epoch_length, self.base.world_size
+        before = total - remaining_length(total, self.consumed.get(epoch, ()), self.base.last_batch)
+        part = self.part_length(epoch)
+        whole = before + part * world
+        return (before + min(cursor, part) * world) / whole if whole else 0.0
 
     def resume_at(self, at: Resume, sizes: Sizes) -> None:
         """Take the segments of a resume at ``at`` (its epoch's, at earlier world
@@ -236,14 +261,36 @@ class StreamSpecs:
         self.spec(self.base.epoch if epoch is None else epoch, 0, sizes)
         self._check_daemon_limits(sizes.batch_size)
 
-    def batches_after(self, cursor: int, batch_size: int, epoch: int | None = None) -> int:
+    def real_length(self, epoch: int | None) -> int:
+        """Samples of this rank's part of ``epoch`` (None: a whole one) that are not
+        repeats: its share of the epoch (or of what earlier ranks left of it), under
+        ``pad`` one more on the first ``N % world_size`` ranks. The repeats come after
+        all of them."""
+        consumed, total = self.consumed.get(epoch, ()) if epoch is not None else (), self.epoch_length
+        if consumed:
+            with _refused_as_config():
+                total = remaining_length(total, consumed, self.base.last_batch)
+        world, rank = self.base.world_size, self.base.rank
+        return total // world + (self.base.last_batch is LastBatch.PAD and rank < total % world)
+
+    def batches_after(self, cursor: int, batch_size: int, epoch: int | None = None, partial: bool = False) -> int:
         """Batches of the part of ``epoch`` (None: a whole one) after ``cursor``, as the
-        daemon's plan cuts them."""
+        daemon's plan cuts them; ``partial``: leaving out a last batch of repeats only."""
         part = self.samples_per_rank if epoch is None else self.part_length(epoch)
+        if partial:
+            part = self.real_length(epoch)
         remaining = max(part - cursor, 0)
         if self.base.last_batch is LastBatch.PAD:
             return -(-remaining // batch_size)
         return remaining // batch_size
+
+    def batches_handed(self, epoch: int, cursor: int, batch_size: int, cut: _Cut) -> int:
+        """Batches of ``epoch`` after ``cursor`` that a loader hands out: as the plan cuts
+        them (under ``cut.partial`` without a last batch of repeats only), and of the
+        epoch's first ``cut.max_batches_per_epoch`` (0: all)."""
+        left = self.batches_after(cursor, batch_size, epoch, cut.partial)
+        cap = cut.max_batches_per_epoch
+        return min(left, max(0, -(-(cap * batch_size - cursor) // batch_size))) if cap else left
 
     def _check_daemon_limits(self, batch_size: int) -> None:
         limit = self.split.max_batch_size

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from prometheus_client import Gauge
+
 from clients.config import LoaderConfig
 from clients.failover import Failover
 from clients.host_batch import HostBatch, PinnedFields
@@ -21,7 +23,11 @@ from core.errors import ConfigError, NotFound
 from protocol.request import MAX_EPOCH, ClientHost
 from transport.base import TransportKind
 
-__all__ = ["Streams", "checked_specs"]
+__all__ = ["DAEMONS_IN_USE", "Streams", "checked_specs"]
+
+# In the process's default registry: a training script's own Prometheus endpoint shows it.
+DAEMONS_IN_USE = Gauge("feeder_loader_daemons_in_use", "Daemons a FeederLoader draws its batches from now.",
+                       ["dataset", "split", "rank"])
 
 # Epochs one stream runs on for when no size change is planned: the daemon plans each
 # epoch only when it gets there, so a long stream costs nothing up front.
@@ -115,6 +121,9 @@ class Streams:
             fetcher = self._fetcher_here(epoch, cursor, sizes)
             host = fetcher.get()
             self._open_successor(fetcher)
+        if host is not None and host.meta.epoch < epoch:  # the end of an epoch the consumer has left: repeats
+            host.release(None)  # only, of a "partial" loader's last batch
+            return self.next_batch(epoch, cursor, sizes)
         if host is not None and host.meta.epoch != epoch:
             self.pending = host
             return None
@@ -134,6 +143,10 @@ class Streams:
     def daemons_in_use(self) -> int:
         """Daemons the current stream draws from (0 before the first)."""
         return self.current.fetcher.daemons_in_use if self.current is not None else 0
+
+    def report_daemons(self, dataset: str, split: str, rank: int) -> None:
+        """Keep the gauge of daemons in use (Prometheus' default registry) current."""
+        DAEMONS_IN_USE.labels(dataset=dataset, split=split, rank=str(rank)).set(self.daemons_in_use)
 
     def _fetcher_here(self, epoch: int, cursor: int, sizes: Sizes) -> Failover:
         """The stream that delivers the next batch at ``(epoch, cursor)`` and ``sizes``:

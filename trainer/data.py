@@ -66,6 +66,7 @@ def make_loaders(
         return train, None, classes
     common: dict[str, Any] = dict(rank=dist.rank, world_size=dist.world_size, device=dist.device,
                   seed=config.seed, job_id=job_id(config), dtype=dtype or torch.float32,
+                  channels_last=True,  # as the model is (trainer.model)
                   prefetch_batches=config.prefetch_batches,
                   reconnect_timeout_s=config.reconnect_timeout_s, tls_root=config.tls_root)
     train_loader = FeederLoader(

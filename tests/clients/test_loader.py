@@ -63,7 +63,7 @@ def test_pad_policy_covers_val_once_and_marks_repeats(daemon, labels) -> None:
     assert seen == Counter(labels["val"].keys())
 
 
-def test_len_counts_remaining_batches_equal_on_every_rank(daemon) -> None:
+def test_len_counts_an_epochs_batches_equal_on_every_rank(daemon) -> None:
     lengths = []
     for rank in range(3):
         with _loader(daemon, batch_size=5, rank=rank, world_size=3) as loader:
@@ -84,11 +84,13 @@ def test_state_dict_resumes_on_next_sample_with_new_sizes(daemon, labels) -> Non
     assert state["cursor"] == 24 and state["epoch"] == 0
     second = _loader(daemon, batch_size=5, image_size=40)
     second.load_state_dict(state)
-    assert len(second) == (N_TRAIN - 24) // 5
-    tail = []
+    assert len(second) == 24 // 8 + (N_TRAIN - 24) // 5  # the 3 batches before the checkpoint, and the rest
+    tail, batches = [], 0
     for images, _, keys in second:
         assert images.shape[-1] == 40
         tail += keys
+        batches += 1
+    assert batches == (N_TRAIN - 24) // 5 and second.epoch == 1 and len(second) == N_TRAIN // 5
     second.close()
     assert Counter(head + tail) == Counter({k: 1 for k in head + tail})
     assert len(head + tail) == 24 + 5 * ((N_TRAIN - 24) // 5)
@@ -125,7 +127,11 @@ def test_images_normalised_on_device_from_uint8(daemon) -> None:
         images, _, keys = next(iter(loader))
     assert keys == raw_keys
     assert raw.dtype == torch.uint8 and raw.shape == (8, 3, 32, 32)
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert images.is_contiguous()  # as a model built without a memory format wants them
+    with _loader(daemon, channels_last=True, **options) as nhwc_loader:
+        nhwc, _, nhwc_keys = next(iter(nhwc_loader))
+    assert nhwc_keys == keys and nhwc.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(nhwc, images)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     torch.testing.assert_close(images, (raw.float() / 255 - mean) / std)
@@ -187,7 +193,7 @@ def test_cuda_batches_match_cpu_batches(daemon) -> None:
     options = dict(split="val", augment="val", batch_size=8, image_size=32)
     with _loader(daemon, **options) as cpu_loader:
         expected, expected_labels, _ = next(iter(cpu_loader))
-    with _loader(daemon, device="cuda", **options) as loader:
+    with _loader(daemon, device="cuda", channels_last=True, **options) as loader:
         images, batch_labels, _ = next(iter(loader))
     assert images.is_cuda and batch_labels.is_cuda
     assert images.is_contiguous(memory_format=torch.channels_last)

@@ -52,7 +52,7 @@ def _epoch(loader: FeederLoader) -> list[tuple[str, int]]:
 def test_a_mixed_loader_yields_each_datasets_share_with_labels_over_the_union(mixed_daemon, truth):
     with FeederLoader(MIX, address=mixed_daemon, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
         assert loader.classes == UNION and loader.num_samples == 64 and len(loader) == 8
-        assert loader.epoch_counts == {"sample": 48, "extra": 16} and loader.dataset == "sample+extra"
+        assert loader.epoch_counts == {"sample": 48, "extra": 16} and loader.dataset_name == "sample+extra"
         batches = [(list(keys), labels.tolist()) for _, labels, keys in loader]
     assert len(batches) == 8
     for keys, labels in batches:
