@@ -4,7 +4,11 @@ One rank's :meth:`FeederLoader.state_dict` says where that rank is: its epoch an
 sample cursor, the world size and batch size it ran at, and what the job's earlier
 ranks consumed of the epoch (when it was resumed at another size already). The
 cursors of the other ranks are not in it: ranks may be a batch apart when one
-checkpoints after another, so one rank's copy cannot say what the others consumed.
+checkpoints after another, so one rank's copy cannot say what the others consumed,
+unless the ranks step together: a state saved in a ``torch.distributed`` group of its
+world size (``together``), where every step is collective (DDP), loads into any rank
+of that size, its cursor standing for every rank's. That is how a framework that keeps
+rank 0's copy alone in its checkpoint (Lightning) resumes each rank on its next sample.
 
 :func:`merge_states` makes the job's state from every rank's (the trainer gathers them
 into its checkpoint); that state loads at any world size and batch size: where the
@@ -101,17 +105,20 @@ def resume(state: Mapping[str, Any], rank: int, world_size: int) -> Resume:
         if saved_world == world_size:
             return Resume(epoch, cursors[rank], consumed)
         return Resume(epoch, 0, (*consumed, Segment(saved_world, cursors)))
+    if saved_world != world_size and checked.get("together", False):  # every rank of it stood at this cursor
+        return Resume(epoch, 0, (*consumed, Segment(saved_world, (checked["cursor"],) * saved_world)))
     if saved_world != world_size:
         raise ConfigError(
             f"loader state is rank {checked.get('rank', '?')}'s of {saved_world}: one rank's cursor cannot say what "
             f"the other ranks consumed, so it loads only at world_size {saved_world} (this loader has "
             f"{world_size}); save clients.merge_states() of every rank's state_dict() to resume at another size"
         )
-    if checked.get("rank", rank) != rank:
+    if checked.get("rank", rank) != rank and not checked.get("together", False):
         raise ConfigError(
             f"loader state is rank {checked['rank']}'s; this loader is rank {rank} of {world_size}: its cursor is "
-            "where that rank's part stands, not this one's; load each rank's own state, or clients.merge_states() "
-            "of every rank's")
+            "where that rank's part stands, not this one's (it was not saved in a torch.distributed group of "
+            f"{world_size}, whose ranks step together); load each rank's own state, or clients.merge_states() of "
+            "every rank's")
     return Resume(epoch, checked["cursor"], consumed)
 
 
@@ -149,6 +156,12 @@ def _weights(value: Any) -> list[list[Any]]:
     return [[name, float(weight)] for name, weight in value]
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("True or False")
+    return value
+
+
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError("a string")
@@ -165,7 +178,7 @@ def _integer(value: Any) -> int:
 # the field must be). A state has "cursor" (one rank's) or "cursors" (a merged one).
 _FIELDS = {"epoch": _count, "cursor": _count, "cursors": _counts, "rank": _count, "world_size": _count,
            "batch_size": _count, "consumed": _segments, "dataset": _text, "split": _text, "seed": _integer,
-           "manifest_sha256": _text, "mix": _weights, "epoch_samples": _count}
+           "manifest_sha256": _text, "mix": _weights, "epoch_samples": _count, "together": _flag}
 
 
 def _said(key: str, value: Any) -> str:

@@ -26,7 +26,7 @@ from clients.loader_figures import LoaderFigures
 from clients.passes import Passes
 from clients.pool import DaemonPool
 from clients.position import Position, Positioned
-from clients.ranks import gpu_uuid, local_world_size, resolve_device, resolve_rank
+from clients.ranks import gpu_uuid, in_process_group, local_world_size, resolve_device, resolve_rank
 from clients.spec import Sizes
 from clients.streams import Streams, checked_specs
 from clients.transfer import DeviceTransfer
@@ -284,7 +284,7 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
         consumed = self._specs.consumed.get(self.position.epoch, ())
         return self.position.state_dict() | self._identity() | {
             "rank": self.rank, "world_size": self.world_size, "batch_size": self._sizes.batch_size,
-            "consumed": segments_to(consumed),
+            "consumed": segments_to(consumed), "together": in_process_group(self.world_size),
         }
 
     def _identity(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from core.errors import ConfigError
 from core.gpus import device_uuid
 from protocol.request import MAX_WORLD_SIZE
 
-__all__ = ["gpu_uuid", "local_world_size", "resolve_device", "resolve_rank"]
+__all__ = ["gpu_uuid", "in_process_group", "local_world_size", "resolve_device", "resolve_rank"]
 
 
 def _env_int(name: str, default: int) -> int:
@@ -45,6 +45,14 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     else:
         found = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     return (found[0] if rank is None else rank), (found[1] if world_size is None else world_size)
+
+
+def in_process_group(world_size: int) -> bool:
+    """Whether this process is a rank of an initialised ``torch.distributed`` group of
+    ``world_size`` ranks: one whose steps are collective (DDP), so its ranks take their
+    batches together and stand at one cursor whenever they all save their state."""
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() == world_size)
 
 
 def local_world_size(world_size: int) -> int:

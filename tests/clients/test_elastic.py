@@ -112,6 +112,26 @@ def test_another_rank_s_state_is_refused_naming_both(daemon):
         loader.close()
 
 
+def test_a_state_saved_by_ranks_stepping_together_loads_into_any_rank(daemon):
+    # Saved in a torch.distributed group of its world size (DDP: every step collective),
+    # rank 1's cursor is every rank's, as when Lightning keeps rank 0's copy alone.
+    ranks = [_loader(daemon, r, 2, _OLD_BATCH, "pad") for r in range(2)]
+    before = [k for loader in ranks for k in _take(loader, 2)]  # the ranks step together
+    state = ranks[1].state_dict() | {"together": True}
+    with _loader(daemon, 0, 2, _OLD_BATCH, "pad") as zero:
+        zero.load_state_dict(state)
+        assert zero.cursor == 2 * _OLD_BATCH
+    # At another world size it stands for the job's state: each sample of the epoch once.
+    after = []
+    for rank in range(3):
+        with _loader(daemon, rank, 3, _NEW_BATCH, "pad") as loader:
+            loader.load_state_dict(state)
+            after += _take(loader, None)
+    assert Counter(before + after) == Counter({key: 1 for key in before + after}) and len(before + after) == N_TRAIN
+    for loader in ranks:
+        loader.close()
+
+
 @pytest.mark.parametrize("cursor", [N_TRAIN, 10**12])
 def test_a_cursor_past_the_part_is_refused(daemon, cursor):
     # Before: a cursor past the part at the same world size skipped the rest of the epoch.
