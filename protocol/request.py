@@ -5,7 +5,9 @@ learns at construction, with the daemon's own message, what the daemon would ref
 
 The checks here depend on nothing but the request. What depends on the daemon (its
 ``--max-batch-size``) or on the dataset (the rank's part, for the cursor) is checked
-by the daemon when the stream opens.
+by the daemon when the stream opens. A request's crop limits (:mod:`protocol.crop`)
+and where its client runs (:mod:`protocol.client_host`) have modules of their own,
+their names importable from here too.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import enum
 import math
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidArgument
+from protocol.client_host import ClientHost
+from protocol.crop import CROP_LIMITS, CROP_RATIOS, MIN_CROP_SCALE, CropRange
 from protocol.identity import Identity
 from protocol.plan import LastBatch, Segment
 from protos import feeder_pb2
@@ -58,10 +61,6 @@ MAX_EPOCH_SAMPLES = 2**31 - 1
 _MAX_INT32 = 2**31 - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_INT64 = 2**63 - 1
-# RandomResizedCrop limits a request may set. Below 1 % of the area a crop of a
-# typical photo is a few pixels wide; ratios past 10:1 are slivers.
-MIN_CROP_SCALE = 0.01
-CROP_RATIOS = (0.1, 10.0)
 
 
 class AugmentKind(str, enum.Enum):
@@ -70,48 +69,6 @@ class AugmentKind(str, enum.Enum):
 
     TRAIN = "train"
     VAL = "val"
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _f32(value: float) -> float:
-    """``value`` rounded to float32 (as it is where out of float32's range)."""
-    return value if abs(value) > _FLOAT32_MAX else struct.unpack("f", struct.pack("f", value))[0]
-
-
-_CROP_LIMITS: dict[str, tuple[float, float]] = {
-    "min_scale": (MIN_CROP_SCALE, 1.0),
-    "max_scale": (MIN_CROP_SCALE, 1.0),
-    "min_ratio": CROP_RATIOS,
-    "max_ratio": CROP_RATIOS,
-}
-
-
-@dataclass(frozen=True)
-class CropRange:
-    """RandomResizedCrop limits: area fraction and aspect ratio (width / height).
-
-    Raises:
-        InvalidArgument: a limit outside :data:`MIN_CROP_SCALE`..1 (scales) or
-            :data:`CROP_RATIOS` (ratios), or a minimum above its maximum (the message
-            starts with the field's name).
-    """
-
-    min_scale: float = 0.08
-    max_scale: float = 1.0
-    min_ratio: float = 3 / 4
-    max_ratio: float = 4 / 3
-
-    def __post_init__(self) -> None:
-        for name, (low, high) in _CROP_LIMITS.items():
-            value = getattr(self, name)
-            # As float32, the request's type: a limit passes however it was rounded.
-            if not (math.isfinite(value) and _f32(low) <= _f32(value) <= _f32(high)):
-                raise InvalidArgument(f"{name}: {value:g} is not in {low:g}..{high:g}")
-        for lower, upper in (("min_scale", "max_scale"), ("min_ratio", "max_ratio")):
-            if getattr(self, lower) > getattr(self, upper):
-                raise InvalidArgument(f"{lower}: {getattr(self, lower):g} is above {upper} {getattr(self, upper):g}")
 
 
 @dataclass(frozen=True)
@@ -171,40 +128,6 @@ def _check_mix(spec: StreamSpec) -> None:
                               "dataset is its names joined with '+')")
     if spec.manifest_sha256 or spec.index_sha256:
         raise InvalidArgument("manifest_sha256: a mix carries each dataset's in its part")
-
-
-@dataclass(frozen=True)
-class ClientHost:
-    """Where the client runs, as its request says (``feeder.v1.ClientHost``): the
-    daemon gives a client on its own host (same kernel, same shm filesystem) shared
-    memory, and one on the GPU that makes its batches CUDA IPC.
-
-    Attributes:
-        boot_id: the client's kernel (``/proc/sys/kernel/random/boot_id``).
-        hostname: for messages.
-        shm_device: ``st_dev`` of the client's shm directory.
-        gpu_uuid: the client's CUDA device, empty for a CPU consumer.
-        pid: the client's process (the daemon's per-client limits; 0: not said).
-    """
-
-    boot_id: str = ""
-    hostname: str = ""
-    shm_device: int = 0
-    gpu_uuid: str = ""
-    pid: int = 0
-
-    @classmethod
-    def from_message(cls, message: feeder_pb2.ClientHost) -> ClientHost:
-        return cls(message.boot_id, message.hostname, message.shm_device, message.gpu_uuid, message.pid)
-
-    @classmethod
-    def of_request(cls, request: feeder_pb2.StreamRequest) -> ClientHost | None:
-        """What ``request`` says of where its client runs (None: it did not say)."""
-        return cls.from_message(request.client_host) if request.HasField("client_host") else None
-
-    def to_message(self) -> feeder_pb2.ClientHost:
-        return feeder_pb2.ClientHost(boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device,
-                                     gpu_uuid=self.gpu_uuid, pid=self.pid)
 
 
 # Inclusive ranges of the integer fields (batch_size is also checked against the
@@ -353,7 +276,7 @@ _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "b
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
     default = CropRange()
-    values = {name: getattr(request, name) for name in _CROP_LIMITS}
+    values = {name: getattr(request, name) for name in CROP_LIMITS}
     return CropRange(**{name: value or getattr(default, name) for name, value in values.items()})
 
 
