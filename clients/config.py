@@ -252,12 +252,14 @@ class LoaderConfig:
         return Sizes(self.batch_size, self.image_size, self.min_scale)
 
     def stream_spec(self, rank: int, world_size: int, local_world_size: int = 0,
-                    epoch_samples: int | None = None, client_host: ClientHost | None = None) -> StreamSpec:
+                    epoch_samples: int | None = None, client_host: ClientHost | None = None,
+                    shuffle: bool | None = None) -> StreamSpec:
         """What this loader's streams ask for (each sets its own epoch, cursor, epoch
         count and sizes), as the daemon reads it. A mix's epoch length is
         ``epoch_samples`` where given (the daemons' sizes known), else the configured
         one (1 standing in where it is not known yet); ``client_host``: where this
-        process runs (None before it is known).
+        process runs (None before it is known); ``shuffle``: whether each epoch's
+        order is shuffled (None: under train augmentation).
 
         Raises:
             ConfigError: what the daemon would refuse, with its message.
@@ -268,7 +270,7 @@ class LoaderConfig:
                          rank=rank, world_size=world_size, seed=self.seed, last_batch=self.last_batch_policy,
                          augment=self.augment_kind, job_id=self.job_id, local_world_size=local_world_size,
                          mix=mix, epoch_samples=length, transport=self.transport_kind.value,
-                         client_host=client_host, prefetch_batches=self.prefetch_batches)
+                         client_host=client_host, prefetch_batches=self.prefetch_batches, shuffle=shuffle)
 
     @property
     def last_batch_policy(self) -> LastBatch:

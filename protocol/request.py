@@ -65,7 +65,8 @@ _MAX_INT64 = 2**63 - 1
 
 class AugmentKind(str, enum.Enum):
     """Which transform a stream applies: RandomResizedCrop and flips (and a shuffled
-    order), or the validation centre crop (in stored order)."""
+    order, unless the request's ``shuffle`` says otherwise), or the validation centre
+    crop (in stored order, unless ``shuffle`` says otherwise)."""
 
     TRAIN = "train"
     VAL = "val"
@@ -154,7 +155,9 @@ class StreamSpec:
     """A request for one rank's batches (fields as in ``StreamRequest``).
 
     ``augment`` None means: train augmentation for the split named ``train``,
-    validation transform otherwise. Train augmentation also shuffles the order.
+    validation transform otherwise. ``shuffle`` None: each epoch's order is a seeded
+    permutation under train augmentation and the stored order under validation
+    (:attr:`shuffled`); True or False says so whatever the augmentation.
     ``epochs`` streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
     ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share
     it). ``antialias`` None: the daemon's default resize filter. ``consumed``: what
@@ -203,6 +206,7 @@ class StreamSpec:
     transport: int = feeder_pb2.TRANSPORT_AUTO
     client_host: ClientHost | None = None
     prefetch_batches: int = 0
+    shuffle: bool | None = None
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -211,6 +215,8 @@ class StreamSpec:
                 raise InvalidArgument(f"{name}: {value} is not in {low}..{high}")
         if self.transport not in _TRANSPORTS:
             raise InvalidArgument(f"transport: unknown value {self.transport}")
+        if self.shuffle is not None and not isinstance(self.shuffle, bool):
+            raise InvalidArgument(f"shuffle: {self.shuffle!r:.80} is not true, false or unset")
         if self.epoch + self.epochs - 1 > MAX_EPOCH:
             raise InvalidArgument(f"epochs: {self.epochs} epochs from epoch {self.epoch} pass {MAX_EPOCH}")
         if not 0 <= self.batch_offset < self.batch_stride:
@@ -255,6 +261,12 @@ class StreamSpec:
         if self.augment is not None:
             return self.augment
         return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether each epoch's order is a seeded permutation: ``shuffle``, or where
+        unset, whether the transform is train augmentation."""
+        return self.kind is AugmentKind.TRAIN if self.shuffle is None else self.shuffle
 
     @property
     def batch_bytes(self) -> int:
@@ -304,6 +316,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         antialias=request.antialias if request.HasField("antialias") else None,
+        shuffle=request.shuffle if request.HasField("shuffle") else None,
         consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
         mix=tuple(MixPart(p.dataset, p.weight, p.manifest_sha256, p.index_sha256) for p in request.mix),
         client_host=ClientHost.of_request(request),
@@ -328,6 +341,8 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     )
     if spec.antialias is not None:
         request.antialias = spec.antialias
+    if spec.shuffle is not None:
+        request.shuffle = spec.shuffle
     if spec.client_host is not None:
         request.client_host.CopyFrom(spec.client_host.to_message())
     for segment in spec.consumed:

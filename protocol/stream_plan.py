@@ -36,7 +36,7 @@ from protocol.plan import (
     remaining_order,
     tail_skipped,
 )
-from protocol.request import AugmentKind, StreamSpec
+from protocol.request import StreamSpec
 
 __all__ = ["BatchPlace", "Skipped", "StreamWindow", "mix_of", "plan_stream", "rank_part_of", "stream_steps",
            "stream_window"]
@@ -249,7 +249,8 @@ def stream_window(spec: StreamSpec, num_samples: PlanSplit) -> StreamWindow:
 
 def rank_part_of(spec: StreamSpec, num_samples: PlanSplit, epoch: int) -> RankPart:
     """The rank's part of ``epoch``: of the whole order (shuffled by ``spec.seed`` and
-    ``epoch`` under train augmentation, else in stored order), or, in the request's
+    ``epoch`` where :attr:`~protocol.request.StreamSpec.shuffled`, else in stored
+    order), or, in the request's
     first epoch, of what the job's earlier ranks left of it (``spec.consumed``). A
     mix's order is :func:`protocol.mix.mixed_order` (composite indices).
 
@@ -257,7 +258,7 @@ def rank_part_of(spec: StreamSpec, num_samples: PlanSplit, epoch: int) -> RankPa
         InvalidArgument: segments that cannot describe the epoch, a mix's request
             without its mix.
     """
-    shuffle = spec.kind is AugmentKind.TRAIN
+    shuffle = spec.shuffled
     consumed = spec.consumed if epoch == spec.epoch else ()
     if isinstance(num_samples, Mix):
         order = mixed_order(num_samples, spec.seed, epoch, shuffle, spec.world_size, consumed, spec.last_batch)
