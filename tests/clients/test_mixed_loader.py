@@ -95,6 +95,16 @@ def test_a_mix_of_datasets_or_splits_the_daemon_lacks_is_refused_when_built(mixe
     assert str(caught.value).startswith(line.format(port=mixed_daemon.rsplit(":", 1)[1]))
 
 
+def test_a_mix_longer_than_the_daemon_plans_is_refused_when_built_with_its_message(mixed_daemon):
+    with pytest.raises(ConfigError) as caught:
+        FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=10**6, **_KW)
+    assert str(caught.value).startswith("epoch_samples: 1000000 is over this daemon's limit of 32768 "
+                                        "(--max-epoch-samples 32768, or the mix's datasets' 152 samples together")
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=32768,
+                      **_KW) as loader:
+        assert loader.num_samples == 32768
+
+
 def test_a_state_of_another_mix_is_refused_with_one_line(mixed_daemon):
     with FeederLoader(MIX, address=mixed_daemon, batch_size=8, epoch_samples=64, rank=0, world_size=1, **_KW) as loader:
         state = loader.state_dict()
