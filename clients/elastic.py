@@ -17,6 +17,7 @@ carries the segments.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +144,7 @@ def _segments(value: Any) -> tuple[Segment, ...]:
 
 def _weights(value: Any) -> list[list[Any]]:
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int | float)
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], numbers.Real)
             and not isinstance(p[1], bool) for p in value):
         raise TypeError("a list of [dataset, weight]")
     return [[name, float(weight)] for name, weight in value]

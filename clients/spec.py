@@ -25,7 +25,7 @@ from typing import Any
 from clients.elastic import Resume
 from core.errors import ConfigError, InvalidArgument
 from protocol.identity import Identity, digest_for
-from protocol.mix import check_epoch_length, epoch_counts, union_classes
+from protocol.mix import check_epoch_length, check_shares, epoch_counts, union_classes
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
 from protocol.request import CropRange, MixPart, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow, stream_window
@@ -164,6 +164,9 @@ class StreamSpecs:
         self.samples_per_rank = plan_length(self.epoch_length, base.world_size, base.last_batch)
         # Epoch -> what the job read of it at earlier world sizes (an elastic resume).
         self.consumed: dict[int, tuple[Segment, ...]] = {}
+        if base.mix:  # the daemon's own check of the weights' shares
+            with _refused_as_config():
+                check_shares(base.datasets, [part.weight for part in base.mix], self.epoch_length)
         self._check_daemon_limits(base.batch_size)
 
     @property

@@ -52,6 +52,7 @@ from protocol.plan import LastBatch, Segment, epoch_order, remaining_order
 __all__ = [
     "Mix",
     "check_epoch_length",
+    "check_shares",
     "epoch_counts",
     "epoch_draws",
     "interleave",
@@ -99,6 +100,24 @@ def check_epoch_length(epoch_samples: int, limit: int, mix_samples: int) -> None
         raise InvalidArgument(f"epoch_samples: {epoch_samples} is over this daemon's limit of {allowed} "
                               f"(--max-epoch-samples {limit}, or the mix's datasets' {mix_samples} samples together "
                               "where more): each epoch's order is built in memory")
+
+
+def check_shares(names: Sequence[str], weights: Sequence[float], epoch_samples: int) -> tuple[int, ...]:
+    """Each dataset's samples of an epoch (:func:`epoch_counts`), refusing a mix that
+    would never read one of its datasets: a positive weight whose share of the epoch
+    rounds to no sample. The daemon and the loader both check it.
+
+    Raises:
+        InvalidArgument: naming the dataset, its weight and the epoch's length (or
+            what :func:`epoch_counts` refuses).
+    """
+    counts = epoch_counts(weights, epoch_samples)
+    for k, count in enumerate(counts):
+        if count == 0:
+            raise InvalidArgument(f"mix[{k}].weight: {weights[k]:g} gives {names[k][:80]!r} no sample of an epoch of "
+                                  f"{epoch_samples} (epoch_samples), so it would never be read: raise its weight "
+                                  "or the epoch's length")
+    return counts
 
 
 def _check_weights(weights: Sequence[float]) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from core.errors import InvalidArgument
-from protocol.mix import Mix, mixed_order
+from protocol.mix import Mix, check_shares, mixed_order
 from protocol.plan import (
     BatchSlice,
     LastBatch,
@@ -216,10 +216,12 @@ def mix_of(spec: StreamSpec, sizes: tuple[int, ...]) -> Mix:
     the mix's order).
 
     Raises:
-        InvalidArgument: ``spec`` is not a mix, or an empty split.
+        InvalidArgument: ``spec`` is not a mix, a dataset its weight gives no
+            sample of an epoch, or an empty split.
     """
     if not spec.mix:
         raise InvalidArgument(f"dataset: {spec.dataset!r} is not a mix")
+    check_shares(spec.datasets, tuple(part.weight for part in spec.mix), spec.epoch_samples)
     try:
         return Mix(sizes, tuple(part.weight for part in spec.mix), spec.epoch_samples)
     except InvalidArgument as e:

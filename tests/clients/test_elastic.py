@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from clients import FeederLoader, merge_states
-from clients.elastic import resume
+from clients.elastic import check_state, resume
 from core.errors import ConfigError
 from tests.common.sample_daemon import N_TRAIN
 
@@ -140,3 +142,10 @@ def test_a_malformed_state_is_one_line_naming_the_field(daemon, state, field):
         loader.load_state_dict(state)
     assert "\n" not in str(caught.value) and str(caught.value).startswith("loader state")
     loader.close()
+
+
+def test_a_states_mix_weights_may_be_any_real_number_but_a_bool():
+    checked = check_state({"epoch": 0, "cursor": 0, "mix": [["a", np.float32(0.5)], ["b", Fraction(1, 4)]]})
+    assert checked["mix"] == [["a", 0.5], ["b", 0.25]]
+    with pytest.raises(ConfigError, match=r"^loader state: mix: expected a list of \[dataset, weight\]"):
+        check_state({"epoch": 0, "cursor": 0, "mix": [["a", True]]})

@@ -91,6 +91,8 @@ def _key_of(server, mix, index: int) -> str:
     (dict(weights=(("sample", 0.5), ("sample", 0.5))), grpc.StatusCode.INVALID_ARGUMENT,
      "mix[1].dataset: 'sample' given twice"),
     (dict(epoch_samples=0), grpc.StatusCode.INVALID_ARGUMENT, "epoch_samples: 0 is not in 1.."),
+    (dict(weights=(("sample", 1.0), ("extra", 0.001)), epoch_samples=48), grpc.StatusCode.INVALID_ARGUMENT,
+     "mix[1].weight: 0.001 gives 'extra' no sample of an epoch of 48 (epoch_samples)"),
     (dict(dataset="sample"), grpc.StatusCode.INVALID_ARGUMENT, "dataset: 'sample' for a mix of 'sample+extra'"),
 ])
 def test_a_bad_mix_is_refused_with_one_line_and_the_daemon_serves_on(mixed_stub, fields, code, line):

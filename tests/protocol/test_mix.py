@@ -22,6 +22,7 @@ from core.errors import InvalidArgument
 from protocol.mix import (
     Mix,
     check_epoch_length,
+    check_shares,
     epoch_counts,
     epoch_draws,
     interleave,
@@ -101,6 +102,14 @@ def test_counts_match_the_reference(weights: list[float], total: int) -> None:
 def test_bad_weights_and_epoch_lengths_are_refused_naming_the_field(weights, total, field) -> None:
     with pytest.raises(InvalidArgument, match="^" + re.escape(field)):
         epoch_counts(weights, total)
+
+
+def test_a_weight_whose_share_of_an_epoch_rounds_to_no_sample_is_refused() -> None:
+    assert check_shares(("big", "tiny"), (1.0, 0.02), 48) == (47, 1)  # 0.94 of a sample: rounded up
+    with pytest.raises(InvalidArgument) as caught:
+        check_shares(("big", "tiny"), (1.0, 0.001), 48)
+    assert str(caught.value) == ("mix[1].weight: 0.001 gives 'tiny' no sample of an epoch of 48 (epoch_samples), so "
+                                 "it would never be read: raise its weight or the epoch's length")
 
 
 def test_an_epoch_is_as_long_as_the_daemons_limit_or_the_mixs_datasets_together() -> None:
