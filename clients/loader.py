@@ -309,11 +309,14 @@ class FeederLoader(Positioned):
 
     def _identity(self) -> dict[str, Any]:
         """What a state must share with this loader (see :func:`clients.elastic.check_identity`)."""
+        base = self._specs.base  # as the daemon plans it: the wire's last-batch policy, the shuffle it decides
         mine: dict[str, Any] = {"dataset": self.dataset, "split": self.split, "seed": self.seed,
-                                "manifest_sha256": self._specs.split.manifest_sha256}
-        if self.config.mix:
-            mine |= {"mix": [[name, weight] for name, weight in self.config.mix],
-                     "epoch_samples": self._specs.epoch_length}
+                                "manifest_sha256": self._specs.split.manifest_sha256,
+                                "epoch_samples": self._specs.epoch_length, "last_batch": base.last_batch.value,
+                                "shuffle": base.shuffled, "augment": base.kind.value}
+        whole = len(self.config.mix) == 1 and self._specs.epoch_length == self._specs.split.num_samples
+        if self.config.mix and not whole:  # a mix of one over its whole split is the plain stream
+            mine["mix"] = [[name, weight] for name, weight in self.config.mix]
         return mine
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
