@@ -9,7 +9,9 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   ends the launcher with its reason; the command never starts). A daemon already
   serving is shared only where it serves every dataset named with the identity the
   launcher's own directories and pixel options give (:mod:`launcher.shared_daemon`);
-  else the launcher stops with one line naming both;
+  else the launcher stops with one line naming both. Another launcher's daemon that
+  takes the socket while this one's starts is shared in the same way (waited for
+  while it starts), with one line saying so;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
   ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
   in the command's environment, which the loader and the trainer read when not
@@ -38,10 +40,11 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from core.errors import ConfigError
+from core.errors import ConfigError, is_cli_message
 from core.processes import limited
 from feeder.config import ServerConfig
 from feeder.security import read_token
+from feeder.socket_claim import SocketClaim
 from launcher.config import RunConfig
 from launcher.daemon_process import DaemonProcess
 from launcher.guard import LauncherGuard, sweep_leftovers
@@ -86,6 +89,30 @@ def _serving(address: str, timeout_s: float = 1.0) -> bool:
 
 def _say(text: str) -> None:
     print(f"feeder run: {text}", file=sys.stderr, flush=True)
+
+
+def _claimed(socket_path: Path) -> bool:
+    """Whether a daemon holds the claim on ``socket_path`` (serving there, or starting)."""
+    claim = SocketClaim.take(socket_path)
+    if claim is None:
+        return True
+    claim.release(remove_socket=False)
+    return False
+
+
+class _DaemonLines:
+    """Where the output of the launcher's daemon goes: to stderr as it comes, but for,
+    while it starts, the one line its CLI ends a failed start with. The launcher says
+    why the start failed itself (its line quotes the daemon's), or that another
+    daemon serves there instead: a line of the daemon's own would name a cause that
+    is not the run's."""
+
+    def __init__(self) -> None:
+        self.starting = True
+
+    def __call__(self, line: str) -> None:
+        if not (self.starting and is_cli_message(line)):
+            print(line, end="", file=sys.stderr, flush=True)
 
 
 class NodeLauncher:
@@ -158,10 +185,28 @@ class NodeLauncher:
         try:
             self._start_daemon()
         except RuntimeError as e:
-            if self._known_address and _serving(self.address):  # another launcher started one first
+            if self._known_address and self._another_took_it():
                 self._use_shared()
                 return
             raise ConfigError(str(e)) from e
+
+    def _another_took_it(self) -> bool:
+        """Whether another daemon (another launcher's) took this node's address while
+        this launcher's own was starting: serving there, or holding the socket and
+        serving within ``start_timeout_s``."""
+        if _serving(self.address):
+            self._say(f"another daemon began serving on {self.address} while this launcher's own was starting")
+            return True
+        if self.config.socket_path is None or not _claimed(self.config.socket_path):
+            return False
+        self._say(f"another daemon took {self.address} while this launcher's own was starting; waiting up to "
+                  f"{self.config.start_timeout_s:g} s for it to serve")
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while time.monotonic() < deadline and _claimed(self.config.socket_path):
+            if _serving(self.address):
+                return True
+            time.sleep(_WATCH_S)
+        return _serving(self.address)
 
     def _use_shared(self) -> None:
         shared = SharedDaemon.ask(self.address, self._token)
@@ -176,12 +221,13 @@ class NodeLauncher:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
         shm = () if self._shm_dir == Path(self.config.shm.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
-        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
-                               echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
+        lines = _DaemonLines()
+        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)), echo=lines,
                                start_timeout_s=self.config.start_timeout_s,
                                stop_timeout_s=self.config.grace_s + _STOP_MARGIN_S, die_with_parent=True,
                                health_address=health, new_session=True)
         daemon.start()
+        lines.starting = False
         self.daemon = daemon
         if self._guard is not None:
             self._guard.daemon(daemon.pid)

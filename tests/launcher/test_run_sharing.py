@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from feeder.config import ServerConfig
+from feeder.server import FeederServer
 from launcher.daemon_process import DaemonProcess
 from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, nothing_left, serve_args
 from tests.common.shards import build_sample_shards
+from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +86,31 @@ def test_a_daemon_serving_the_same_data_and_options_is_shared_without_a_word(nod
     run = Run([*serve_args(node, "--shm-dir", str(serving)), "--", *consumer(tmp_path)], node["env"])
     assert run.wait() == 0
     assert run.said("using the daemon already serving on") and not run.said("keeps its own options")
+    assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
+
+
+def _in_process(node: dict, shards: Path) -> ServerConfig:
+    """A daemon of the node's socket and shm dir, run in this process."""
+    return ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, port=0, grace_s=0.5,
+                           socket_path=node["socket"], shm_dir=node["shm"])
+
+
+def test_a_run_whose_daemon_lost_the_socket_to_another_shares_that_one_saying_so(node, tmp_path):
+    # Before: its own daemon's "feeder: error: socket_path: a daemon is serving on ..."
+    # line, then the shared daemon used (or, while the other one was not serving yet,
+    # the run ended with that error).
+    other = FeederServer(_in_process(node, node["shards"]))
+    other.bind()  # the socket taken, nothing served yet: another launcher's daemon starting
+    try:
+        run = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"])
+        assert wait_for(lambda: bool(run.said("another daemon took")), timeout_s=90), run.err
+        other.start()
+        assert run.wait() == 0
+    finally:
+        other.stop(0).wait(10)
+    assert not [line for line in run.err if "error" in line], run.err
+    assert run.said(f"another daemon took unix:{node['socket']} while this launcher's own was starting; waiting")
+    assert run.said(f"using the daemon already serving on unix:{node['socket']}") and not run.daemon_pids()
     assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
 
 
