@@ -19,7 +19,9 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
-  what a daemon killed outright left (socket file, segments) is swept;
+  one that another daemon replaced is checked again, with one line saying what
+  differs if it no longer serves what the launcher would; what a daemon killed
+  outright left (socket file, segments) is swept;
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
   and the launcher exits with the command's status (128 + N for signal N). A
@@ -40,7 +42,7 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from core.errors import ConfigError, is_cli_message
+from core.errors import ConfigError, FeederError, is_cli_message
 from core.processes import limited
 from feeder.config import ServerConfig
 from feeder.security import read_token
@@ -60,6 +62,7 @@ _SHARED_CHECK_S = 2.0  # how often a shared daemon is asked for its health
 _SHARED_MISSES = 2  # health checks a shared daemon may miss before it is replaced
 _BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 _STOP_MARGIN_S = 5.0
+_REPLACED = "its loaders will refuse it (FAILED_PRECONDITION); stop it, or run this job beside a daemon of its own"
 
 
 def local_address(config: ServerConfig, port: int | None = None) -> str:
@@ -146,6 +149,7 @@ class NodeLauncher:
         # (where a daemon of the launcher's own replacing that one then puts them too).
         self._shm_dir = Path(config.shm.shm_dir).resolve()
         self._guard: LauncherGuard | None = None
+        self._shared: SharedDaemon | None = None  # what the shared daemon said it serves, as last checked
 
     @property
     def environment(self) -> dict[str, str]:
@@ -211,6 +215,7 @@ class NodeLauncher:
     def _use_shared(self) -> None:
         shared = SharedDaemon.ask(self.address, self._token)
         shared.check_datasets(self.config)
+        self._shared = shared
         self._shm_dir = shared.shm_dir(self._shm_dir)
         self._say(f"using the daemon already serving on {self.address}")
         not_had = shared.options_not_had(self.config, self._serve_args)
@@ -267,6 +272,8 @@ class NodeLauncher:
                     pass
                 if self.daemon is None and time.monotonic() >= next_check:
                     misses = 0 if _serving(self.address) else misses + 1
+                    if not misses:
+                        self._check_shared()
                     next_check = time.monotonic() + _SHARED_CHECK_S
                 if self.daemon is not None or misses >= _SHARED_MISSES:
                     self._keep_daemon()
@@ -274,6 +281,30 @@ class NodeLauncher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return exit_status(returncode)
+
+    def _check_shared(self) -> None:
+        """Check the shared daemon again once it answers otherwise than the one shared
+        (another daemon took its place): one line saying whether it serves what this
+        launcher would, and what differs where it does not."""
+        try:
+            now: SharedDaemon | None = SharedDaemon.ask(self.address, self._token)
+        except ConfigError as e:
+            now, refused = None, str(e)
+        before = self._shared.reply if self._shared is not None else None
+        if (now.reply if now is not None else None) == before:  # the same daemon (or refused again)
+            return
+        self._shared = now
+        if now is None:
+            self._say(f"the daemon serving on {self.address} is not the one shared: {refused}")
+            return
+        try:
+            now.check_datasets(self.config, then=_REPLACED)
+        except FeederError as e:
+            self._say(f"another daemon now serves on {self.address}, not what this launcher would: {e}")
+            return
+        rings = now.shm_dir(self._shm_dir)
+        moved = f" (its rings are in {rings}; the command was given {self._shm_dir})" if rings != self._shm_dir else ""
+        self._say(f"another daemon now serves on {self.address}; it serves the same datasets and pixels{moved}")
 
     def _pass_on(self, signum: int, _frame: FrameType | None) -> None:
         if self._child is not None and self._child.poll() is None:
