@@ -148,7 +148,7 @@ class Budgets:
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
-    max_epoch_samples: int = 1 << 15
+    max_epoch_samples: int = 1 << 14
     max_streams: int = 64
     max_streams_per_peer: int = 16
     max_streams_per_address: int = 32

@@ -124,11 +124,11 @@ def test_numpy_and_other_real_weights_are_weights_in_the_loader_and_in_its_state
 def test_a_mix_longer_than_the_daemon_plans_is_refused_when_built_with_its_message(mixed_daemon):
     with pytest.raises(ConfigError) as caught:
         FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=10**6, **_KW)
-    assert str(caught.value).startswith("epoch_samples: 1000000 is over this daemon's limit of 32768 "
-                                        "(--max-epoch-samples 32768, or the mix's datasets' 152 samples together")
-    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=32768,
+    assert str(caught.value).startswith("epoch_samples: 1000000 is over this daemon's limit of 16384 "
+                                        "(--max-epoch-samples 16384, or the mix's datasets' 152 samples together")
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=16384,
                       **_KW) as loader:
-        assert loader.num_samples == 32768
+        assert loader.num_samples == 16384
 
 
 def test_a_state_of_another_mix_is_refused_with_one_line(mixed_daemon):
