@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 from pathlib import Path
 
 import torch
@@ -43,9 +44,10 @@ def _mix(dataset: str | Mapping[str, float], epoch_samples: int | None) -> tuple
 
     Raises:
         ConfigError: not a name or a mapping of names to weights, a weight that is
-            not a positive finite number, ``epoch_samples`` below 1.
+            not a positive finite real number (numpy's too, not a bool),
+            ``epoch_samples`` below 1.
     """
-    if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int)
+    if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, Integral)
                                       or epoch_samples < 1):
         raise ConfigError(f"epoch_samples: must be an integer of 1 or more, got {epoch_samples!r}")
     if isinstance(dataset, str):
@@ -55,7 +57,7 @@ def _mix(dataset: str | Mapping[str, float], epoch_samples: int | None) -> tuple
     for name, weight in dataset.items():
         if not isinstance(name, str) or not name:
             raise ConfigError(f"dataset: {name!r:.80} is not a dataset name")
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+        if isinstance(weight, bool) or not isinstance(weight, Real) or not (
                 math.isfinite(weight) and weight > 0):
             raise ConfigError(f"dataset: the weight of {name!r} is {weight!r}, not a positive finite number")
     if len(dataset) == 1 and epoch_samples is None:
@@ -224,6 +226,8 @@ class LoaderConfig:
     in_order: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.epoch_samples, Integral) and not isinstance(self.epoch_samples, bool):
+            object.__setattr__(self, "epoch_samples", int(self.epoch_samples))  # numpy's too
         taken = take_dataloader_arguments(vars(self), self.split)
         object.__setattr__(self, "shuffle", taken.shuffle)
         object.__setattr__(self, "last_batch", taken.last_batch)
@@ -305,7 +309,7 @@ class LoaderConfig:
                          rank=rank, world_size=world_size, seed=self.seed, last_batch=self.last_batch_policy,
                          augment=self.augment_kind, job_id=self.job_id, local_world_size=local_world_size,
                          mix=mix, epoch_samples=length, transport=self.transport_kind.value,
-                         client_host=client_host, prefetch_batches=self.prefetch_batches)
+                         client_host=client_host, prefetch_batches=self.prefetch_batches, shuffle=self.shuffle)
 
     @property
     def last_batch_policy(self) -> LastBatch:

@@ -91,7 +91,7 @@ class Connection:
             names = [s.name for s in info.splits]
             raise NotFound(f"daemon {self.address}: dataset {dataset!r} has no split {split!r} (splits: {names})")
         return SplitInfo(found.num_samples, list(info.classes), reply.max_batch_size, info.manifest_sha256,
-                         found.index_sha256, dict(reply.pixel_options))
+                         found.index_sha256, dict(reply.pixel_options), reply.max_epoch_samples)
 
     def close(self) -> None:
         """Stops handing slots back and closes the channel."""

@@ -21,19 +21,21 @@ carries the segments.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.errors import ConfigError
-from protocol.plan import Segment
+from protocol.plan import LastBatch, Segment
 
 __all__ = ["IDENTITY_KEYS", "Resume", "check_identity", "check_state", "merge_states", "resume", "segments_from",
            "segments_to"]
 
-# What a state must share with the loader that loads it (a mix's: its datasets and
-# weights, and its epoch's length, which its plan is a function of).
-IDENTITY_KEYS = ("dataset", "split", "seed", "manifest_sha256", "mix", "epoch_samples")
+# What a state must share with the loader that loads it: everything its plan is a
+# function of (a mix's datasets and weights; the epoch's length, a plain stream's being
+# its split's; the last-batch policy the daemon cuts parts by; whether it is shuffled).
+IDENTITY_KEYS = ("dataset", "split", "seed", "manifest_sha256", "mix", "epoch_samples", "last_batch", "shuffle")
 
 
 def segments_to(segments: Sequence[Segment]) -> list[list[Any]]:
@@ -150,21 +152,27 @@ def _segments(value: Any) -> tuple[Segment, ...]:
 
 def _weights(value: Any) -> list[list[Any]]:
     if not isinstance(value, (list, tuple)) or not all(
-            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], int | float)
+            isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], numbers.Real)
             and not isinstance(p[1], bool) for p in value):
         raise TypeError("a list of [dataset, weight]")
     return [[name, float(weight)] for name, weight in value]
 
 
-def _flag(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError("True or False")
-    return value
-
-
 def _text(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError("a string")
+    return value
+
+
+def _policy(value: Any) -> str:
+    if value not in _POLICIES:
+        raise TypeError(f"one of {', '.join(_POLICIES)}")
+    return str(value)
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("true or false")
     return value
 
 
@@ -178,7 +186,9 @@ def _integer(value: Any) -> int:
 # the field must be). A state has "cursor" (one rank's) or "cursors" (a merged one).
 _FIELDS = {"epoch": _count, "cursor": _count, "cursors": _counts, "rank": _count, "world_size": _count,
            "batch_size": _count, "consumed": _segments, "dataset": _text, "split": _text, "seed": _integer,
-           "manifest_sha256": _text, "mix": _weights, "epoch_samples": _count, "together": _flag}
+           "manifest_sha256": _text, "mix": _weights, "epoch_samples": _count, "last_batch": _policy,
+           "shuffle": _flag, "together": _flag}
+_POLICIES = tuple(policy.value for policy in LastBatch)
 
 
 def _said(key: str, value: Any) -> str:
@@ -187,19 +197,58 @@ def _said(key: str, value: Any) -> str:
     return repr(value)
 
 
+# Keys every state has had: one a state lacks was left out by hand, and is not checked.
+_ALWAYS_SAVED = ("dataset", "split", "seed", "manifest_sha256")
+
+
+def _plan_mix(value: Any) -> Any:
+    """A mix as its plan sees it: a mix of one dataset is that dataset's passes,
+    whatever its weight (its epoch's length, compared on its own, says the rest)."""
+    return None if value is None or len(value) == 1 else value
+
+
+class _WholeSplit:
+    """The epoch of a plain state from before its length was saved: its split's samples."""
+
+    def __repr__(self) -> str:
+        return "its whole split"
+
+
+def _unsaid(checked: Mapping[str, Any], key: str, mine: Mapping[str, Any]) -> Any:
+    """What a state from before ``key`` was saved had: a plain stream's epoch over its
+    whole split (the loader's epoch, where the loader is plain too: the dataset, split
+    and manifest are checked first), ``drop``, and shuffled exactly under train
+    augmentation (the loader's ``augment``: a job resumes with its transform); None
+    where nothing can be said."""
+    if key == "epoch_samples":
+        if "mix" in checked:
+            return None
+        return mine.get(key) if "mix" not in mine else _WholeSplit()
+    return {"last_batch": LastBatch.DROP.value, "shuffle": mine.get("augment") == "train"}.get(key)
+
+
 def check_identity(checked: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
-    """Refuse a state (read by :func:`check_state`) made for other data than ``mine``
-    (the loader's dataset, split, seed, manifest, and a mix's weights and epoch
-    length; a key the state lacks is not checked, a manifest the loader does not
-    know neither).
+    """Refuse a state (read by :func:`check_state`) made for another plan than
+    ``mine``'s: every key of :data:`IDENTITY_KEYS` must match (the loader's dataset,
+    split, seed, manifest, mix, epoch length, last-batch policy and shuffle; a
+    manifest the loader does not know is not checked, nor a dataset, split, seed or
+    manifest a state made by hand lacks). A key of the plan a state lacks (a state from
+    before it was saved) counts as what a loader had then by default: a plain stream
+    of its whole split, ``drop``, shuffled under train augmentation.
 
     Raises:
         ConfigError: one line naming the first field that differs and both values.
     """
     for key in IDENTITY_KEYS:
-        ours = mine.get(key)
-        if key in checked and checked[key] != ours and (key != "manifest_sha256" or ours):
-            raise ConfigError(f"loader state is for {key}={_said(key, checked[key])}, this loader has "
+        ours, said = mine.get(key), key in checked
+        if not said and key in _ALWAYS_SAVED or key == "manifest_sha256" and not (said and ours):
+            continue
+        theirs = checked[key] if said else _unsaid(checked, key, mine)
+        if key == "mix":
+            theirs, ours = _plan_mix(theirs), _plan_mix(ours)
+        if theirs != ours:
+            default = "" if said else " (not in the state: the default before it was saved)"
+            raise ConfigError(f"loader state is for {key}={_said(key, theirs)}{default}, this loader has "
                               f"{_said(key, ours)}")
 
 

@@ -141,7 +141,7 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
         self._passes = Passes()
         # Epoch -> where its pass began after a resume mid-epoch: (cursor, batches handed out before).
         self._resumed: dict[int, tuple[int, int]] = {}
-        self._as_dataloader(self.classes, self.num_samples, self._specs.shuffled)
+        self._as_dataloader(self.classes, self.num_samples, self._specs.base.shuffled)
 
     def __repr__(self) -> str:
         c = self.config
@@ -282,19 +282,10 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
         To resume at another world size, save :func:`clients.merge_states` of every
         rank's state (see :mod:`clients.elastic`)."""
         consumed = self._specs.consumed.get(self.position.epoch, ())
-        return self.position.state_dict() | self._identity() | {
+        return self.position.state_dict() | self._specs.identity(self.config.mix) | {
             "rank": self.rank, "world_size": self.world_size, "batch_size": self._sizes.batch_size,
             "consumed": segments_to(consumed), "together": in_process_group(self.world_size),
         }
-
-    def _identity(self) -> dict[str, Any]:
-        """What a state must share with this loader (see :func:`clients.elastic.check_identity`)."""
-        mine: dict[str, Any] = {"dataset": self.dataset_name, "split": self.split, "seed": self.seed,
-                                "manifest_sha256": self._specs.split.manifest_sha256}
-        if self.config.mix:
-            mine |= {"mix": [[name, weight] for name, weight in self.config.mix],
-                     "epoch_samples": self._specs.epoch_length}
-        return mine
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continues from ``state``: one rank's ``state_dict()`` (same world size), or
@@ -306,7 +297,7 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
                 mix), one rank's at another world size, a cursor past the rank's part, a
                 position the daemon would refuse, a wrong shape (one line naming the field).
         """
-        check_identity(check_state(state), self._identity())
+        check_identity(check_state(state), self._specs.identity(self.config.mix))
         at = resume(state, self.rank, self.world_size)
         self._specs.resume_at(at, self._sizes)
         self.position.load_state_dict({"epoch": at.epoch, "cursor": at.cursor})

@@ -9,8 +9,8 @@ A spec is checked as the daemon reads it (``from_request(to_request(spec))``: th
 rounds the crop limits to float32), so a value the daemon would refuse is refused
 here with the daemon's own message, raised as ``ConfigError``. What depends on the
 daemon and the dataset is checked against what ``ListDatasets`` said
-(:class:`SplitInfo`): the daemon's ``--max-batch-size`` (same message as the daemon),
-and a ``drop`` batch larger than the rank's part (every epoch empty: the daemon
+(:class:`SplitInfo`): the daemon's ``--max-batch-size`` and ``--max-epoch-samples``
+(same messages as the daemon), and a ``drop`` batch larger than the rank's part (every epoch empty: the daemon
 refuses it too).
 """
 
@@ -25,9 +25,9 @@ from typing import Any, Protocol
 from clients.elastic import Resume
 from core.errors import ConfigError, InvalidArgument
 from protocol.identity import Identity, digest_for
-from protocol.mix import epoch_counts, union_classes
+from protocol.mix import check_epoch_length, check_shares, epoch_counts, union_classes
 from protocol.plan import LastBatch, Segment, check_epochs_hold_batches, plan_length, remaining_length
-from protocol.request import AugmentKind, CropRange, MixPart, StreamSpec, from_request, to_request
+from protocol.request import CropRange, MixPart, StreamSpec, from_request, to_request
 from protocol.stream_plan import StreamWindow, stream_window
 
 __all__ = ["MixInfo", "Sizes", "SplitInfo", "StreamSpecs", "make_spec", "respec"]
@@ -79,6 +79,8 @@ class SplitInfo:
         index_sha256: The split's index identity ("" from an older daemon).
         pixel_options: The daemon's options that change pixels (empty from an older
             daemon; see :mod:`protocol.identity`).
+        max_epoch_samples: The daemon's ``--max-epoch-samples``; 0: not said (an
+            older daemon).
     """
 
     num_samples: int
@@ -87,6 +89,7 @@ class SplitInfo:
     manifest_sha256: str = ""
     index_sha256: str = ""
     pixel_options: dict[str, str] = field(default_factory=dict)
+    max_epoch_samples: int = 0
 
     def identity(self, antialias: bool | None = None) -> Identity:
         """What a daemon must serve for a request of ``antialias`` to stand in for this one."""
@@ -113,7 +116,7 @@ class MixInfo(SplitInfo):
         classes, _ = union_classes([info.classes for info in infos])
         return cls(sum(info.num_samples for info in infos), classes, infos[0].max_batch_size,
                    "+".join(info.manifest_sha256 for info in infos), "+".join(info.index_sha256 for info in infos),
-                   dict(infos[0].pixel_options), parts)
+                   dict(infos[0].pixel_options), infos[0].max_epoch_samples, parts)
 
 
 @contextmanager
@@ -171,12 +174,10 @@ class StreamSpecs:
         self.samples_per_rank = plan_length(self.epoch_length, base.world_size, base.last_batch)
         # Epoch -> what the job read of it at earlier world sizes (an elastic resume).
         self.consumed: dict[int, tuple[Segment, ...]] = {}
+        if base.mix:  # the daemon's own check of the weights' shares
+            with _refused_as_config():
+                check_shares(base.datasets, [part.weight for part in base.mix], self.epoch_length)
         self._check_daemon_limits(base.batch_size)
-
-    @property
-    def shuffled(self) -> bool:
-        """Whether each epoch's order is a permutation (else the stored order)."""
-        return self.base.kind is AugmentKind.TRAIN
 
     @property
     def epoch_counts(self) -> dict[str, int]:
@@ -195,6 +196,20 @@ class StreamSpecs:
         with _refused_as_config():
             rest = remaining_length(self.epoch_length, consumed, self.base.last_batch)
         return plan_length(rest, self.base.world_size, self.base.last_batch)
+
+    def identity(self, mix: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+        """What a loader state must share with these specs' loader (configured with
+        ``mix``) to load into it: the plan as the daemon makes it, the wire's
+        last-batch policy and shuffle included (see :func:`clients.elastic.check_identity`)."""
+        base = self.base
+        mine: dict[str, Any] = {"dataset": base.dataset,  # a mix's: its names joined with +
+                                "split": base.split, "seed": base.seed, "manifest_sha256": self.split.manifest_sha256,
+                                "epoch_samples": self.epoch_length, "last_batch": base.last_batch.value,
+                                "shuffle": base.shuffled, "augment": base.kind.value}
+        whole = len(mix) == 1 and self.epoch_length == self.split.num_samples
+        if mix and not whole:  # a mix of one over its whole split is the plain stream
+            mine["mix"] = [[name, weight] for name, weight in mix]
+        return mine
 
     def progress(self, epoch: int, cursor: int) -> float:
         """Share of ``epoch`` the whole job has consumed (0 to 1) with this rank at
@@ -297,7 +312,9 @@ class StreamSpecs:
         if limit and batch_size > limit:  # the daemon's own message
             raise ConfigError(f"batch_size: {batch_size} is not in 1..{limit}")
         base = self.base
-        try:  # the daemon's own check
+        try:  # the daemon's own checks
+            if base.mix and self.split.max_epoch_samples:
+                check_epoch_length(self.epoch_length, self.split.max_epoch_samples, self.split.num_samples)
             check_epochs_hold_batches(self.epoch_length, base.world_size, base.rank, batch_size,
                                       base.last_batch, f"{base.dataset}/{base.split}")
         except InvalidArgument as e:

@@ -33,6 +33,7 @@ __all__ = [
     "cli_message",
     "error_for_code",
     "grpc_code",
+    "is_cli_message",
     "os_error_reason",
 ]
 
@@ -194,6 +195,12 @@ def grpc_code(error: FeederError) -> grpc.StatusCode:
 def cli_message(error: FeederError) -> str:
     """The single line the CLI prints for ``error`` (no traceback)."""
     return f"feeder: {_lookup(_CLI_PREFIXES, error)}: {error}"
+
+
+def is_cli_message(line: str) -> bool:
+    """Whether ``line`` is one :func:`cli_message` made (a command's last word when it
+    fails): what a parent reading a feeder command's output looks for."""
+    return any(line.startswith(f"feeder: {prefix}: ") for prefix in set(_CLI_PREFIXES.values()))
 
 
 def os_error_reason(error: OSError) -> str:

@@ -46,6 +46,25 @@ except OSError as e:
 """
 
 
+def _why_unrunnable(name: str) -> OSError | None:
+    """Why ``name`` (a path, or a name looked up in ``PATH``) cannot be run; None where
+    it can (``shutil.which`` says only that it cannot, for a file without its run bit
+    as for one that is not there)."""
+    if shutil.which(name) is not None:
+        return None
+    if os.sep in name:
+        found: str | None = name
+    else:
+        folders = os.environ.get("PATH", os.defpath).split(os.pathsep)
+        found = next((path for path in (os.path.join(folder, name) for folder in folders)
+                      if os.path.exists(path)), None)
+    if found is None or not os.path.exists(found):
+        return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if os.path.isdir(found):
+        return IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), name)
+    return PermissionError(errno.EACCES, "not executable: the file has no run permission (chmod +x)", name)
+
+
 def limited(command: Sequence[str], die_with_parent: bool = False, file_size_bytes: int | None = None,
             gate_fd: int | None = None) -> list[str]:
     """``command`` started through the prelude that sets its limits, for
@@ -64,11 +83,14 @@ def limited(command: Sequence[str], die_with_parent: bool = False, file_size_byt
             the command does anything.
 
     Raises:
-        FileNotFoundError: ``command[0]`` cannot be found or run, as ``Popen`` would
-            raise it (the prelude could only say so in its exit status).
+        FileNotFoundError: ``command[0]`` cannot be found, as ``Popen`` would raise it
+            (the prelude could only say so in its exit status).
+        PermissionError: it is a file without its run bit.
+        IsADirectoryError: it is a directory.
     """
-    if shutil.which(command[0]) is None:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
+    unrunnable = _why_unrunnable(command[0])
+    if unrunnable is not None:
+        raise unrunnable
     parent = os.getpid() if die_with_parent else 0
     size = -1 if file_size_bytes is None else file_size_bytes
     gate = -1 if gate_fd is None else gate_fd

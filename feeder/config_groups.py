@@ -99,6 +99,13 @@ class Budgets:
             ``queue_batches`` (one batch is always let through, however large).
             Example: 512M.
         max_batch_size: largest batch a request may ask for.
+        max_epoch_samples: longest epoch a mix may ask for (its ``epoch_samples``),
+            or its datasets' samples together where they are more: each epoch's order
+            is built in memory per stream, about 100 bytes a sample, and a dataset
+            smaller than its share is drawn as a seeded permutation per pass (the
+            slow case: a 3-sample dataset in 10^6 samples took 3 s). A longer one is
+            refused as an invalid argument before anything is planned. The default
+            plans in well under a second.
         max_streams: streams open at once; more are refused as resource exhausted.
         max_streams_per_peer: streams one client may hold open, more are refused as
             resource exhausted. A client is a process where the daemon can tell: over
@@ -141,6 +148,7 @@ class Budgets:
     queue_batches: int = 4
     queue_bytes: int = 256 << 20
     max_batch_size: int = 1024
+    max_epoch_samples: int = 1 << 14
     max_streams: int = 64
     max_streams_per_peer: int = 16
     max_streams_per_address: int = 32

@@ -43,7 +43,7 @@ DEFAULT_RING_SLOTS = 10
 
 # The numeric options' bounds: (options, test, what the error says they must be).
 BOUNDS: tuple[tuple[tuple[str, ...], Callable[[float], bool], str], ...] = (
-    (("queue_batches", "queue_bytes", "max_batch_size", "max_streams", "max_streams_per_peer",
+    (("queue_batches", "queue_bytes", "max_batch_size", "max_epoch_samples", "max_streams", "max_streams_per_peer",
       "max_streams_per_address", "max_streams_per_job", "max_memory_bytes", "store_requests",
       "max_pixels", "max_pipelines", "max_waiting_calls", "metrics_threads"), lambda v: v >= 1, ">= 1"),
     (("threads", "prefetch", "ring_slots", "store_retry_window_s", "store_heal_s", "grace_s", "rpc_threads",

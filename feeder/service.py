@@ -24,7 +24,7 @@ from feeder.remote import close_remote
 from feeder.shares import Member
 from feeder.stream import BatchStream, StreamOutcome
 from feeder.stream_source import find_source
-from protocol.mix import Mix
+from protocol.mix import Mix, check_epoch_length
 from protocol.plan import BatchSlice, RankPart, check_epochs_hold_batches, validate_window
 from protocol.request import StreamSpec
 from protocol.stream_plan import Skipped, plan_stream, rank_part_of
@@ -104,8 +104,9 @@ class FeederService:
             NotFound: unknown dataset or split (of any dataset of a mix).
             IdentityMismatch: the request expects another manifest, index or pixel
                 options (of any dataset of a mix; FAILED_PRECONDITION).
-            InvalidArgument: a batch larger than ``max_batch_size``, a cursor past the
-                rank's part.
+            InvalidArgument: a batch larger than ``max_batch_size``, a mix's epoch
+                longer than ``max_epoch_samples`` (and than its datasets together), a
+                cursor past the rank's part.
             ServiceUnavailable: shutting down.
             ResourceExhausted: ``max_streams`` already open, ``max_pipelines`` all lent
                 to open streams, its client's or job's stream limit or the memory
@@ -116,6 +117,8 @@ class FeederService:
         source = find_source(spec, self.datasets, parts.bad, self.config.pixel_options)
         if spec.batch_size > self.config.budgets.max_batch_size:
             raise InvalidArgument(f"batch_size: {spec.batch_size} is not in 1..{self.config.budgets.max_batch_size}")
+        if isinstance(source.plan, Mix):  # before its first epoch's order is built
+            check_epoch_length(spec.epoch_samples, self.config.budgets.max_epoch_samples, sum(source.plan.sizes))
         part = rank_part_of(spec, source.plan, spec.epoch)
         validate_window(len(part), spec.start_cursor, spec.max_samples)
         check_epochs_hold_batches(len(source.plan) if isinstance(source.plan, Mix) else source.plan,

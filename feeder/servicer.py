@@ -49,6 +49,7 @@ class FeederServicer(feeder_pb2_grpc.FeederServicer):
                                                    manifest_sha256=dataset.manifest_sha256))
         config = self.service.config
         return feeder_pb2.ListDatasetsResponse(datasets=datasets, max_batch_size=config.budgets.max_batch_size,
+                                               max_epoch_samples=config.budgets.max_epoch_samples,
                                                pixel_options=config.pixel_options,
                                                shm_dir=str(Path(config.shm.shm_dir).resolve()),
                                                serve_options=self._serve_options)

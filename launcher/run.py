@@ -9,7 +9,9 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
   ends the launcher with its reason; the command never starts). A daemon already
   serving is shared only where it serves every dataset named with the identity the
   launcher's own directories and pixel options give (:mod:`launcher.shared_daemon`);
-  else the launcher stops with one line naming both;
+  else the launcher stops with one line naming both. Another launcher's daemon that
+  takes the socket while this one's starts is shared in the same way (waited for
+  while it starts), with one line saying so;
 - ``FEEDER_ADDRESS`` (this node's daemon first, then ``--pool-with``),
   ``FEEDER_TOKEN`` and ``FEEDER_SHM_DIR`` (the daemon's own shared-memory directory)
   in the command's environment, which the loader and the trainer read when not
@@ -17,7 +19,9 @@ It gives ``COMMAND`` this node's daemon, for as long as the command runs:
 - a daemon that dies started again (a bounded number of times, with a backoff, one
   line each; the loaders reconnect at their cursors). A shared daemon that stops
   answering (its launcher's job ended) is replaced by one of this launcher's own;
-  what a daemon killed outright left (socket file, segments) is swept;
+  one that another daemon replaced is checked again, with one line saying what
+  differs if it no longer serves what the launcher would; what a daemon killed
+  outright left (socket file, segments) is swept;
 - SIGINT and SIGTERM passed on to the command; when it exits, the daemon this
   launcher started is stopped (SIGTERM, SIGKILL after ``--grace-s`` and 5 s more)
   and the launcher exits with the command's status (128 + N for signal N). A
@@ -38,10 +42,11 @@ from types import FrameType
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from core.errors import ConfigError
+from core.errors import ConfigError, FeederError, is_cli_message
 from core.processes import limited
 from feeder.config import ServerConfig
 from feeder.security import read_token
+from feeder.socket_claim import SocketClaim
 from launcher.config import RunConfig
 from launcher.daemon_process import DaemonProcess
 from launcher.guard import LauncherGuard, sweep_leftovers
@@ -57,6 +62,7 @@ _SHARED_CHECK_S = 2.0  # how often a shared daemon is asked for its health
 _SHARED_MISSES = 2  # health checks a shared daemon may miss before it is replaced
 _BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 _STOP_MARGIN_S = 5.0
+_REPLACED = "its loaders will refuse it (FAILED_PRECONDITION); stop it, or run this job beside a daemon of its own"
 
 
 def local_address(config: ServerConfig, port: int | None = None) -> str:
@@ -86,6 +92,30 @@ def _serving(address: str, timeout_s: float = 1.0) -> bool:
 
 def _say(text: str) -> None:
     print(f"feeder run: {text}", file=sys.stderr, flush=True)
+
+
+def _claimed(socket_path: Path) -> bool:
+    """Whether a daemon holds the claim on ``socket_path`` (serving there, or starting)."""
+    claim = SocketClaim.take(socket_path)
+    if claim is None:
+        return True
+    claim.release(remove_socket=False)
+    return False
+
+
+class _DaemonLines:
+    """Where the output of the launcher's daemon goes: to stderr as it comes, but for,
+    while it starts, the one line its CLI ends a failed start with. The launcher says
+    why the start failed itself (its line quotes the daemon's), or that another
+    daemon serves there instead: a line of the daemon's own would name a cause that
+    is not the run's."""
+
+    def __init__(self) -> None:
+        self.starting = True
+
+    def __call__(self, line: str) -> None:
+        if not (self.starting and is_cli_message(line)):
+            print(line, end="", file=sys.stderr, flush=True)
 
 
 class NodeLauncher:
@@ -119,6 +149,7 @@ class NodeLauncher:
         # (where a daemon of the launcher's own replacing that one then puts them too).
         self._shm_dir = Path(config.shm.shm_dir).resolve()
         self._guard: LauncherGuard | None = None
+        self._shared: SharedDaemon | None = None  # what the shared daemon said it serves, as last checked
 
     @property
     def environment(self) -> dict[str, str]:
@@ -158,14 +189,33 @@ class NodeLauncher:
         try:
             self._start_daemon()
         except RuntimeError as e:
-            if self._known_address and _serving(self.address):  # another launcher started one first
+            if self._known_address and self._another_took_it():
                 self._use_shared()
                 return
             raise ConfigError(str(e)) from e
 
+    def _another_took_it(self) -> bool:
+        """Whether another daemon (another launcher's) took this node's address while
+        this launcher's own was starting: serving there, or holding the socket and
+        serving within ``start_timeout_s``."""
+        if _serving(self.address):
+            self._say(f"another daemon began serving on {self.address} while this launcher's own was starting")
+            return True
+        if self.config.socket_path is None or not _claimed(self.config.socket_path):
+            return False
+        self._say(f"another daemon took {self.address} while this launcher's own was starting; waiting up to "
+                  f"{self.config.start_timeout_s:g} s for it to serve")
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while time.monotonic() < deadline and _claimed(self.config.socket_path):
+            if _serving(self.address):
+                return True
+            time.sleep(_WATCH_S)
+        return _serving(self.address)
+
     def _use_shared(self) -> None:
         shared = SharedDaemon.ask(self.address, self._token)
         shared.check_datasets(self.config)
+        self._shared = shared
         self._shm_dir = shared.shm_dir(self._shm_dir)
         self._say(f"using the daemon already serving on {self.address}")
         not_had = shared.options_not_had(self.config, self._serve_args)
@@ -176,12 +226,13 @@ class NodeLauncher:
         started = time.monotonic()
         health = self.address if self.config.socket_path is not None else None
         shm = () if self._shm_dir == Path(self.config.shm.shm_dir).resolve() else ("--shm-dir", str(self._shm_dir))
-        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)),
-                               echo=lambda line: print(line, end="", file=sys.stderr, flush=True),
+        lines = _DaemonLines()
+        daemon = DaemonProcess({}, (*self._serve_args, *shm, "--port", str(self._port)), echo=lines,
                                start_timeout_s=self.config.start_timeout_s,
                                stop_timeout_s=self.config.grace_s + _STOP_MARGIN_S, die_with_parent=True,
                                health_address=health, new_session=True)
         daemon.start()
+        lines.starting = False
         self.daemon = daemon
         if self._guard is not None:
             self._guard.daemon(daemon.pid)
@@ -221,6 +272,8 @@ class NodeLauncher:
                     pass
                 if self.daemon is None and time.monotonic() >= next_check:
                     misses = 0 if _serving(self.address) else misses + 1
+                    if not misses:
+                        self._check_shared()
                     next_check = time.monotonic() + _SHARED_CHECK_S
                 if self.daemon is not None or misses >= _SHARED_MISSES:
                     self._keep_daemon()
@@ -228,6 +281,30 @@ class NodeLauncher:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return exit_status(returncode)
+
+    def _check_shared(self) -> None:
+        """Check the shared daemon again once it answers otherwise than the one shared
+        (another daemon took its place): one line saying whether it serves what this
+        launcher would, and what differs where it does not."""
+        try:
+            now: SharedDaemon | None = SharedDaemon.ask(self.address, self._token)
+        except ConfigError as e:
+            now, refused = None, str(e)
+        before = self._shared.reply if self._shared is not None else None
+        if (now.reply if now is not None else None) == before:  # the same daemon (or refused again)
+            return
+        self._shared = now
+        if now is None:
+            self._say(f"the daemon serving on {self.address} is not the one shared: {refused}")
+            return
+        try:
+            now.check_datasets(self.config, then=_REPLACED)
+        except FeederError as e:
+            self._say(f"another daemon now serves on {self.address}, not what this launcher would: {e}")
+            return
+        rings = now.shm_dir(self._shm_dir)
+        moved = f" (its rings are in {rings}; the command was given {self._shm_dir})" if rings != self._shm_dir else ""
+        self._say(f"another daemon now serves on {self.address}; it serves the same datasets and pixels{moved}")
 
     def _pass_on(self, signum: int, _frame: FrameType | None) -> None:
         if self._child is not None and self._child.poll() is None:

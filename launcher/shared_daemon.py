@@ -29,6 +29,8 @@ from shards.store import StoreOptions
 __all__ = ["SharedDaemon"]
 
 _WHY = "another dataset under the name, re-sharded, or other --antialias / --max-pixels / --decoded-cache-side"
+# What a launcher refused at the start does.
+NOT_SHARED = "not shared; give another --port or --socket-path for a daemon of its own"
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,9 @@ class SharedDaemon:
                                   "give its --token-file") from e
         return cls(address, reply)
 
-    def check_datasets(self, config: ServerConfig) -> None:
+    def check_datasets(self, config: ServerConfig, then: str = NOT_SHARED) -> None:
         """Refuse to share unless the daemon serves every dataset of ``config`` as
-        ``config`` would.
+        ``config`` would (``then``: what the message ends with, what comes of it).
 
         Raises:
             ConfigError: a dataset it does not serve.
@@ -68,13 +70,13 @@ class SharedDaemon:
         missing = sorted(set(config.datasets) - set(served))
         if missing:
             raise ConfigError(f"datasets: the daemon already serving on {self.address} does not serve "
-                              f"{', '.join(missing)}; give another --port or --socket-path for a daemon of its own")
+                              f"{', '.join(missing)}: {then}")
         store = StoreOptions(endpoint_url=config.remote.s3_endpoint, retry_window_s=config.remote.store_retry_window_s)
         for name, root in sorted(config.datasets.items()):
-            self._check_one(name, root, dataset_digests(root, store), served[name], config.pixel_options)
+            self._check_one(name, root, dataset_digests(root, store), served[name], config.pixel_options, then)
 
     def _check_one(self, name: str, root: Path | str, ours: DatasetDigests, theirs: feeder_pb2.DatasetInfo,
-                   pixels: Mapping[str, str]) -> None:
+                   pixels: Mapping[str, str], then: str) -> None:
         their_splits = {split.name: split.index_sha256 for split in theirs.splits}
         their_pixels = dict(self.reply.pixel_options)
         for split in sorted(ours.index_sha256):
@@ -83,8 +85,7 @@ class SharedDaemon:
             if differing(mine, served):
                 raise IdentityMismatch(
                     f"datasets: {name}={root} is {mine.describe()}{_pixel_detail(pixels, their_pixels)}; the daemon "
-                    f"already serving on {self.address} serves {name}/{split} as {served.describe()} ({_WHY}): "
-                    "not shared; give another --port or --socket-path for a daemon of its own")
+                    f"already serving on {self.address} serves {name}/{split} as {served.describe()} ({_WHY}): {then}")
 
     def options_not_had(self, config: ServerConfig, serve_args: Sequence[str]) -> list[str]:
         """The serve options given in ``serve_args`` that the daemon does not have, as

@@ -51,6 +51,8 @@ from protocol.plan import LastBatch, Segment, epoch_order, remaining_order
 
 __all__ = [
     "Mix",
+    "check_epoch_length",
+    "check_shares",
     "epoch_counts",
     "epoch_draws",
     "interleave",
@@ -81,6 +83,41 @@ def epoch_counts(weights: Sequence[float], epoch_samples: int) -> tuple[int, ...
     for k in by_remainder[:epoch_samples - sum(counts)]:
         counts[k] += 1
     return tuple(counts)
+
+
+def check_epoch_length(epoch_samples: int, limit: int, mix_samples: int) -> None:
+    """Refuse a mix's epoch longer than a daemon plans: its ``limit``
+    (``--max-epoch-samples``) or the mix's datasets' ``mix_samples`` together,
+    whichever is more (an epoch as long as the datasets it mixes, a loader's default,
+    is always planned). Each epoch's order is built in memory, per stream: this bounds
+    what one request makes a daemon spend. The daemon and the loader both check it.
+
+    Raises:
+        InvalidArgument: naming the field, its value and the limit.
+    """
+    allowed = max(limit, mix_samples)
+    if epoch_samples > allowed:
+        raise InvalidArgument(f"epoch_samples: {epoch_samples} is over this daemon's limit of {allowed} "
+                              f"(--max-epoch-samples {limit}, or the mix's datasets' {mix_samples} samples together "
+                              "where more): each epoch's order is built in memory")
+
+
+def check_shares(names: Sequence[str], weights: Sequence[float], epoch_samples: int) -> tuple[int, ...]:
+    """Each dataset's samples of an epoch (:func:`epoch_counts`), refusing a mix that
+    would never read one of its datasets: a positive weight whose share of the epoch
+    rounds to no sample. The daemon and the loader both check it.
+
+    Raises:
+        InvalidArgument: naming the dataset, its weight and the epoch's length (or
+            what :func:`epoch_counts` refuses).
+    """
+    counts = epoch_counts(weights, epoch_samples)
+    for k, count in enumerate(counts):
+        if count == 0:
+            raise InvalidArgument(f"mix[{k}].weight: {weights[k]:g} gives {names[k][:80]!r} no sample of an epoch of "
+                                  f"{epoch_samples} (epoch_samples), so it would never be read: raise its weight "
+                                  "or the epoch's length")
+    return counts
 
 
 def _check_weights(weights: Sequence[float]) -> None:

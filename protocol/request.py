@@ -5,7 +5,9 @@ learns at construction, with the daemon's own message, what the daemon would ref
 
 The checks here depend on nothing but the request. What depends on the daemon (its
 ``--max-batch-size``) or on the dataset (the rank's part, for the cursor) is checked
-by the daemon when the stream opens.
+by the daemon when the stream opens. A request's crop limits (:mod:`protocol.crop`)
+and where its client runs (:mod:`protocol.client_host`) have modules of their own,
+their names importable from here too.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ from __future__ import annotations
 import enum
 import math
 import re
-import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidArgument
+from protocol.client_host import ClientHost
+from protocol.crop import CROP_LIMITS, CROP_RATIOS, MIN_CROP_SCALE, CropRange
 from protocol.identity import Identity
 from protocol.plan import LastBatch, Segment
 from protos import feeder_pb2
@@ -58,60 +61,15 @@ MAX_EPOCH_SAMPLES = 2**31 - 1
 _MAX_INT32 = 2**31 - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _MAX_INT64 = 2**63 - 1
-# RandomResizedCrop limits a request may set. Below 1 % of the area a crop of a
-# typical photo is a few pixels wide; ratios past 10:1 are slivers.
-MIN_CROP_SCALE = 0.01
-CROP_RATIOS = (0.1, 10.0)
 
 
 class AugmentKind(str, enum.Enum):
     """Which transform a stream applies: RandomResizedCrop and flips (and a shuffled
-    order), or the validation centre crop (in stored order)."""
+    order, unless the request's ``shuffle`` says otherwise), or the validation centre
+    crop (in stored order, unless ``shuffle`` says otherwise)."""
 
     TRAIN = "train"
     VAL = "val"
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _f32(value: float) -> float:
-    """``value`` rounded to float32 (as it is where out of float32's range)."""
-    return value if abs(value) > _FLOAT32_MAX else struct.unpack("f", struct.pack("f", value))[0]
-
-
-_CROP_LIMITS: dict[str, tuple[float, float]] = {
-    "min_scale": (MIN_CROP_SCALE, 1.0),
-    "max_scale": (MIN_CROP_SCALE, 1.0),
-    "min_ratio": CROP_RATIOS,
-    "max_ratio": CROP_RATIOS,
-}
-
-
-@dataclass(frozen=True)
-class CropRange:
-    """RandomResizedCrop limits: area fraction and aspect ratio (width / height).
-
-    Raises:
-        InvalidArgument: a limit outside :data:`MIN_CROP_SCALE`..1 (scales) or
-            :data:`CROP_RATIOS` (ratios), or a minimum above its maximum (the message
-            starts with the field's name).
-    """
-
-    min_scale: float = 0.08
-    max_scale: float = 1.0
-    min_ratio: float = 3 / 4
-    max_ratio: float = 4 / 3
-
-    def __post_init__(self) -> None:
-        for name, (low, high) in _CROP_LIMITS.items():
-            value = getattr(self, name)
-            # As float32, the request's type: a limit passes however it was rounded.
-            if not (math.isfinite(value) and _f32(low) <= _f32(value) <= _f32(high)):
-                raise InvalidArgument(f"{name}: {value:g} is not in {low:g}..{high:g}")
-        for lower, upper in (("min_scale", "max_scale"), ("min_ratio", "max_ratio")):
-            if getattr(self, lower) > getattr(self, upper):
-                raise InvalidArgument(f"{lower}: {getattr(self, lower):g} is above {upper} {getattr(self, upper):g}")
 
 
 @dataclass(frozen=True)
@@ -173,40 +131,6 @@ def _check_mix(spec: StreamSpec) -> None:
         raise InvalidArgument("manifest_sha256: a mix carries each dataset's in its part")
 
 
-@dataclass(frozen=True)
-class ClientHost:
-    """Where the client runs, as its request says (``feeder.v1.ClientHost``): the
-    daemon gives a client on its own host (same kernel, same shm filesystem) shared
-    memory, and one on the GPU that makes its batches CUDA IPC.
-
-    Attributes:
-        boot_id: the client's kernel (``/proc/sys/kernel/random/boot_id``).
-        hostname: for messages.
-        shm_device: ``st_dev`` of the client's shm directory.
-        gpu_uuid: the client's CUDA device, empty for a CPU consumer.
-        pid: the client's process (the daemon's per-client limits; 0: not said).
-    """
-
-    boot_id: str = ""
-    hostname: str = ""
-    shm_device: int = 0
-    gpu_uuid: str = ""
-    pid: int = 0
-
-    @classmethod
-    def from_message(cls, message: feeder_pb2.ClientHost) -> ClientHost:
-        return cls(message.boot_id, message.hostname, message.shm_device, message.gpu_uuid, message.pid)
-
-    @classmethod
-    def of_request(cls, request: feeder_pb2.StreamRequest) -> ClientHost | None:
-        """What ``request`` says of where its client runs (None: it did not say)."""
-        return cls.from_message(request.client_host) if request.HasField("client_host") else None
-
-    def to_message(self) -> feeder_pb2.ClientHost:
-        return feeder_pb2.ClientHost(boot_id=self.boot_id, hostname=self.hostname, shm_device=self.shm_device,
-                                     gpu_uuid=self.gpu_uuid, pid=self.pid)
-
-
 # Inclusive ranges of the integer fields (batch_size is also checked against the
 # daemon's limit, start_cursor against the rank's part).
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -231,7 +155,9 @@ class StreamSpec:
     """A request for one rank's batches (fields as in ``StreamRequest``).
 
     ``augment`` None means: train augmentation for the split named ``train``,
-    validation transform otherwise. Train augmentation also shuffles the order.
+    validation transform otherwise. ``shuffle`` None: each epoch's order is a seeded
+    permutation under train augmentation and the stored order under validation
+    (:attr:`shuffled`); True or False says so whatever the augmentation.
     ``epochs`` streams ``epoch``, ``epoch + 1``, ... back to back; the cursor and
     ``max_samples`` apply to the first. ``job_id`` names the job (its ranks share
     it). ``antialias`` None: the daemon's default resize filter. ``consumed``: what
@@ -280,6 +206,7 @@ class StreamSpec:
     transport: int = feeder_pb2.TRANSPORT_AUTO
     client_host: ClientHost | None = None
     prefetch_batches: int = 0
+    shuffle: bool | None = None
 
     def __post_init__(self) -> None:
         for name, (low, high) in _INT_RANGES.items():
@@ -288,6 +215,8 @@ class StreamSpec:
                 raise InvalidArgument(f"{name}: {value} is not in {low}..{high}")
         if self.transport not in _TRANSPORTS:
             raise InvalidArgument(f"transport: unknown value {self.transport}")
+        if self.shuffle is not None and not isinstance(self.shuffle, bool):
+            raise InvalidArgument(f"shuffle: {self.shuffle!r:.80} is not true, false or unset")
         if self.epoch + self.epochs - 1 > MAX_EPOCH:
             raise InvalidArgument(f"epochs: {self.epochs} epochs from epoch {self.epoch} pass {MAX_EPOCH}")
         if not 0 <= self.batch_offset < self.batch_stride:
@@ -334,6 +263,12 @@ class StreamSpec:
         return AugmentKind.TRAIN if self.split == "train" else AugmentKind.VAL
 
     @property
+    def shuffled(self) -> bool:
+        """Whether each epoch's order is a seeded permutation: ``shuffle``, or where
+        unset, whether the transform is train augmentation."""
+        return self.kind is AugmentKind.TRAIN if self.shuffle is None else self.shuffle
+
+    @property
     def batch_bytes(self) -> int:
         """Bytes of one full batch's uint8 pixels."""
         return self.batch_size * self.image_size**2 * 3
@@ -353,7 +288,7 @@ _SAME = ("dataset", "split", "job_id", "seed", "epoch", "rank", "world_size", "b
 
 def _crop(request: feeder_pb2.StreamRequest) -> CropRange:
     default = CropRange()
-    values = {name: getattr(request, name) for name in _CROP_LIMITS}
+    values = {name: getattr(request, name) for name in CROP_LIMITS}
     return CropRange(**{name: value or getattr(default, name) for name, value in values.items()})
 
 
@@ -381,6 +316,7 @@ def from_request(request: feeder_pb2.StreamRequest) -> StreamSpec:
         augment=_AUGMENT[request.augment],
         crop=_crop(request),
         antialias=request.antialias if request.HasField("antialias") else None,
+        shuffle=request.shuffle if request.HasField("shuffle") else None,
         consumed=tuple(Segment(s.world_size, tuple(s.cursors)) for s in request.consumed),
         mix=tuple(MixPart(p.dataset, p.weight, p.manifest_sha256, p.index_sha256) for p in request.mix),
         client_host=ClientHost.of_request(request),
@@ -405,6 +341,8 @@ def to_request(spec: StreamSpec) -> feeder_pb2.StreamRequest:
     )
     if spec.antialias is not None:
         request.antialias = spec.antialias
+    if spec.shuffle is not None:
+        request.shuffle = spec.shuffle
     if spec.client_host is not None:
         request.client_host.CopyFrom(spec.client_host.to_message())
     for segment in spec.consumed:

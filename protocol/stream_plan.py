@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from core.errors import InvalidArgument
-from protocol.mix import Mix, mixed_order
+from protocol.mix import Mix, check_shares, mixed_order
 from protocol.plan import (
     BatchSlice,
     LastBatch,
@@ -36,7 +36,7 @@ from protocol.plan import (
     remaining_order,
     tail_skipped,
 )
-from protocol.request import AugmentKind, StreamSpec
+from protocol.request import StreamSpec
 
 __all__ = ["BatchPlace", "Skipped", "StreamWindow", "mix_of", "plan_stream", "rank_part_of", "stream_steps",
            "stream_window"]
@@ -216,10 +216,12 @@ def mix_of(spec: StreamSpec, sizes: tuple[int, ...]) -> Mix:
     the mix's order).
 
     Raises:
-        InvalidArgument: ``spec`` is not a mix, or an empty split.
+        InvalidArgument: ``spec`` is not a mix, a dataset its weight gives no
+            sample of an epoch, or an empty split.
     """
     if not spec.mix:
         raise InvalidArgument(f"dataset: {spec.dataset!r} is not a mix")
+    check_shares(spec.datasets, tuple(part.weight for part in spec.mix), spec.epoch_samples)
     try:
         return Mix(sizes, tuple(part.weight for part in spec.mix), spec.epoch_samples)
     except InvalidArgument as e:
@@ -249,7 +251,8 @@ def stream_window(spec: StreamSpec, num_samples: PlanSplit) -> StreamWindow:
 
 def rank_part_of(spec: StreamSpec, num_samples: PlanSplit, epoch: int) -> RankPart:
     """The rank's part of ``epoch``: of the whole order (shuffled by ``spec.seed`` and
-    ``epoch`` under train augmentation, else in stored order), or, in the request's
+    ``epoch`` where :attr:`~protocol.request.StreamSpec.shuffled`, else in stored
+    order), or, in the request's
     first epoch, of what the job's earlier ranks left of it (``spec.consumed``). A
     mix's order is :func:`protocol.mix.mixed_order` (composite indices).
 
@@ -257,7 +260,7 @@ def rank_part_of(spec: StreamSpec, num_samples: PlanSplit, epoch: int) -> RankPa
         InvalidArgument: segments that cannot describe the epoch, a mix's request
             without its mix.
     """
-    shuffle = spec.kind is AugmentKind.TRAIN
+    shuffle = spec.shuffled
     consumed = spec.consumed if epoch == spec.epoch else ()
     if isinstance(num_samples, Mix):
         order = mixed_order(num_samples, spec.seed, epoch, shuffle, spec.world_size, consumed, spec.last_batch)

@@ -63,3 +63,14 @@ def test_a_min_scale_is_checked_as_the_wire_carries_it() -> None:
     # float32 values, so it passes there, and here.
     spec = LoaderConfig(address="127.0.0.1:1", dataset="sample", min_scale=0.01).stream_spec(0, 1)
     assert spec.crop.min_scale == pytest.approx(0.01) and spec.crop.min_scale < 0.01
+
+
+def test_numpy_numbers_are_taken_for_an_epochs_samples_and_a_mixs_weights() -> None:
+    import numpy as np
+
+    config = LoaderConfig(address="127.0.0.1:1", dataset={"a": np.float32(0.75), "b": np.float64(0.25)},
+                          epoch_samples=np.int64(96))
+    assert config.epoch_samples == 96 and type(config.epoch_samples) is int
+    assert config.mix == (("a", 0.75), ("b", 0.25))
+    with pytest.raises(ConfigError, match="^epoch_samples: must be an integer of 1 or more"):
+        LoaderConfig(address="127.0.0.1:1", dataset="a", epoch_samples=np.float64(96))

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
+from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from clients import FeederLoader, merge_states
-from clients.elastic import resume
+from clients.elastic import check_identity, check_state, resume
 from core.errors import ConfigError
 from tests.common.sample_daemon import N_TRAIN
 
@@ -143,6 +145,59 @@ def test_a_cursor_past_the_part_is_refused(daemon, cursor):
     loader.close()
 
 
+def _mid_epoch_state(daemon: str, dataset="sample", **kwargs) -> dict:
+    with FeederLoader(dataset, address=daemon, batch_size=8, image_size=16, rank=0, world_size=1, normalize=False,
+                      **kwargs) as loader:
+        batches = iter(loader)
+        next(batches), next(batches)
+        return loader.state_dict()
+
+
+# Before: a key the state lacked was not checked, so a plain state loaded into a loader
+# of another epoch length and epoch 1 went on with another plan; the policy and the
+# shuffle were in no state.
+@pytest.mark.parametrize("dataset,kwargs,line", [
+    ("sample", dict(epoch_samples=96), f"epoch_samples={N_TRAIN}, this loader has 96"),
+    ({"sample": 1}, dict(epoch_samples=96), f"epoch_samples={N_TRAIN}, this loader has 96"),
+    ("sample", dict(last_batch="pad"), "last_batch='drop', this loader has 'pad'"),
+    ("sample", dict(augment="val"), "shuffle=True, this loader has False"),
+])
+def test_a_state_loads_only_where_everything_that_decides_the_plan_matches(daemon, dataset, kwargs, line):
+    state = _mid_epoch_state(daemon)
+    with FeederLoader(dataset, address=daemon, batch_size=8, image_size=16, rank=0, world_size=1, **kwargs) as other:
+        with pytest.raises(ConfigError) as caught:
+            other.load_state_dict(state)
+        assert str(caught.value) == f"loader state is for {line}" and other.cursor == 0
+
+
+def test_a_mix_of_one_over_its_whole_split_and_its_plain_stream_take_each_others_states(daemon):
+    plain = _mid_epoch_state(daemon)
+    assert (plain["epoch_samples"], plain["last_batch"], plain["shuffle"]) == (N_TRAIN, "drop", True)
+    one = _mid_epoch_state(daemon, {"sample": 3.0}, epoch_samples=N_TRAIN)
+    assert "mix" not in one  # the same plan, sample for sample
+    with FeederLoader({"sample": 1}, address=daemon, epoch_samples=N_TRAIN, batch_size=8, rank=0,
+                      world_size=1) as mixed, FeederLoader("sample", address=daemon, batch_size=8, rank=0,
+                                                           world_size=1) as alone:
+        mixed.load_state_dict(plain)
+        alone.load_state_dict(one)
+        assert mixed.cursor == alone.cursor == 16
+
+
+def test_a_state_from_before_the_plans_keys_were_saved_loads_where_the_defaults_hold(daemon):
+    new_keys = ("epoch_samples", "last_batch", "shuffle", "augment")
+    old = {k: v for k, v in _mid_epoch_state(daemon).items() if k not in new_keys}
+    with FeederLoader("sample", address=daemon, batch_size=8, rank=0, world_size=1) as loader:
+        loader.load_state_dict(old)  # a checkpoint of a loader with the defaults
+        assert loader.cursor == 16
+    unsaid = " (not in the state: the default before it was saved), this loader has"
+    for kwargs, line in ((dict(epoch_samples=96), f"epoch_samples=its whole split{unsaid} 96"),
+                         (dict(last_batch="pad"), f"last_batch='drop'{unsaid} 'pad'")):
+        with FeederLoader("sample", address=daemon, batch_size=8, rank=0, world_size=1, **kwargs) as other:
+            with pytest.raises(ConfigError) as caught:
+                other.load_state_dict(old)
+            assert str(caught.value) == f"loader state is for {line}"
+
+
 @pytest.mark.parametrize("state, field", [
     (None, "expected a dict"),
     ({"cursor": 3}, "epoch: missing"),
@@ -152,6 +207,8 @@ def test_a_cursor_past_the_part_is_refused(daemon, cursor):
     ({"epoch": 0, "cursor": 1, "consumed": [[2, [1]]]}, "consumed: expected a list of"),
     ({"epoch": 0, "cursors": [1, 2], "world_size": 3}, "cursors: 2 of them for world_size 3"),
     ({"epoch": 0, "cursor": 1, "seed": 1.5}, "seed: expected an integer"),
+    ({"epoch": 0, "cursor": 1, "last_batch": "partial"}, "last_batch: expected one of drop, pad"),
+    ({"epoch": 0, "cursor": 1, "shuffle": 1}, "shuffle: expected true or false"),
 ])
 def test_a_malformed_state_is_one_line_naming_the_field(daemon, state, field):
     # Before: raw TypeError / KeyError from deep inside.
@@ -160,3 +217,21 @@ def test_a_malformed_state_is_one_line_naming_the_field(daemon, state, field):
         loader.load_state_dict(state)
     assert "\n" not in str(caught.value) and str(caught.value).startswith("loader state")
     loader.close()
+
+
+def test_a_states_mix_weights_may_be_any_real_number_but_a_bool():
+    checked = check_state({"epoch": 0, "cursor": 0, "mix": [["a", np.float32(0.5)], ["b", Fraction(1, 4)]]})
+    assert checked["mix"] == [["a", 0.5], ["b", 0.25]]
+    with pytest.raises(ConfigError, match=r"^loader state: mix: expected a list of \[dataset, weight\]"):
+        check_state({"epoch": 0, "cursor": 0, "mix": [["a", True]]})
+
+
+def test_a_state_from_before_shuffle_was_saved_was_shuffled_under_train_augmentation():
+    old = {"epoch": 0, "cursor": 8, "dataset": "d", "split": "train", "seed": 0}
+    mine = {"dataset": "d", "split": "train", "seed": 0, "epoch_samples": 64, "last_batch": "drop",
+            "augment": "train"}
+    check_identity(check_state(old), mine | {"shuffle": True})
+    with pytest.raises(ConfigError, match=r"^loader state is for shuffle=True \(not in the state: the default "
+                                          r"before it was saved\), this loader has False$"):
+        check_identity(check_state(old), mine | {"shuffle": False})  # a loader that reads in stored order
+    check_identity(check_state(old), mine | {"augment": "val", "shuffle": False})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler, WeightedRandomSampler
@@ -13,6 +14,7 @@ from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Se
 from clients import FeederLoader, LoaderConfig
 from clients.dataloader_args import IgnoredArgumentWarning
 from core.errors import ConfigError
+from shards.layout import index_path
 from tests.common.sample_daemon import CLASSES, N_TRAIN, N_VAL
 
 _BASE = dict(address="127.0.0.1:1", dataset="sample")
@@ -90,3 +92,18 @@ def test_dataset_sampler_and_batch_sampler_answer_as_a_dataloaders(daemon) -> No
                       world_size=3) as val:
         # DistributedSampler's length (the padded part), so len(sampler) * world_size covers the split
         assert len(val.sampler) == -(-N_VAL // 3) and not val.sampler.shuffle and not val.drop_last
+
+
+def test_shuffle_false_reads_the_stored_order_and_true_shuffles_any_split(daemon, shards) -> None:
+    stored = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
+    options = dict(address=daemon, batch_size=8, image_size=32, rank=0, world_size=1, return_keys=True)
+    with FeederLoader("sample", shuffle=False, **options) as in_order:
+        epochs = [[k for _, _, keys in in_order for k in keys] for _ in range(2)]
+    assert epochs == [stored, stored]
+    with FeederLoader("sample", split="val", shuffle=True, **options) as shuffled:
+        epochs = [[k for _, _, keys in shuffled for k in keys] for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) and len(set(epochs[0])) == N_VAL and epochs[0] != epochs[1]
+    with pytest.warns(IgnoredArgumentWarning):
+        sampler = DistributedSampler(range(N_TRAIN), num_replicas=1, rank=0, shuffle=False)
+        with FeederLoader("sample", sampler=sampler, **options) as from_sampler:
+            assert [k for _, _, keys in from_sampler for k in keys] == stored and not from_sampler.sampler.shuffle

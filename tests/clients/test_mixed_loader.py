@@ -10,8 +10,10 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clients import FeederLoader, merge_states
@@ -93,6 +95,40 @@ def test_a_mix_of_datasets_or_splits_the_daemon_lacks_is_refused_when_built(mixe
     with pytest.raises(ConfigError) as caught:
         FeederLoader(dataset, address=mixed_daemon, split=split, **_KW)
     assert str(caught.value).startswith(line.format(port=mixed_daemon.rsplit(":", 1)[1]))
+
+
+def test_a_dataset_its_weight_gives_no_sample_of_an_epoch_is_refused_when_built(mixed_daemon):
+    with pytest.raises(ConfigError) as caught:
+        FeederLoader({"sample": 1, "extra": 0.001}, address=mixed_daemon, batch_size=8, rank=0, world_size=1,
+                     epoch_samples=48, **_KW)
+    assert str(caught.value) == ("mix[1].weight: 0.001 gives 'extra' no sample of an epoch of 48 (epoch_samples), "
+                                 "so it would never be read: raise its weight or the epoch's length")
+
+
+def test_numpy_and_other_real_weights_are_weights_in_the_loader_and_in_its_state(mixed_daemon):
+    weights = {"sample": np.float32(0.75), "extra": Fraction(1, 4)}
+    with FeederLoader(weights, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=64,
+                      **_KW) as loader:
+        assert loader.epoch_counts == {"sample": 48, "extra": 16}
+        next(iter(loader))
+        state = loader.state_dict()
+    state["mix"] = [[name, np.float32(weight)] for name, weight in state["mix"]]  # as a numpy round trip leaves it
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=64,
+                      **_KW) as resumed:
+        resumed.load_state_dict(state)
+        assert resumed.position.cursor == 8
+    with pytest.raises(ConfigError, match="^dataset: the weight of 'extra' is np.True_, not a positive"):
+        FeederLoader({"sample": 1.0, "extra": np.bool_(True)}, address="127.0.0.1:9", connect_timeout_s=0.5)
+
+
+def test_a_mix_longer_than_the_daemon_plans_is_refused_when_built_with_its_message(mixed_daemon):
+    with pytest.raises(ConfigError) as caught:
+        FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=10**6, **_KW)
+    assert str(caught.value).startswith("epoch_samples: 1000000 is over this daemon's limit of 16384 "
+                                        "(--max-epoch-samples 16384, or the mix's datasets' 152 samples together")
+    with FeederLoader(MIX, address=mixed_daemon, batch_size=8, rank=0, world_size=1, epoch_samples=16384,
+                      **_KW) as loader:
+        assert loader.num_samples == 16384
 
 
 def test_a_state_of_another_mix_is_refused_with_one_line(mixed_daemon):

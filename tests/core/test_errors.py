@@ -23,6 +23,7 @@ from core.errors import (
     Unauthenticated,
     cli_message,
     grpc_code,
+    is_cli_message,
     os_error_reason,
 )
 
@@ -42,6 +43,13 @@ from core.errors import (
 def test_each_error_has_one_code_and_one_line(error, code, prefix):
     assert grpc_code(error) == code
     assert cli_message(error) == f"feeder: {prefix}: x"
+    assert is_cli_message(cli_message(error) + "\n")
+
+
+@pytest.mark.parametrize("line", ["feeder: serving on 127.0.0.1:5000", "feeder: warning: x",
+                                  "2026-01-01 12:00:00,000 INFO feeder.server: feeder: error: x", "error: x"])
+def test_other_lines_of_a_command_are_not_its_failure(line):
+    assert not is_cli_message(line)
 
 
 def test_a_corrupt_sample_is_bad_data_and_carries_what_failed():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -57,6 +58,23 @@ def test_a_command_that_cannot_be_found_is_refused_as_popen_would(tmp_path):
     with pytest.raises(FileNotFoundError) as caught:
         limited([gone, "-c", "pass"])
     assert caught.value.filename == gone
+
+
+def test_a_command_without_its_run_bit_is_refused_as_not_executable(tmp_path, monkeypatch):
+    # Before: "No such file or directory" for a file that is there.
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\necho trained\n")
+    script.chmod(0o644)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    for name in ("./train.sh", str(script), "train.sh"):
+        with pytest.raises(PermissionError) as caught:
+            limited([name])
+        assert caught.value.filename == name and caught.value.strerror.startswith("not executable")
+    with pytest.raises(IsADirectoryError):
+        limited([str(tmp_path)])
+    script.chmod(0o755)
+    assert subprocess.run(limited(["./train.sh"]), capture_output=True, text=True).stdout == "trained\n"
 
 
 def test_a_gated_command_runs_once_let_and_never_if_its_gate_closes_first(tmp_path):

@@ -27,6 +27,7 @@ OK = {"datasets": {"d": Path("/x")}}
         ({"prefetch": -1}, "prefetch"),
         ({"queue_batches": 0}, "queue_batches"),
         ({"max_batch_size": 0}, "max_batch_size"),
+        ({"max_epoch_samples": 0}, "max_epoch_samples"),
         ({"grace_s": -1.0}, "grace_s"),
         ({"queue_bytes": 0}, "queue_bytes"),
         ({"max_streams_per_peer": 0}, "max_streams_per_peer"),

@@ -7,6 +7,7 @@ counters and decoded images as its plain streams do."""
 from __future__ import annotations
 
 import math
+import tracemalloc
 from collections import Counter
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def _key_of(server, mix, index: int) -> str:
     (dict(weights=(("sample", 0.5), ("sample", 0.5))), grpc.StatusCode.INVALID_ARGUMENT,
      "mix[1].dataset: 'sample' given twice"),
     (dict(epoch_samples=0), grpc.StatusCode.INVALID_ARGUMENT, "epoch_samples: 0 is not in 1.."),
+    (dict(weights=(("sample", 1.0), ("extra", 0.001)), epoch_samples=48), grpc.StatusCode.INVALID_ARGUMENT,
+     "mix[1].weight: 0.001 gives 'extra' no sample of an epoch of 48 (epoch_samples)"),
     (dict(dataset="sample"), grpc.StatusCode.INVALID_ARGUMENT, "dataset: 'sample' for a mix of 'sample+extra'"),
 ])
 def test_a_bad_mix_is_refused_with_one_line_and_the_daemon_serves_on(mixed_stub, fields, code, line):
@@ -100,6 +103,43 @@ def test_a_bad_mix_is_refused_with_one_line_and_the_daemon_serves_on(mixed_stub,
     assert caught.value.code() == code
     assert caught.value.details().startswith(line) and "\n" not in caught.value.details()
     assert len(list(stub.StreamBatches(mixed(max_samples=16), timeout=20))) == 2
+
+
+def test_a_mix_longer_than_the_daemon_plans_is_refused_before_anything_is_planned(mixed_stub):
+    server, stub = mixed_stub
+    limit = server.service.config.budgets.max_epoch_samples
+    assert stub.ListDatasets(feeder_pb2.ListDatasetsRequest()).max_epoch_samples == limit
+    together = sum(len(server.service.datasets[name].splits["train"]) for name in ("sample", "extra"))
+    # Planned, the epoch's order alone would take 8 MB (int64 indices), its layout more.
+    tracemalloc.start()
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stub.StreamBatches(mixed(epoch_samples=10**6), timeout=20))
+        peak_bytes = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details() == (
+        f"epoch_samples: 1000000 is over this daemon's limit of {limit} (--max-epoch-samples {limit}, or the mix's "
+        f"datasets' {together} samples together where more): each epoch's order is built in memory")
+    assert peak_bytes < 2 << 20, f"{peak_bytes} bytes allocated while refusing: the epoch was planned"
+    assert len(list(stub.StreamBatches(mixed(max_samples=16), timeout=20))) == 2
+
+
+def test_a_mix_as_long_as_its_datasets_together_is_planned_past_a_smaller_limit(shards, extra):
+    server, port = start({"sample": shards, "extra": extra}, max_epoch_samples=16)
+    together = sum(len(server.service.datasets[name].splits["train"]) for name in ("sample", "extra"))
+    try:
+        with connect(port) as channel:
+            stub = feeder_pb2_grpc.FeederStub(channel)
+            assert len(list(stub.StreamBatches(mixed(epoch_samples=together, max_samples=16), timeout=60))) == 2
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.StreamBatches(mixed(epoch_samples=together + 1), timeout=20))
+    finally:
+        server.stop(0).wait(10)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith(f"epoch_samples: {together + 1} is over this daemon's limit of "
+                                             f"{together} (--max-epoch-samples 16, ")
 
 
 def test_every_dataset_of_a_mix_is_checked_against_the_identity_it_expects(mixed_stub):

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgument
+from protocol.plan import epoch_order
 from protocol.request import from_request
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.feeder.conftest import connect, request, start
@@ -94,7 +95,7 @@ USUAL = dict(
     consumed=[[], [feeder_pb2.EpochSegment(world_size=2, cursors=[5, 5])]],
     batch_stride=[0, 1, 3], batch_offset=[0],
     manifest_sha256=[""], index_sha256=[""], pixel_options_sha256=[""], prefetch_batches=[0, 4, 16],
-    mix=[[], [feeder_pb2.MixPart(dataset="sample", weight=1.0)]], epoch_samples=[0, 50],
+    mix=[[], [feeder_pb2.MixPart(dataset="sample", weight=1.0)]], epoch_samples=[0, 50], shuffle=[None, True, False],
 )
 # Anything the wire can carry in each field.
 ODD = dict(
@@ -116,7 +117,7 @@ ODD = dict(
     mix=st.lists(st.builds(feeder_pb2.MixPart, dataset=st.sampled_from(["sample", "", "other", "sample/x"]),
                            weight=st.one_of(_floats(), st.floats()), manifest_sha256=st.text(max_size=70),
                            index_sha256=st.sampled_from(["", "0" * 64, "g" * 64])), max_size=3),
-    epoch_samples=_ints(*INT64),
+    epoch_samples=_ints(*INT64), shuffle=st.booleans(),
 )
 assert set(USUAL) == set(ODD) == FIELDS
 
@@ -205,6 +206,26 @@ def test_a_stride_longer_than_an_epoch_takes_its_batch_from_every_1024th_epoch(f
                                       epochs=2**31 - 1), timeout=20)
     assert [next(call).epoch for _ in range(3)] == [1000, 2024, 3048]
     call.cancel()
+
+
+def _epoch_keys(stub, split: str, **fields) -> list[str]:
+    """The keys of epoch 0 of a whole-epoch stream, each sample once (``pad``'s repeats left out)."""
+    batches = stub.StreamBatches(request(split=split, batch_size=16, last_batch=feeder_pb2.LAST_BATCH_PAD, **fields),
+                                 timeout=60)
+    return [key for b in batches for key, pad in zip(b.keys, b.padding) if not pad]
+
+
+def test_the_request_says_whether_an_epoch_is_shuffled_whatever_its_augmentation(fuzz_stub):
+    server, stub = fuzz_stub
+    stored = {split: list(server.service.datasets["sample"].splits[split].keys) for split in ("train", "val")}
+    # Train augmentation in the stored order, each sample once.
+    assert _epoch_keys(stub, "train", seed=7, shuffle=False) == stored["train"]
+    # Validation's transform over the seeded permutation of the train stream's default.
+    shuffled = _epoch_keys(stub, "val", seed=7, shuffle=True)
+    assert shuffled == [stored["val"][i] for i in epoch_order(len(stored["val"]), 7, 0, shuffle=True)]
+    assert sorted(shuffled) == sorted(stored["val"]) and shuffled != stored["val"]
+    # Unset: as the augmentation says (validation keeps the stored order).
+    assert _epoch_keys(stub, "val", seed=7) == stored["val"]
 
 
 def test_daemon_serves_normally_after_the_fuzzing(fuzz_stub):

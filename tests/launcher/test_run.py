@@ -54,6 +54,19 @@ def test_a_command_that_cannot_run_is_one_line_and_the_daemon_is_stopped(node):
     nothing_left(node)
 
 
+def test_a_command_without_its_run_bit_is_said_to_be_not_executable(node, tmp_path):
+    # Before: "No such file or directory", of a file that is there.
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\ntrue\n")
+    script.chmod(0o644)
+    run = Run([*serve_args(node), "--", str(script)], node["env"])
+    assert run.wait() == 1
+    errors = [line for line in run.err if line.startswith("feeder: error:")]
+    assert errors == [f"feeder: error: command: cannot run {script} (not executable: the file has no run permission "
+                      "(chmod +x))"], run.err
+    nothing_left(node)
+
+
 def test_bad_launcher_options_are_refused_before_anything_starts(node):
     for bad, message in ((["--restarts", "-1"], "restarts: must be >= 0"),
                          (["--pool-with", "nohost"], "pool_with: 'nohost' is not HOST:PORT"),

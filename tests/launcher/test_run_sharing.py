@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from feeder.config import ServerConfig
+from feeder.server import FeederServer, create_server
 from launcher.daemon_process import DaemonProcess
 from tests.common.env import ROOT
 from tests.common.launcher_runs import N_TRAIN, Run, consumer, nothing_left, serve_args
 from tests.common.shards import build_sample_shards
+from tests.common.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -84,6 +87,58 @@ def test_a_daemon_serving_the_same_data_and_options_is_shared_without_a_word(nod
     assert run.wait() == 0
     assert run.said("using the daemon already serving on") and not run.said("keeps its own options")
     assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
+
+
+def _in_process(node: dict, shards: Path) -> ServerConfig:
+    """A daemon of the node's socket and shm dir, run in this process."""
+    return ServerConfig.of(datasets={"sample": shards}, device="cpu", threads=1, port=0, grace_s=0.5,
+                           socket_path=node["socket"], shm_dir=node["shm"])
+
+
+def test_a_run_whose_daemon_lost_the_socket_to_another_shares_that_one_saying_so(node, tmp_path):
+    # Before: its own daemon's "feeder: error: socket_path: a daemon is serving on ..."
+    # line, then the shared daemon used (or, while the other one was not serving yet,
+    # the run ended with that error).
+    other = FeederServer(_in_process(node, node["shards"]))
+    other.bind()  # the socket taken, nothing served yet: another launcher's daemon starting
+    try:
+        run = Run([*serve_args(node), "--", *consumer(tmp_path)], node["env"])
+        assert wait_for(lambda: bool(run.said("another daemon took")), timeout_s=90), run.err
+        other.start()
+        assert run.wait() == 0
+    finally:
+        other.stop(0).wait(10)
+    assert not [line for line in run.err if "error" in line], run.err
+    assert run.said(f"another daemon took unix:{node['socket']} while this launcher's own was starting; waiting")
+    assert run.said(f"using the daemon already serving on unix:{node['socket']}") and not run.daemon_pids()
+    assert run.out[-1] == f"samples {N_TRAIN} most 1 shm"
+
+
+def test_a_shared_daemon_replaced_by_another_is_checked_again(node, other_shards, tmp_path):
+    # Before: checked once, when first shared; a daemon of other data that took its
+    # place was never looked at.
+    marker = tmp_path / "replaced"
+    wait = f'until [ -e "{marker}" ]; do sleep 0.1; done'
+    first, _ = create_server(_in_process(node, node["shards"]))
+    try:
+        run = Run([*serve_args(node), "--", "sh", "-c", wait], node["env"])
+        assert wait_for(lambda: bool(run.said("using the daemon already serving on")), timeout_s=90), run.err
+        first.stop(0).wait(10)
+        replaced, _ = create_server(_in_process(node, other_shards))
+        try:
+            assert wait_for(lambda: bool(run.said("another daemon now serves on")), timeout_s=30), run.err
+        finally:
+            marker.touch()
+            assert run.wait() == 0
+            replaced.stop(0).wait(10)
+    finally:
+        first.stop(0).wait(10)
+    (line,) = run.said("another daemon now serves on")
+    assert line.startswith(f"feeder run: another daemon now serves on unix:{node['socket']}, not what this launcher "
+                           f"would: datasets: sample={node['shards']} is manifest ")
+    assert line.endswith("its loaders will refuse it (FAILED_PRECONDITION); stop it, or run this job beside a daemon "
+                         "of its own")
+    assert not run.daemon_pids()  # it was answered all along: never replaced by one of the run's own
 
 
 def test_nothing_is_left_by_a_refused_run(node, other_shards, tmp_path):

@@ -19,7 +19,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidArgument
-from protocol.mix import Mix, epoch_counts, epoch_draws, interleave, lay_out, mixed_order, union_classes
+from protocol.mix import (
+    Mix,
+    check_epoch_length,
+    check_shares,
+    epoch_counts,
+    epoch_draws,
+    interleave,
+    lay_out,
+    mixed_order,
+    union_classes,
+)
 from protocol.plan import LastBatch, Segment, epoch_order, plan_length, rank_part, remaining_order
 
 SEED = 11
@@ -92,6 +102,26 @@ def test_counts_match_the_reference(weights: list[float], total: int) -> None:
 def test_bad_weights_and_epoch_lengths_are_refused_naming_the_field(weights, total, field) -> None:
     with pytest.raises(InvalidArgument, match="^" + re.escape(field)):
         epoch_counts(weights, total)
+
+
+def test_a_weight_whose_share_of_an_epoch_rounds_to_no_sample_is_refused() -> None:
+    assert check_shares(("big", "tiny"), (1.0, 0.02), 48) == (47, 1)  # 0.94 of a sample: rounded up
+    with pytest.raises(InvalidArgument) as caught:
+        check_shares(("big", "tiny"), (1.0, 0.001), 48)
+    assert str(caught.value) == ("mix[1].weight: 0.001 gives 'tiny' no sample of an epoch of 48 (epoch_samples), so "
+                                 "it would never be read: raise its weight or the epoch's length")
+
+
+def test_an_epoch_is_as_long_as_the_daemons_limit_or_the_mixs_datasets_together() -> None:
+    check_epoch_length(100, 100, 30)  # the daemon's limit
+    check_epoch_length(300, 100, 300)  # the datasets mixed, where more
+    for length, limit, samples in ((101, 100, 30), (301, 100, 300)):
+        with pytest.raises(InvalidArgument) as caught:
+            check_epoch_length(length, limit, samples)
+        assert str(caught.value) == (
+            f"epoch_samples: {length} is over this daemon's limit of {max(limit, samples)} (--max-epoch-samples "
+            f"{limit}, or the mix's datasets' {samples} samples together where more): each epoch's order is built "
+            "in memory")
 
 
 @settings(max_examples=150, deadline=None)

@@ -44,10 +44,21 @@ def test_a_spec_survives_the_wire():
                       epoch=4, start_cursor=10, max_samples=20, epochs=3, last_batch=LastBatch.PAD,
                       augment=AugmentKind.VAL, crop=CropRange(0.25, 0.5, 0.5, 2.0), job_id="j",
                       antialias=True, local_world_size=2, transport=feeder_pb2.TRANSPORT_SHM,
-                      client_host=ClientHost("boot", "node-1", 2**64 - 1, "GPU-1", 4321), prefetch_batches=6)
+                      client_host=ClientHost("boot", "node-1", 2**64 - 1, "GPU-1", 4321), prefetch_batches=6,
+                      shuffle=True)
     assert from_request(to_request(spec)) == spec
+    assert from_request(to_request(dataclasses.replace(spec, shuffle=False))).shuffle is False
     plain = from_request(to_request(StreamSpec(dataset="d", split="val")))
     assert plain.antialias is None and plain.client_host is None and not to_request(plain).HasField("client_host")
+    assert plain.shuffle is None and not to_request(plain).HasField("shuffle")
+
+
+@pytest.mark.parametrize("split,augment,shuffle,shuffled", [
+    ("train", None, None, True), ("val", None, None, False), ("val", AugmentKind.TRAIN, None, True),
+    ("train", AugmentKind.VAL, None, False), ("train", None, False, False), ("val", None, True, True),
+    ("train", AugmentKind.VAL, True, True)])
+def test_a_stream_is_shuffled_as_it_says_else_as_its_augmentation(split, augment, shuffle, shuffled):
+    assert StreamSpec(dataset="d", split=split, augment=augment, shuffle=shuffle).shuffled is shuffled
 
 
 def test_everything_a_request_carries_is_a_field_of_the_spec():
@@ -67,6 +78,7 @@ def test_everything_a_request_carries_is_a_field_of_the_spec():
     (dict(seed=2**63), "seed"),
     (dict(transport=9), "transport"),
     (dict(prefetch_batches=-1), "prefetch_batches"),
+    (dict(shuffle=1), "shuffle"),
 ])
 def test_a_spec_out_of_range_is_refused_naming_the_field(fields, name):
     with pytest.raises(InvalidArgument) as caught:

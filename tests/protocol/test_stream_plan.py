@@ -197,12 +197,14 @@ def _naive_epoch(spec: StreamSpec, n: int, epoch: int) -> tuple[list[tuple], int
     stream, and what ``drop`` skips of it."""
     first = epoch == spec.epoch
     consumed = spec.consumed if first else ()
+    # Shuffled as the request says, where it says; else under train augmentation (of "train").
+    shuffle = spec.split == "train" if spec.shuffle is None else spec.shuffle
     if isinstance(n, Mix):  # the mix's order after the segments (tests/protocol/test_mix.py), cut as any
-        rest = mixed_order(n, spec.seed, epoch, spec.split == "train", spec.world_size, consumed, spec.last_batch)
+        rest = mixed_order(n, spec.seed, epoch, shuffle, spec.world_size, consumed, spec.last_batch)
         order = [int(i) for i in rest]
     else:
-        order = _naive_rest([int(i) for i in epoch_order(n, spec.seed, epoch, shuffle=spec.split == "train")],
-                            consumed, spec.last_batch)
+        order = _naive_rest([int(i) for i in epoch_order(n, spec.seed, epoch, shuffle=shuffle)], consumed,
+                            spec.last_batch)
     indices, padding, left = _naive_part(order, spec.rank, spec.world_size, spec.last_batch)
     start, size = (spec.start_cursor if first else 0), spec.batch_size
     end = min(len(indices), start + spec.max_samples) if first and spec.max_samples else len(indices)
@@ -250,7 +252,8 @@ def requests(draw: st.DrawFn) -> tuple[StreamSpec, int]:
     first_part = plan_length(rest, world, policy)
     stride = draw(st.integers(1, 4))
     spec = StreamSpec(
-        "d", draw(st.sampled_from(["train", "val"])), rank=draw(st.integers(0, world - 1)), world_size=world,
+        "d", draw(st.sampled_from(["train", "val"])), shuffle=draw(st.sampled_from([None, True, False])),
+        rank=draw(st.integers(0, world - 1)), world_size=world,
         batch_size=batch, image_size=16, seed=draw(st.integers(0, 3)), epoch=draw(st.integers(0, 3)),
         start_cursor=draw(st.integers(0, first_part)), max_samples=draw(st.sampled_from([0, 0, 1, 5, 13])),
         epochs=draw(st.integers(1, 5)), last_batch=policy, consumed=tuple(consumed), batch_stride=stride,
@@ -322,6 +325,23 @@ def test_a_mixed_requests_stream_is_its_orders_cut_as_a_plain_ones(request):
     window = stream_window(spec, mix)
     assert window == stream_window(spec, mix.epoch_samples)  # the client numbers by the epoch's length alone
     assert window.first_part == len(rank_part_of(spec, mix, spec.epoch))
+
+
+@pytest.mark.parametrize("split,shuffle,shuffled", [
+    ("train", None, True), ("val", None, False), ("train", False, False), ("val", True, True)])
+def test_the_request_decides_whether_an_epoch_is_shuffled(split, shuffle, shuffled):
+    stored = list(range(40))
+    plain = StreamSpec("d", split, shuffle=shuffle)
+    parts = (MixPart("a", 1.0), MixPart("b", 3.0))
+    mixed = StreamSpec("a+b", split, shuffle=shuffle, mix=parts, epoch_samples=40)
+    mix = Mix((10, 30), (1.0, 3.0), 40)
+    for epoch in (0, 1):
+        order = rank_part_of(plain, 40, epoch).indices.tolist()
+        assert sorted(order) == stored and (order != stored) == shuffled
+        draws = mix.dataset_of(rank_part_of(mixed, mix, epoch).indices)
+        each = [rank_part_of(mixed, mix, epoch).indices[draws == k].tolist() for k in (0, 1)]
+        assert [sorted(d) for d in each] == [list(range(10)), list(range(10, 40))]
+        assert (each != [list(range(10)), list(range(10, 40))]) == shuffled  # each dataset's pass, in its order
 
 
 def test_a_mixed_request_without_its_mix_is_refused():
