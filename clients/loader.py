@@ -43,9 +43,9 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
     """An iterable of ``(images, labels)`` streamed from a feeder daemon, with a
     ``DataLoader``'s contract: ``len()`` is an epoch's batches, each iteration is a
-    pass over the epoch the loader stands in (:mod:`clients.passes`), and once a pass
-    has handed out the epoch's last batch the loader stands in the next one;
-    ``dataset``, ``sampler`` and DataLoader's arguments answer as a DataLoader's do.
+    pass over the epoch the loader stands in, the next epoch's after a pass has handed
+    out the last batch (:mod:`clients.passes`); ``dataset``, ``sampler`` and
+    DataLoader's arguments answer as a DataLoader's do.
 
     Images are ``[B, 3, H, W]`` on ``device`` (normalised ``dtype`` or uint8), labels
     int64, prefetched by a background thread. Position is ``(epoch, sample cursor)``.
@@ -216,14 +216,15 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
     # -- position and sizes --------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Moves to the start of ``epoch``; a no-op if already in it (keeps a resumed
-        cursor). Not needed between epochs: after an epoch's last batch the loader
-        stands in the next one.
+        cursor). Not needed between epochs: a pass after the last batch takes the next.
 
         Raises:
             ConfigError: an epoch the daemon would refuse.
         """
         self._specs.spec(epoch, 0, self._sizes)
-        if self.position.move_to_epoch(epoch):
+        if epoch == self.position.epoch + 1 and self.epoch_done:
+            self._next_epoch()  # the one after a finished epoch: what streams ahead is kept
+        elif self.position.move_to_epoch(epoch):
             self._streams.drop()
             self._passes.moved((epoch, 0))
 
@@ -270,6 +271,12 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
         checkpoint (at the batch size saved) and those the pass yields (docs/loader.md)."""
         cursor, before = self._resumed.get(self.position.epoch, (0, 0))
         return before + self._batches_from(cursor)
+
+    @property
+    def epoch_done(self) -> bool:
+        """The current epoch's batches are all handed out (a pass finished it, or a
+        state saved at its end was loaded): a next pass takes the following epoch."""
+        return self._batches_from(self.position.cursor) == 0
 
     def _batches_from(self, cursor: int) -> int:
         """Batches of the current epoch from ``cursor`` on."""
@@ -320,7 +327,7 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
         if back is not None:
             self.position.load_state_dict({"epoch": back[0], "cursor": back[1]})
             self._streams.drop()
-        if self._batches_from(self.position.cursor) == 0:  # at an epoch's end (a state saved there)
+        if self.epoch_done:  # at an epoch's end (a pass took len() batches, or a state saved there)
             self._next_epoch()
         self._pass_began()
         started, handed, done = time.perf_counter(), 0, False
@@ -335,12 +342,14 @@ class FeederLoader(Positioned, LoaderFigures, AsDataLoader):
                 self._account(now - waited, now - started, not handed)
                 handed += 1
                 self._passes.handed()
-                done = self._batches_from(self.position.cursor) == 0
-                if done:  # the epoch's last batch: the loader stands in the next epoch from now on
-                    self._next_epoch()
+                done = self.epoch_done
+                if done:  # the epoch's last batch: the loader stays at its end until the pass ends
+                    self._streams.epoch_ended(self.position.epoch + 1, self._sizes)
+                    self._passes.finished((self.position.epoch, self.position.cursor))
             yield out
-        if done:
+        if done and self._passes.current(number) and self.epoch_done:  # asked past the last batch
             self._gaps.ended()
+            self._next_epoch()
         self._epoch_wall_s = time.perf_counter() - started
 
     def _next_epoch(self) -> None:

@@ -11,9 +11,12 @@ are said in one log line; the earlier iterator ends (``RuntimeError`` if it is a
 for another batch). An explicit move (``set_epoch`` to another epoch,
 ``load_state_dict``) leaves the unfinished pass where it stands instead.
 
-Once a pass has handed out its epoch's last batch the loader stands in the next epoch
-(the pass then ends without another batch being asked for), so a loop that takes
-exactly ``len(loader)`` batches, as Lightning's does, gets a full epoch every time.
+Once a pass has handed out its epoch's last batch the loader stays at that epoch's end
+(``epoch`` still names it, and a state saved then resumes after it) until the pass is
+asked for another (``StopIteration``, as a ``for`` loop does), ``set_epoch`` names the
+next epoch, or a next pass begins: then it stands in the next epoch. So a loop that
+takes exactly ``len(loader)`` batches and never asks for another, as Lightning's does,
+gets a full epoch every time.
 """
 
 from __future__ import annotations
@@ -70,13 +73,17 @@ class Passes:
         finally:
             self._lock.release()
 
+    def current(self, number: int) -> bool:
+        """Pass ``number`` is the latest to begin."""
+        return number == self._current
+
     def handed(self) -> None:
         """The current pass handed out a batch (call inside :meth:`taking`)."""
         self._taken += 1
 
     def finished(self, where: tuple[int, int]) -> None:
-        """The current pass handed out its epoch's last batch; the loader is now at
-        ``where`` (the next epoch's start), where a next pass begins with nothing to undo."""
+        """The current pass handed out its epoch's last batch (or the loader went on to
+        the next epoch): a next pass begins at ``where`` with nothing to undo."""
         self._origin, self._taken = where, 0
 
     def moved(self, where: tuple[int, int]) -> None:

@@ -44,7 +44,7 @@ class Positioned:
 
     @property
     def epoch(self) -> int:
-        """The epoch the next batch comes from."""
+        """The epoch of the current pass (after its last batch, until the next pass)."""
         return self.position.epoch
 
     @property

@@ -84,6 +84,11 @@ class SyntheticLoader(Positioned):
         return max(self.samples_per_rank - self.position.cursor, 0) // self.batch_size
 
     @property
+    def epoch_done(self) -> bool:
+        """The current epoch's batches are all handed out."""
+        return len(self) == 0
+
+    @property
     def epoch_progress(self) -> float:
         """Share of the current epoch consumed."""
         return min(self.position.cursor / self.samples_per_rank, 1.0)

@@ -167,8 +167,7 @@ class Trainer:
         index = self.schedule.phase_index(epoch)
         phase = self.schedule.phases[index]
         loader = self.train_loader
-        if loader.epoch <= epoch:  # past it: resumed after its last step, which the checkpoint holds
-            loader.set_epoch(epoch)
+        loader.set_epoch(epoch)
         loader.set_batch_size(phase.batch_size)
         loader.set_image_size(phase.image_size)
         loader.set_min_scale(phase.min_scale)
@@ -189,7 +188,8 @@ class Trainer:
         running = self._running = _Running(epoch, loader.wait_seconds, torch.zeros((), device=self.dist.device))
         steps = 0
         progress = loader.epoch_progress  # of the whole job: the schedule follows samples seen, not steps
-        for batch in loader if loader.epoch == epoch else ():
+        # Done already: resumed after its last step, which the checkpoint holds.
+        for batch in () if loader.epoch_done else loader:
             images, labels = batch[0], batch[1]
             self._set_hyper(self.schedule.lr_at(epoch + progress, self.dist.world_size), momentum)
             progress = loader.epoch_progress

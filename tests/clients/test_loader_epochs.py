@@ -30,7 +30,23 @@ def test_three_loops_of_len_batches_are_three_full_different_epochs(daemon) -> N
         assert lengths == [(N_TRAIN // 8, N_TRAIN // 8)] * 3
         for keys in epochs:
             assert len(keys) == len(set(keys)) == N_TRAIN
-        assert epochs[0] != epochs[1] != epochs[2] and loader.epoch == 3  # a new order each epoch
+        assert epochs[0] != epochs[1] != epochs[2]  # a new order each epoch
+        # Never asked for a batch past len(): the last pass's epoch, at its end, until a next pass.
+        assert loader.epoch == 2 and loader.epoch_done
+
+
+def test_set_epoch_after_a_loop_of_len_batches_goes_on_with_the_stream_opened_ahead(daemon) -> None:
+    # Lightning's loop: sampler.set_epoch(epoch), then exactly len() batches.
+    with _loader(daemon) as loader:
+        streams, ahead = loader._streams, None
+        for epoch in range(3):
+            loader.sampler.set_epoch(epoch)
+            assert (loader.epoch, loader.cursor) == (epoch, 0)
+            assert ahead is None or ahead in (streams.current, streams.successor)  # kept, not opened again
+            keys = [k for _, _, batch in itertools.islice(loader, len(loader)) for k in batch]
+            assert len(keys) == N_TRAIN and (loader.epoch, loader.epoch_done) == (epoch, True)
+            ahead = streams.successor or streams.current
+            assert ahead is not None and ahead.fetcher.end_epoch > epoch + 1  # streams the next epoch already
 
 
 def test_len_is_the_same_before_during_and_after_a_pass(daemon) -> None:

@@ -174,8 +174,8 @@ def test_killed_at_two_ranks_and_resumed_at_four_visits_each_sample_once_per_epo
 def test_killed_after_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_epoch(
     daemon: str, shards: Path, tmp_path: Path
 ) -> None:
-    # The checkpoint at epoch 0's last step (step 8) holds the loader already in epoch 1
-    # and the trainer still in epoch 0: the resumed run trains none of epoch 0 again.
+    # The checkpoint at epoch 0's last step (step 8) holds the loader at epoch 0's end
+    # (cursor 64 of 64): the resumed run trains none of epoch 0 again.
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "short.toml").write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
@@ -185,7 +185,7 @@ def test_killed_after_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_
                              ready=lambda: latest.is_file() and latest.read_text() == "step-000008") == -signal.SIGKILL
     resumed = run_trainer(daemon, *arguments, "--resume")
     _check(resumed)
-    assert "resumed at step 8: epoch 0, cursor 0" in resumed.stdout
+    assert "resumed at step 8: epoch 0, cursor 64" in resumed.stdout
     keys = pq.read_table(index_path(shards, "train"), columns=["key"]).column("key").to_pylist()
     assert _visits(folder / "visits") == Counter({key: 2 for key in keys})
     assert _trained_images(folder) == [N_TRAIN] * 2
