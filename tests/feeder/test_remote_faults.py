@@ -124,7 +124,9 @@ def test_a_shard_deleted_mid_epoch_ends_the_stream_naming_its_url_past_the_limit
 def test_the_first_batch_on_a_cold_cache_comes_before_any_shard_is_downloaded(
         s3_server: SeaweedFS, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = upload_tree(s3_server, shards, f"s3://{fresh_bucket(s3_server, 'cold')}/sample")
-    daemon, port = _serve(s3_server, {"remote": url}, cache_dir=tmp_path / "cache", cache_fetch_bytes_per_s=20_000)
+    # 2 KB/s: a shard's download takes its 100 KB / 2 KB/s = 50 s, however slowly
+    # the machine builds the stream's pipeline, and the stop cuts it short.
+    daemon, port = _serve(s3_server, {"remote": url}, cache_dir=tmp_path / "cache", cache_fetch_bytes_per_s=2_000)
     try:
         with connect(port) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)
