@@ -57,7 +57,11 @@ def _daemon(shards: Path, policy: str) -> Iterator[tuple[str, str]]:
         if "metrics on http://" in line:
             metrics.append(line.split("metrics on ", 1)[1].strip())
 
-    options = ("--threads", "2", "--device", "cpu", "--fair-share", policy, "--metrics-port", "0",
+    # --prefetch given: the tuner, which takes runs from the streams once the pool is
+    # busy and no CPU is spare (a loaded machine), would leave a job of one stream one
+    # run in flight and its share idle between runs; how the pool shares is what is
+    # measured here, with every stream's lane kept busy.
+    options = ("--threads", "2", "--prefetch", "4", "--device", "cpu", "--fair-share", policy, "--metrics-port", "0",
                "--max-batch-size", "64")
     with DaemonProcess({"sample": shards}, options, echo=echo) as daemon:
         # Its log is read by a thread of its own, which may be behind its readiness.
