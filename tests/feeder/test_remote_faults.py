@@ -16,6 +16,7 @@ import pytest
 from bench.seaweedfs import SeaweedFS
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.s3 import fresh_bucket, pointed_at, store_of, upload_tree
+from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request, start
 
 
@@ -43,7 +44,8 @@ def test_a_store_killed_mid_epoch_and_restarted_loses_and_repeats_nothing(
             try:
                 local = list(stub.StreamBatches(request(dataset="local", split="val", batch_size=4, image_size=16)))
                 assert sum(_keys(local).values()) == len(index_rows["val"])  # served while the store is down
-                time.sleep(1.0)  # the remote stream's reads are failing and retried meanwhile
+                # The remote stream's reads fail and are retried meanwhile.
+                assert wait_for(lambda: stub.GetStats(feeder_pb2.StatsRequest()).store_retries > 0, timeout_s=60)
             finally:
                 s3_server.start()
             batches += list(stream)
