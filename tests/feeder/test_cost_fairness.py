@@ -34,11 +34,11 @@ def _read(stream: BatchStream, batches: list[int]) -> None:
         batches[0] += 1
 
 
-def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(two_thread_service):
+def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(photo_service):
     sizes = (224, 448)
-    specs = [StreamSpec(dataset="s", split="train", batch_size=64, image_size=size, seed=k, epochs=10_000,
+    specs = [StreamSpec(dataset="s", split="train", batch_size=256, image_size=size, seed=k, epochs=10_000,
                         job_id=f"job-{size}") for k, size in enumerate(sizes)]
-    streams = [two_thread_service.open_stream(spec) for spec in specs]
+    streams = [photo_service.open_stream(spec) for spec in specs]
     # The 224 px stream keeps more runs in flight: its runs are the short ones, and a
     # lane with nothing queued takes nothing (its producer thread late on a busy
     # machine would leave the 448 px stream the pool): so its lane stays busy, and
