@@ -8,19 +8,25 @@ PROTO_OUT := protos/feeder_pb2.py
 NATIVE_LIBS := $(VENV)/.native-libraries
 DEMO    := .demo
 
-.PHONY: demo test test-quick docs-check test-cluster slurm test-under-load chaos install proto typecheck lint clean
+.PHONY: demo test test-parallel test-quick docs-check test-cluster slurm test-under-load chaos install proto typecheck lint clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# pip byte-compiles the dependencies' 11,000 .py files one by one (about 40 s of one core); compileall
+# does it on every core. Left to the tests' first imports instead, it would be done by every worker,
+# daemon and rank that starts at once. Files that do not compile (other Python versions' samples in
+# some packages) are skipped quietly, as pip skips them.
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $@
 
 # Ray (the feeder[ray] extra) for the cluster tests of `feeder shard --ray`; `make test` runs without it.
 $(RAY_STAMP): pyproject.toml $(STAMP)
-	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	$(BIN)/pip install --quiet --no-compile -e '.[dev,ray]'
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null || true
 	touch $@
 
 $(PROTO_OUT): protos/feeder.proto $(STAMP)
@@ -36,11 +42,16 @@ install: $(STAMP) $(PROTO_OUT) $(NATIVE_LIBS)
 
 proto: $(PROTO_OUT)
 
-# Three workers (on two cores) for the tests that wait more than they compute; the ones comparing rates
-# or shares of the machine (marked serial) after them, alone.
-test: install typecheck lint
-	$(BIN)/python -m pytest -q -n 3 -m "not serial and not cluster" --durations=15
+# The typecheck and the lint beside the tests that wait more than they compute (three workers on two
+# cores: mypy's minute of CPU goes into their waits); then the ones comparing rates or shares of the
+# machine (marked serial), alone.
+test: install
+	$(MAKE) --no-print-directory -j 3 typecheck lint test-parallel
 	$(BIN)/python -m pytest -q -m "serial and not cluster" --durations=5
+
+# make test's first phase alone: every test but the serial and cluster ones, three workers.
+test-parallel: install
+	$(BIN)/python -m pytest -q -n 3 -m "not serial and not cluster" --durations=15
 
 # The documents against the code (part of `make test` too): every path, link and result file they
 # name exists, every command in their shell blocks parses with its own parser (nothing is run).

@@ -23,10 +23,13 @@ SMALL_MAX_SIDE_PX = 112
 
 
 def build_sample_tree(
-    root: Path, *, classes: int = 4, train_per_class: int = 16, val_per_class: int = 4, seed: int = 0
+    root: Path, *, classes: int = 4, train_per_class: int = 16, val_per_class: int = 4, seed: int = 0,
+    side_px: tuple[int, int] = (SMALL_MIN_SIDE_PX, SMALL_MAX_SIDE_PX),
 ) -> Path:
-    """The sample ILSVRC-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv)."""
-    src = Path(root) / f"sample-c{classes}-t{train_per_class}-v{val_per_class}-s{seed}"
+    """The sample ILSVRC-shaped tree (train/<wnid>/, flat val/ + LOC_val_solution.csv),
+    its images' sides between ``side_px`` (small by default)."""
+    sizes = "" if side_px == (SMALL_MIN_SIDE_PX, SMALL_MAX_SIDE_PX) else f"-px{side_px[0]}-{side_px[1]}"
+    src = Path(root) / f"sample-c{classes}-t{train_per_class}-v{val_per_class}-s{seed}{sizes}"
     if not (src / "LOC_synset_mapping.txt").is_file():
         config = SampleDataConfig(
             src,
@@ -34,8 +37,8 @@ def build_sample_tree(
             train_per_class=train_per_class,
             val_per_class=val_per_class,
             seed=seed,
-            min_side_px=SMALL_MIN_SIDE_PX,
-            max_side_px=SMALL_MAX_SIDE_PX,
+            min_side_px=side_px[0],
+            max_side_px=side_px[1],
         )
         make_sample_data(config)
     return src
@@ -51,6 +54,7 @@ def build_sample_shards(
     formats: Sequence[str] = ("wds",),
     shard_size_bytes: int = 100_000,
     half_copies: bool = False,
+    side_px: tuple[int, int] = (SMALL_MIN_SIDE_PX, SMALL_MAX_SIDE_PX),
 ) -> Path:
     """Shard the sample tree and return the shard directory (``manifest.json`` inside).
 
@@ -60,12 +64,15 @@ def build_sample_shards(
         formats: shard formats, e.g. ``("wds", "lmdb")``.
         shard_size_bytes: small by default so that every split has several shards.
         half_copies: store half-scale copies (``feeder shard --half-copies``).
+        side_px: the images' least and greatest sides (small by default: fast to make,
+            shard and decode).
 
     Returns:
         The shard directory.
     """
     src = build_sample_tree(
-        root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed
+        root, classes=classes, train_per_class=train_per_class, val_per_class=val_per_class, seed=seed,
+        side_px=side_px,
     )
     out = Path(root) / f"shards-{src.name}-{'-'.join(formats)}-{shard_size_bytes}{'-half' if half_copies else ''}"
     if not (out / "manifest.json").is_file():

@@ -1,14 +1,19 @@
 """A clock that counts work, not seconds, for checking a :class:`core.workers.FairPool`'s
 shares exactly: an item's measured time is the cost it says it has, however loaded
-the machine (:class:`WorkClock`); and the log of what ran (:class:`WorkLog`)."""
+the machine (:class:`WorkClock`); the log of what ran (:class:`WorkLog`); and the
+workers held while a test sets its lanes up (:func:`held`), so that they start
+together however the machine schedules the test's own thread."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from core.lanes import Lane
+from core.workers import FairPool
 
-__all__ = ["WorkClock", "WorkLog"]
+__all__ = ["WorkClock", "WorkLog", "held"]
 
 
 class WorkClock:
@@ -65,3 +70,26 @@ class WorkLog:
                 break
             spent[name] = spent.get(name, 0.0) + cost
         return spent
+
+
+@contextmanager
+def held(pool: FairPool) -> Iterator[None]:
+    """Every worker of ``pool`` held on an item of a lane of its own until the block
+    ends: the lanes given work inside start level, at the first item, not one after
+    another while the pool already runs the first (a test thread held up between two
+    lines would leave the first lanes the pool alone meanwhile)."""
+    lane, running, gate = pool.lane("held"), threading.Semaphore(0), threading.Event()
+
+    def hold(i: int) -> None:
+        running.release()
+        assert gate.wait(60)
+
+    loop = lane.parallel(hold, pool.threads)
+    try:
+        for _ in range(pool.threads):
+            assert running.acquire(timeout=60), "a worker never started"
+        yield
+    finally:
+        gate.set()
+        loop.wait()
+        lane.close()

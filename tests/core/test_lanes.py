@@ -2,10 +2,12 @@
 together get what one lane beside them gets, in proportion to the shares' weights,
 as lanes join and leave; and what a lane counts of its items (CPU seconds).
 
-Checked on a clock that counts work, not seconds (``tests.common.work_clock``)."""
+Checked on a clock that counts work, not seconds (``tests.common.work_clock``), with
+every lane given its work while the workers are held, so that they start together."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -13,7 +15,7 @@ import pytest
 from core.errors import ConfigError
 from core.lanes import Lane
 from core.workers import FairPool
-from tests.common.work_clock import WorkClock, WorkLog
+from tests.common.work_clock import WorkClock, WorkLog, held
 
 
 def _busy(pool: FairPool, log: WorkLog, clock: WorkClock, name: str, cost: float = 1.0, share=None) -> Lane:
@@ -33,8 +35,9 @@ def test_a_share_of_eight_busy_lanes_gets_the_time_of_one_lane_beside_it():
     pool = FairPool(2, name="t-share", clock=clock)
     log = WorkLog(units=6000)
     job = pool.share("job-8")
-    ranks = [_busy(pool, log, clock, f"rank-{k}", cost=1.0 + k % 3, share=job) for k in range(8)]
-    alone = _busy(pool, log, clock, "alone", cost=2.0)
+    with held(pool):
+        ranks = [_busy(pool, log, clock, f"rank-{k}", cost=1.0 + k % 3, share=job) for k in range(8)]
+        alone = _busy(pool, log, clock, "alone", cost=2.0)
     log.wait([*ranks, alone])
     pool.close()
     shares = log.shares()
@@ -50,8 +53,9 @@ def test_a_shares_lanes_without_work_leave_its_time_to_its_busy_ones():
     job = pool.share("job")
     for k in range(3):  # open, and with nothing to do (unread streams)
         pool.lane(f"idle-{k}").join(job)
-    busy = _busy(pool, log, clock, "busy", share=job)
-    alone = _busy(pool, log, clock, "alone")
+    with held(pool):
+        busy = _busy(pool, log, clock, "busy", share=job)
+        alone = _busy(pool, log, clock, "alone")
     log.wait([busy, alone])
     pool.close()
     shares = log.shares()
@@ -63,8 +67,9 @@ def test_busy_shares_get_worker_time_in_proportion_to_their_weights():
     pool = FairPool(2, name="t-share-weight", clock=clock)
     log = WorkLog(units=6000)
     heavy, light = pool.share("heavy", weight=2.0), pool.share("light")
-    lanes = [_busy(pool, log, clock, f"heavy-{k}", share=heavy) for k in range(2)]
-    lanes += [_busy(pool, log, clock, f"light-{k}", cost=3.0, share=light) for k in range(3)]
+    with held(pool):
+        lanes = [_busy(pool, log, clock, f"heavy-{k}", share=heavy) for k in range(2)]
+        lanes += [_busy(pool, log, clock, f"light-{k}", cost=3.0, share=light) for k in range(3)]
     log.wait(lanes)
     pool.close()
     shares = log.shares()
@@ -76,23 +81,32 @@ def test_a_busy_lane_that_joins_a_share_and_leaves_it_changes_the_shares_from_th
     pool = FairPool(2, name="t-join", clock=clock)
     log = WorkLog(units=6000)
     job = pool.share("job")
-    first = _busy(pool, log, clock, "first", share=job)
-    marks: list[int] = []
     second = pool.lane("second")
-    logged = log.work(clock, "second", 1.0)
+    logged, lock = log.work(clock, "second", 1.0), threading.Lock()
+    joined: list[int] = []  # where the log stood once the join had returned
+    left: list[int] = []
 
-    def moving(i: int) -> None:
+    def moving(i: int) -> None:  # from a worker, while every lane is busy
         logged(i)
-        if i in (300, 700):  # from a worker, while every lane is busy
-            marks.append(len(log.items))
-            second.join(job if i == 300 else None)
+        with lock:
+            if i == 300:
+                second.join(job)
+                joined.append(len(log.items))
+            # Only once the join is done and its window logged: a worker held up
+            # between its item and the join must not let the leave come first.
+            elif joined and not left and len(log.items) >= joined[0] + 1400:
+                second.join(None)
+                left.append(len(log.items))
 
-    second.parallel(moving, 1_000_000)
-    third = _busy(pool, log, clock, "third")
+    with held(pool):
+        first = _busy(pool, log, clock, "first", share=job)
+        second.parallel(moving, 1_000_000)
+        third = _busy(pool, log, clock, "third")
     log.wait([first, second, third])
     pool.close()
-    apart, together = log.shares(units=800), log.shares(start=marks[0] + 8, units=1200)
-    again = log.shares(start=marks[1] + 8, units=1200)
+    # Each window starts a few items after its move: items claimed before it may be logged after it.
+    apart, together = log.shares(units=800), log.shares(start=joined[0] + 8, units=1200)
+    again = log.shares(start=left[0] + 8, units=1200)
     assert apart["second"] / apart["third"] == pytest.approx(1.0, rel=0.15), apart
     assert together["third"] / (together["first"] + together["second"]) == pytest.approx(1.0, rel=0.15), together
     assert again["second"] / again["third"] == pytest.approx(1.0, rel=0.15), again

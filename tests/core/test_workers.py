@@ -2,8 +2,9 @@
 between lanes.
 
 The shares are checked on a clock that counts work, not seconds (``WorkClock``): an
-item's measured time is the cost it says it has, however loaded the machine, so the
-checks are exact and fast."""
+item's measured time is the cost it says it has, however loaded the machine, and the
+lanes get their work while the workers are held (``held``), so that they start
+together: the checks are exact and fast."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.workers import FairPool, PoolClosed
-from tests.common.work_clock import WorkClock, WorkLog
+from tests.common.work_clock import WorkClock, WorkLog, held
 
 
 def _threads(name: str) -> int:
@@ -37,25 +38,34 @@ def test_every_item_runs_once():
 
 
 def test_lanes_that_keep_work_queued_get_equal_shares_however_much_they_ask():
-    pool = FairPool(2, name="t-fair")
+    clock = WorkClock()
+    pool = FairPool(2, name="t-fair", clock=clock)
+    log = WorkLog(units=4000)
     small, big = pool.lane("small"), pool.lane("big")
-    stop = time.monotonic() + 1.5
 
-    def client(lane, count):  # two loops in flight, as a stream's prefetch keeps them
-        ahead = lane.parallel(lambda i: time.sleep(0.002), count)
-        while time.monotonic() < stop:
-            loop = lane.parallel(lambda i: time.sleep(0.002), count)
-            ahead.wait()
-            ahead = loop
-        ahead.wait()
+    def client(lane, count):
+        """Two loops in flight, as a stream's prefetch keeps them: each queues the next
+        as it starts, so the lane never runs dry (with two workers, however they are
+        scheduled, an item is left while both hold a loop's first)."""
+        logged = log.work(clock, lane.name, 1.0)
 
-    clients = [threading.Thread(target=client, args=(small, 2)), threading.Thread(target=client, args=(big, 64))]
-    for c in clients:
-        c.start()
-    for c in clients:
-        c.join()
+        def work(i: int) -> None:
+            if i == 0:
+                lane.parallel(work, count)
+            logged(i)
+        for _ in range(2):
+            lane.parallel(work, count)
+
+    with held(pool):
+        client(small, 2)
+        client(big, 64)
+    log.reached()
+    busy_s = {"small": small.busy_s, "big": big.busy_s}  # while both still run
+    log.wait([small, big])
     pool.close()
-    assert small.busy_s / big.busy_s == pytest.approx(1.0, rel=0.25)
+    shares = log.shares()
+    assert shares["small"] / shares["big"] == pytest.approx(1.0, rel=0.15), shares
+    assert busy_s["small"] / busy_s["big"] == pytest.approx(1.0, rel=0.15), busy_s
 
 
 def test_what_a_client_waits_on_goes_before_the_work_it_queued_for_later():
@@ -174,8 +184,9 @@ def test_busy_lanes_get_equal_worker_time_whatever_their_items_cost(threads):
     pool = FairPool(threads, name="t-cost", clock=clock)
     log = WorkLog(units=4000)
     small, big = pool.lane("small"), pool.lane("big")
-    small.parallel(log.work(clock, "small", 1.0), 1_000_000)  # always work queued
-    big.parallel(log.work(clock, "big", 4.0), 1_000_000)
+    with held(pool):
+        small.parallel(log.work(clock, "small", 1.0), 1_000_000)  # always work queued
+        big.parallel(log.work(clock, "big", 4.0), 1_000_000)
     log.reached()
     # Read while both lanes still run: once one is closed, the other has the workers alone.
     busy_s = {"small": small.busy_s, "big": big.busy_s}
@@ -191,8 +202,9 @@ def test_busy_lanes_get_worker_time_in_proportion_to_their_weights():
     pool = FairPool(2, name="t-weight", clock=clock)
     log = WorkLog(units=6000)
     heavy, light = pool.lane("heavy", weight=2.0), pool.lane("light")
-    heavy.parallel(log.work(clock, "heavy", 4.0), 1_000_000)  # the costly items, and twice the share
-    light.parallel(log.work(clock, "light", 1.0), 1_000_000)
+    with held(pool):
+        heavy.parallel(log.work(clock, "heavy", 4.0), 1_000_000)  # the costly items, and twice the share
+        light.parallel(log.work(clock, "light", 1.0), 1_000_000)
     log.wait([heavy, light])
     pool.close()
     shares = log.shares()
@@ -209,11 +221,12 @@ def test_a_new_weight_changes_the_shares_from_then_on():
     def reweigh(i: int) -> None:
         logged(i)
         if i == 500:  # from a worker, while both lanes are busy
-            marks.append(len(log.items))
             second.weight = 3.0
+            marks.append(len(log.items))  # once it applies: the worker may be held up between the two
 
-    first.parallel(log.work(clock, "first", 1.0), 1_000_000)
-    second.parallel(reweigh, 1_000_000)
+    with held(pool):
+        first.parallel(log.work(clock, "first", 1.0), 1_000_000)
+        second.parallel(reweigh, 1_000_000)
     log.wait([first, second])
     pool.close()
     before, after = log.shares(units=800), log.shares(start=marks[0] + 8, units=1500)
@@ -279,17 +292,20 @@ def test_items_running_are_charged_when_claimed_and_corrected_when_done():
     pool.close()
 
 
-def _working_at_once(pool: FairPool, items: int = 24) -> int:
-    """How many of ``pool``'s workers run items at the same moment, at most."""
-    lock, now = threading.Lock(), [0]
-    most = [0]
+def _working_at_once(pool: FairPool, expected: int, items: int = 24) -> int:
+    """How many of ``pool``'s workers run items at the same moment, at most: the
+    items wait (up to 30 s) until ``expected`` run at once, then hold on a moment, in
+    which a worker beyond those would take one too."""
+    cond, now, most = threading.Condition(), [0], [0]
 
     def work(i: int) -> None:
-        with lock:
+        with cond:
             now[0] += 1
             most[0] = max(most[0], now[0])
+            cond.notify_all()
+            cond.wait_for(lambda: most[0] >= expected, timeout=30)
         time.sleep(0.02)
-        with lock:
+        with cond:
             now[0] -= 1
 
     pool.lane().run(work, items)
@@ -298,17 +314,17 @@ def _working_at_once(pool: FairPool, items: int = 24) -> int:
 
 def test_a_resized_pool_works_on_its_new_number_of_threads_and_lets_the_others_go():
     pool = FairPool(2, name="t-resize")
-    assert _working_at_once(pool) == 2
+    assert _working_at_once(pool, 2) == 2
     pool.resize(4)
-    assert pool.threads == 4 and _working_at_once(pool) == 4 and _threads("t-resize") == 4
+    assert pool.threads == 4 and _working_at_once(pool, 4) == 4 and _threads("t-resize") == 4
     pool.resize(1)
-    assert pool.threads == 1 and _working_at_once(pool) == 1
+    assert pool.threads == 1 and _working_at_once(pool, 1) == 1
     deadline = time.monotonic() + 5
     while _threads("t-resize") > 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _threads("t-resize") == 1  # the others stopped once their items had run
     pool.resize(3)  # grows again while none is stopping: new threads
-    assert _working_at_once(pool) == 3
+    assert _working_at_once(pool, 3) == 3
     assert pool.busy_s > 0
     pool.close()
 
@@ -317,7 +333,7 @@ def test_a_pool_grown_again_while_letting_workers_go_ends_with_its_new_number():
     pool = FairPool(4, name="t-regrow")
     pool.resize(1)
     pool.resize(4)  # those told to stop and not stopped yet stay; the others are replaced
-    assert _working_at_once(pool) == 4
+    assert _working_at_once(pool, 4) == 4
     deadline = time.monotonic() + 1
     while time.monotonic() < deadline and _threads("t-regrow") > 4:
         time.sleep(0.01)

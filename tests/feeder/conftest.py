@@ -25,6 +25,14 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_sample_shards(tmp_path_factory.mktemp("feeder-shards"))
 
 
+@pytest.fixture(scope="session")
+def photo_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Sample shards of photographs of ImageNet's sizes (300-500 px sides): decoding
+    them, not the streams' own work per batch, is what keeps a pool busy."""
+    return build_sample_shards(tmp_path_factory.mktemp("photo-shards"), train_per_class=64, side_px=(300, 500),
+                               shard_size_bytes=1 << 20)
+
+
 def start(datasets: dict[str, Path], **options) -> tuple[FeederServer, int]:
     defaults = dict(port=0, device="cpu", threads=1, max_batch_size=MAX_BATCH, grace_s=0.5)
     return create_server(ServerConfig.of(datasets=datasets, **(defaults | options)))
@@ -77,13 +85,27 @@ def private_server(shards: Path):
         server.stop(0).wait(10)
 
 
+def _two_threads(shards: Path, max_batch_size: int = 64) -> Iterator[FeederService]:
+    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=2, prefetch=2,
+                             max_batch_size=max_batch_size)
+    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
+    yield service
+    service.close()
+
+
 @pytest.fixture()
 def two_thread_service(shards: Path) -> Iterator[FeederService]:
     """A daemon's service in this process, without gRPC, on a decode pool of 2 threads
     and 2 runs in flight a stream, both given (the tests that compare streams' shares of
     the pool: the tuner, which would take a run from a stream once the pool is busy,
     is what they do not measure)."""
-    config = ServerConfig.of(datasets={"s": shards}, device="cpu", threads=2, prefetch=2, max_batch_size=64)
-    service = FeederService(config, open_datasets(config.datasets), ServerMetrics())
-    yield service
-    service.close()
+    yield from _two_threads(shards)
+
+
+@pytest.fixture()
+def photo_service(photo_shards: Path) -> Iterator[FeederService]:
+    """``two_thread_service`` serving photographs of ImageNet's sizes: where one stream
+    must keep a whole pool or half of it busy, decoding them, not its own work per batch,
+    is what it waits on, also beside two CPU-bound processes (with the small images, one
+    stream alone kept 1.3 of 2 threads busy there)."""
+    yield from _two_threads(photo_shards, max_batch_size=256)

@@ -289,9 +289,13 @@ def test_queue_bytes_bounds_a_slow_streams_queue(private_server):
         stub = feeder_pb2_grpc.FeederStub(channel)
         slow = stub.StreamBatches(request(batch_size=16, image_size=128, epochs=20))
         next(slow)
-        time.sleep(2.0)
-        queued = server.metrics.registry.get_sample_value("feeder_queued_bytes")
-        assert 0 < queued <= 2 * batch_bytes
+
+        def queued() -> float:
+            return server.metrics.registry.get_sample_value("feeder_queued_bytes")
+
+        assert wait_for(lambda: queued() > 0)  # its producer went on, however slowly
+        time.sleep(2.0)  # time to queue beyond the bound, were there none
+        assert 0 < queued() <= 2 * batch_bytes
         slow.cancel()
         assert wait_for(lambda: server.service.open_streams() == 0)
         assert server.metrics.registry.get_sample_value("feeder_queued_bytes") == 0

@@ -1,6 +1,7 @@
 """Streams whose items cost more get no more of --threads: a 448 px stream (each
 resize about 4x a 224 px one's) and a 224 px stream read beside it, both as fast as
-they come, are given equal worker time by the daemon's decode pool.
+they come, are given no more worker time for the 448 px one by the daemon's decode
+pool (equal on a quiet machine; sharing by items would give it about 1.3x here).
 
 The streams are read in process from the daemon's service, as the servicer reads
 them: over gRPC on a small machine the 448 px stream's payload (about 1 GB/s of
@@ -33,11 +34,16 @@ def _read(stream: BatchStream, batches: list[int]) -> None:
         batches[0] += 1
 
 
-def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(two_thread_service):
+def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(photo_service):
     sizes = (224, 448)
-    specs = [StreamSpec(dataset="s", split="train", batch_size=64, image_size=size, seed=k, epochs=10_000,
+    specs = [StreamSpec(dataset="s", split="train", batch_size=256, image_size=size, seed=k, epochs=10_000,
                         job_id=f"job-{size}") for k, size in enumerate(sizes)]
-    streams = [two_thread_service.open_stream(spec) for spec in specs]
+    streams = [photo_service.open_stream(spec) for spec in specs]
+    # The 224 px stream keeps more runs in flight: its runs are the short ones, and a
+    # lane with nothing queued takes nothing (its producer thread late on a busy
+    # machine would leave the 448 px stream the pool): so its lane stays busy, and
+    # what is left to compare is the pool's sharing.
+    streams[0].prefetch = 8
     batches = [[0] for _ in streams]
     readers = [threading.Thread(target=_read, args=(s, b), daemon=True) for s, b in zip(streams, batches)]
     try:
@@ -61,5 +67,7 @@ def test_a_448_px_stream_gets_the_worker_time_of_a_224_px_stream_beside_it(two_t
         assert min(made) > 0, made
         assert sum(busy) / wall > 0.5 * _THREADS, busy  # both streams kept the pool busy
     # The median window: one window of a busy machine's other work does not decide.
-    ratios = sorted(abs(busy[0] - busy[1]) / max(busy) for _, busy, _ in windows)
-    assert ratios[1] <= 0.15, windows
+    # One-sided: the costlier stream gets no more (the 448 px stream's lane, the one
+    # that may now run dry, may get less).
+    ratios = sorted(busy[1] / busy[0] for _, busy, _ in windows)
+    assert ratios[1] <= 1.15, windows

@@ -74,14 +74,14 @@ def test_a_slow_client_is_cut_off_however_slowly_it_trickles(private_server):
     with socket.create_connection(("127.0.0.1", server.metrics_port), timeout=10) as client:
         started = time.monotonic()
         ended = False
-        while time.monotonic() - started < 10 and not ended:
+        while time.monotonic() - started < 60 and not ended:
             try:
                 client.sendall(b"X")  # one byte every 0.2 s: each read comes within any per-read timeout
                 time.sleep(0.2)
             except OSError:
                 ended = True
         # Each byte comes within any per-read timeout: only the connection's own
-        # deadline (1 s) ends it within the 10 s tried.
+        # deadline (1 s) ends it; the minute tried is a wait, however slow the machine.
         assert ended, "a connection that never finishes its header is closed"
 
 

@@ -16,6 +16,7 @@ import pytest
 from bench.seaweedfs import SeaweedFS
 from protos import feeder_pb2, feeder_pb2_grpc
 from tests.common.s3 import fresh_bucket, pointed_at, store_of, upload_tree
+from tests.common.waiting import wait_for
 from tests.feeder.conftest import connect, request, start
 
 
@@ -43,7 +44,8 @@ def test_a_store_killed_mid_epoch_and_restarted_loses_and_repeats_nothing(
             try:
                 local = list(stub.StreamBatches(request(dataset="local", split="val", batch_size=4, image_size=16)))
                 assert sum(_keys(local).values()) == len(index_rows["val"])  # served while the store is down
-                time.sleep(1.0)  # the remote stream's reads are failing and retried meanwhile
+                # The remote stream's reads fail and are retried meanwhile.
+                assert wait_for(lambda: stub.GetStats(feeder_pb2.StatsRequest()).store_retries > 0, timeout_s=60)
             finally:
                 s3_server.start()
             batches += list(stream)
@@ -124,7 +126,9 @@ def test_a_shard_deleted_mid_epoch_ends_the_stream_naming_its_url_past_the_limit
 def test_the_first_batch_on_a_cold_cache_comes_before_any_shard_is_downloaded(
         s3_server: SeaweedFS, shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = upload_tree(s3_server, shards, f"s3://{fresh_bucket(s3_server, 'cold')}/sample")
-    daemon, port = _serve(s3_server, {"remote": url}, cache_dir=tmp_path / "cache", cache_fetch_bytes_per_s=20_000)
+    # 2 KB/s: a shard's download takes its 100 KB / 2 KB/s = 50 s, however slowly
+    # the machine builds the stream's pipeline, and the stop cuts it short.
+    daemon, port = _serve(s3_server, {"remote": url}, cache_dir=tmp_path / "cache", cache_fetch_bytes_per_s=2_000)
     try:
         with connect(port) as channel:
             stub = feeder_pb2_grpc.FeederStub(channel)

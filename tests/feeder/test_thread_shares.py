@@ -22,10 +22,12 @@ _THREADS = 2
 class _Job:
     """One job's stream, read as fast as it comes, its batches timed."""
 
-    def __init__(self, service: FeederService, seed: int, batch_size: int = 8) -> None:
+    def __init__(self, service: FeederService, seed: int, batch_size: int = 8, runs: int | None = None) -> None:
         spec = StreamSpec(dataset="s", split="train", batch_size=batch_size, image_size=64, seed=seed,
                           epochs=10_000)
         self.stream = service.open_stream(spec)
+        if runs is not None:  # runs in flight: more than the service's 2 keep its lane busy on a loaded machine
+            self.stream.prefetch = runs
         self.times: list[float] = []
         self.thread = threading.Thread(target=self._read, daemon=True)
 
@@ -88,21 +90,26 @@ def _threads(jobs: list[_Job], seconds: float) -> list[float]:
     return [(job.stream.busy_s - b) / wall for job, b in zip(jobs, before)]
 
 
-def test_a_job_alone_gives_half_the_threads_back_when_a_second_opens(two_thread_service):
-    # Batches of 64: a stream's serial work per batch (its plan, its slot, the send)
-    # is small enough beside the decodes that one stream alone keeps both threads busy.
-    first = _Job(two_thread_service, seed=1, batch_size=64)
+def test_a_job_alone_gives_half_the_threads_back_when_a_second_opens(photo_service):
+    # Batches of 256 of photographs, 8 runs in flight each: a stream's own work per
+    # batch (its plan, its slot, the hand-over to its reader) is small beside its
+    # decodes, and its lane always has some queued, also when a loaded machine holds its
+    # threads up (with batches of 64 of small images and 2 runs, a held-up producer
+    # handed its share to the other stream: 0.78 and 0.95 threads, a fresh make test).
+    first = _Job(photo_service, seed=1, batch_size=256, runs=8)
     first.thread.start()
     second = None
     try:
         time.sleep(1.0)
-        (alone,) = _threads([first], 1.5)
-        second = _Job(two_thread_service, seed=2, batch_size=64)
+        (alone,) = _threads([first], 2.0)
+        second = _Job(photo_service, seed=2, batch_size=256, runs=8)
         second.thread.start()
         time.sleep(1.0)  # within a few seconds
         shared = _threads([first, second], 2.0)
         print(f"threads alone {alone:.2f}, then {shared[0]:.2f} and {shared[1]:.2f}")  # with -s
-        assert alone > 1.2, alone  # it had most of both threads
+        # Alone it had the pool: as much as the two get together (what the machine lets
+        # two threads do now, measured here, not a figure of a quiet machine).
+        assert alone >= 0.8 * sum(shared), (alone, shared)
         assert shared[0] < 0.8 * alone, (alone, shared)  # it gave about half back
         assert abs(shared[0] - shared[1]) <= 0.15 * max(shared), shared
     finally:

@@ -191,17 +191,19 @@ def test_killed_after_a_checkpoint_at_an_epochs_last_step_resumes_with_the_next_
     assert _trained_images(folder) == [N_TRAIN] * 2
 
 
-def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(daemon: str, tmp_path: Path) -> None:
-    schedule = tmp_path / "short.toml"
-    schedule.write_text(SCHEDULE.replace("epochs = 3", "epochs = 1"))
-    _check(run_trainer(daemon, "--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
-                       "--val-every-epochs", "0"))
-    latest = (tmp_path / "checkpoints" / "LATEST").read_text()
-    assert latest == "step-000012"  # the second epoch's end: 8 steps of batch 8, then 4 of batch 16
+def test_without_checkpoint_every_steps_each_epoch_end_is_checkpointed(
+    daemon: str, schedule: Path, reference: Path, tmp_path: Path
+) -> None:
+    # The reference run gives no --checkpoint-every-steps: its last checkpoint is its
+    # sixth epoch's end (3 epochs of 8 steps of batch 8, then 3 of 4 of batch 16).
+    latest = (reference / "checkpoints" / "LATEST").read_text()
+    assert latest == "step-000036"
+    shutil.copytree(reference / "checkpoints" / latest, tmp_path / "checkpoints" / latest)
+    shutil.copy(reference / "checkpoints" / "LATEST", tmp_path / "checkpoints" / "LATEST")
     resumed = run_trainer(daemon, "--arch", "resnet18", "--schedule", str(schedule), "--out-dir", str(tmp_path),
                           "--val-every-epochs", "0", "--resume")
     _check(resumed)
-    assert "resumed at step 12: epoch 2" in resumed.stdout  # nothing left to train
+    assert "resumed at step 36: epoch 6" in resumed.stdout  # nothing left to train
 
 
 def test_sigterm_mid_epoch_checkpoints_where_the_ranks_are_and_resume_goes_on_from_there(

@@ -8,7 +8,6 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -135,10 +134,15 @@ def test_full_ring_waits_then_a_release_lets_the_producer_on(shm_dir):
     sender = _sender(config)
     pixels, _ = make_batch()
     held = sender.slot_for(pixels.shape)
-    threading.Timer(0.2, sender.release, (held.index, held.generation)).start()
-    started = time.monotonic()
+    released = threading.Event()
+
+    def release() -> None:
+        released.set()  # before the slot is free: set whenever slot_for can return
+        sender.release(held.index, held.generation)
+
+    threading.Timer(0.2, release).start()
     nxt = sender.slot_for(pixels.shape)
-    assert nxt.index == held.index and time.monotonic() - started > 0.1  # it waited for the release
+    assert nxt.index == held.index and released.is_set()  # it waited for the release
     sender.close()
 
 
