@@ -187,7 +187,7 @@ with tarfile.open(fileobj=sys.stdin.buffer, mode="r|xz") as pack:
   # under this Python's suffix, and the JPEG library they link, which the machine may lack.
   if [ -d "$SITE/feeder-native" ]; then
     cp "$SITE"/feeder-native/shards/*.so shards/ 2>>"$LOG"
-    cp "$SITE"/feeder-native/feeder/*.so feeder/ 2>>"$LOG"
+    cp "$SITE"/feeder-native/decode/*.so decode/ 2>>"$LOG"
     export LD_LIBRARY_PATH="$SITE/feeder-native/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 fi
@@ -212,7 +212,7 @@ try:
 except ImportError as e:
     print("no DALI:", e)
 from shards import jpeg
-from feeder import resize
+from decode import resize
 print("window decoder:", jpeg.unavailable_reason() or "loads", "| C resize:",
       resize.native_unavailable_reason() or "loads")
 if shutil.which("nvidia-smi"):

@@ -11,6 +11,7 @@ from typing import Any, Self
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import cli, from_options, option_values
+from decode.registry import check_cpu_decoder
 from feeder.config_groups import (
     Budgets,
     Calls,
@@ -24,11 +25,8 @@ from feeder.config_groups import (
 )
 from feeder.config_values import (
     BOUNDS,
-    CPU_DECODERS,
     DEFAULT_RING_SLOTS,
     LIBRARY_BYTES,
-    check_cpu_decoder,
-    cpu_decoder_in_use,
     is_loopback,
     parse_datasets,
     physical_memory_bytes,
@@ -38,8 +36,8 @@ from protocol.identity import pixel_options
 # OpenCV, the JPEG library and torch are imported where used: ``feeder --help`` builds its options from here.
 
 __all__ = [
-    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR",
-    "ServerConfig", "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
+    "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR", "ServerConfig",
+    "is_loopback", "parse_datasets", "physical_memory_bytes",
 ]
 
 DEVICES = ("auto", "cpu", "gpu")
@@ -172,9 +170,9 @@ class ServerConfig:
         if cache.decoded_cache_side < 1:
             raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {cache.decoded_cache_side}")
         if cache.decoded_cache_bytes:
-            from feeder.decoded_cache import check_budget
+            from decode.decoded_cache import check_budget
 
-            check_budget(cache.decoded_cache_bytes)
+            check_budget(cache.decoded_cache_bytes, physical_memory_bytes())
 
     def _check_remote(self) -> None:
         remote = self.remote

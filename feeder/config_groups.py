@@ -46,7 +46,7 @@ class Tuning:
             work as ``fair_share`` says (``core.workers.FairPool``); where DALI
             decodes, a new pipeline's equal share of it among the open streams and,
             for a GPU rank, at least one pipeline per GPU (at least 1; see
-            ``feeder.devices.thread_share``). 0 (the default): tuned while streams
+            ``decode.devices.thread_share``). 0 (the default): tuned while streams
             run (``autotune``), from the CPUs this process may use (its affinity, its
             container's CPU limit, at most 8) up to twice as many.
         fair_share: how the decode threads' time is shared among streams with work:
@@ -60,7 +60,7 @@ class Tuning:
         prefetch: pipeline runs kept in flight per stream. 0 (the default): tuned
             per stream (``autotune``), from 2 up to 4.
         autotune: tune the options left at 0 (``threads``, ``prefetch``) from what
-            the streams measure (``feeder.autotune``); off: 0 means their defaults.
+            the streams measure (``decode.autotune``); off: 0 means their defaults.
         lookahead: batches after those in flight whose slow samples (windows many
             times their batch's median area, as of a 12 MP photo) are decoded early,
             spread over the runs between (CPU window decoder); order unchanged. 0: none.
@@ -307,7 +307,7 @@ class DecodedCacheOptions:
 
     Args:
         decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
-            shared by every stream and job; see feeder.decoded_cache), e.g. 8G or
+            shared by every stream and job; see decode.decoded_cache), e.g. 8G or
             512M; 0, the default, turns it off, because cached pixels are downscaled
             ones (see ``decoded_cache_side``). Refused when larger than the machine's
             memory.

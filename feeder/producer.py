@@ -2,8 +2,8 @@
 decode + augment into the transport's slot), with the error policy applied to the
 samples that cannot be served.
 
-The runner hands back one outcome per job, in order (:mod:`feeder.jobs`); a
-:class:`~feeder.jobs.Failed` one names its failing samples. Here, and only here, the
+The runner hands back one outcome per job, in order (:mod:`decode.jobs`); a
+:class:`~decode.jobs.Failed` one names its failing samples. Here, and only here, the
 policy decides: a half-scale copy that failed is read from its image instead; under
 ``skip`` the failing samples are replaced by repeats (:class:`SampleFilter`), under
 ``fail`` the stream ends naming the first. The repaired job runs alone and comes out
@@ -24,12 +24,12 @@ import numpy as np
 from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
-from feeder.augment import Crops, sample_crops
+from decode.augment import Crops, sample_crops
+from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
+from decode.pipeline import PipelineSpec
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
-from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics
 from feeder.mixed_split import SplitView
-from feeder.pipeline import PipelineSpec
 from protocol.batch import BatchMeta
 from protocol.plan import BatchSlice
 from protocol.request import AugmentKind, CropRange
@@ -66,8 +66,8 @@ class PlannedJob(Job):
 
 
 class BatchRunner(Protocol):
-    """What turns a stream's jobs into batches: a :class:`feeder.runner.PipelineRunner`,
-    or one in front of the decoded cache (:class:`feeder.cached_runner.CachedRunner`)."""
+    """What turns a stream's jobs into batches: a :class:`decode.runner.PipelineRunner`,
+    or one in front of the decoded cache (:class:`decode.cached_runner.CachedRunner`)."""
 
     spec: PipelineSpec
     lane: Lane  # where its CPU work runs: the stream's share of the daemon's workers

@@ -15,8 +15,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError, DataError
+from decode.registry import cpu_decoder_in_use
 from feeder.call_guard import CallGuard
-from feeder.config import ServerConfig, cpu_decoder_in_use
+from feeder.config import ServerConfig
 from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
 from feeder.metrics_http import MetricsEndpoint

@@ -4,23 +4,24 @@ of built pipelines, and put behind the decoded cache where the daemon has one.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import ExitStack, contextmanager
 
 from core.errors import FeederError, ResourceExhausted
-from feeder.cached_runner import CachedRunner
-from feeder.config import ServerConfig, cpu_decoder_in_use
-from feeder.decoded_cache import DecodedCache
-from feeder.devices import DevicePlacer, Placement, thread_share
+from decode.cached_runner import CachedRunner
+from decode.decoded_cache import DecodedCache
+from decode.devices import DevicePlacer, Placement, thread_share
+from decode.pipeline import PipelineSpec
+from decode.pool import PipelinePool, batch_bucket
+from decode.registry import cpu_decoder_in_use
+from decode.runner import PipelineRunner
+from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.mixed_split import SplitView
-from feeder.pipeline import PipelineSpec
-from feeder.pool import PipelinePool, batch_bucket
+from feeder.mixed_split import MixedSplit, SplitView
 from feeder.producer import BatchRunner
-from feeder.runner import PipelineRunner
 from protocol.request import StreamSpec
 
-__all__ = ["StreamPipelines"]
+__all__ = ["StreamPipelines", "cache_key"]
 
 
 class StreamPipelines:
@@ -67,7 +68,7 @@ class StreamPipelines:
         on the daemon's shared workers (``--threads`` in all); only where DALI decodes
         (a GPU, or a CPU without the window decoder) does the pipeline get threads of
         its own, DALI's: a share of the budget among the streams open or opening
-        (see :func:`feeder.devices.thread_share`), fixed when DALI builds it."""
+        (see :func:`decode.devices.thread_share`), fixed when DALI builds it."""
         config = self._config
         threads = 1  # the window decoder: no threads of its own, one spec for every stream
         if placement.device == "gpu" or cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
@@ -112,4 +113,16 @@ class StreamPipelines:
         """``runner`` behind the decoded cache, when the daemon has one."""
         if self._cache is None:
             return runner
-        return CachedRunner(runner, self._cache, dataset, split, self._metrics)
+        return CachedRunner(runner, self._cache, split, cache_key(dataset, split), self._metrics)
+
+
+def cache_key(dataset: str, split: SplitView) -> Callable[[int], Hashable]:
+    """The decoded cache's key of a sample index of ``split``: (dataset, split, index)
+    of the dataset the sample is of, so plain and mixed streams of a dataset share
+    entries."""
+    if isinstance(split, MixedSplit):
+        def key(index: int) -> Hashable:
+            part, local = split.locate(index)
+            return part.name, part.split.split, local
+        return key
+    return lambda index: (dataset, split.split, index)

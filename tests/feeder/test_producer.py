@@ -15,13 +15,13 @@ import pytest
 
 from core.bad_input import OnError
 from core.errors import SampleCorrupt
-from feeder.augment import sample_crops
+from decode.augment import sample_crops
+from decode.jobs import Job
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from feeder.bad_samples import BadSamples, SampleFilter, UnservableSample
-from feeder.jobs import Job
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineSpec
 from feeder.producer import Producer, ReadyBatch, StreamContext
-from feeder.runner import PipelineRunner
 from protocol.plan import BatchSlice, LastBatch, epoch_order, iter_batches, rank_part
 from protocol.request import AugmentKind, CropRange
 from shards.reader import ShardDataset, SplitIndex

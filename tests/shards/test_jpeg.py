@@ -256,7 +256,7 @@ def test_damaged_bytes_anywhere_give_a_window_or_an_error_never_a_crash() -> Non
 
 def test_without_the_library_the_pipeline_uses_dali_and_the_sharder_keeps_the_bytes(monkeypatch) -> None:
     from core.errors import ConfigError
-    from feeder.pipeline import PipelineSpec
+    from decode.pipeline import PipelineSpec
     from sharder.images import ProcessedImage
     from sharder.normalise import with_restarts
 

@@ -6,7 +6,7 @@ interface, four implementations, chosen once when a pipeline is built
   :mod:`shards.jpeg` (rows and columns cropped before the IDCT and, on the sharder's
   JPEGs with restart markers, before the entropy decoding too; at a reduced DCT scale
   where the window is at least twice the output), then the GIL-free C resize
-  (``feeder/_resize.c`` through :class:`feeder.resize.BatchResizer`; OpenCV's, image
+  (``decode/_resize.c`` through :class:`decode.resize.BatchResizer`; OpenCV's, image
   by image, where that library was not built) resizes and mirrors the batch on the
   workers.
   Per window on one core: 0.25 ms (0.32 without restart markers) where DALI's
@@ -18,11 +18,11 @@ interface, four implementations, chosen once when a pipeline is built
   the hardware JPEG engines) on the stream's device, then DALI's resize and flip
   there; a batch whose slot is on a GPU (a CUDA IPC slot) is copied device to device
   on the slot's stream, never through host memory, and nothing waits on the host.
-- :class:`feeder.split_decoder.SplitDecoder`: a GPU pipeline's batches split between
+- :class:`decode.split_decoder.SplitDecoder`: a GPU pipeline's batches split between
   the first two, the CPU's share tuned from what it measures.
 
 A decoder starts runs and finishes them in the order they were started; finishing
-waits for the run (:meth:`collect`, which raises :class:`feeder.jobs.SampleDecodeError`
+waits for the run (:meth:`collect`, which raises :class:`decode.jobs.SampleDecodeError`
 for a run whose samples failed), then writes it into its slot (:meth:`write`).
 """
 
@@ -33,10 +33,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.workers import Lane
-from feeder.jobs import Allocate, Job, SampleDecodeError
-from feeder.look_ahead import LookAhead
-from feeder.pipeline import ANCHORS, FLIPS, JPEGS, SHAPES, SIZES, PipelineSpec, build_dali, dali_decode_error
-from feeder.resize import BatchResizer
+from decode.jobs import Allocate, Job, SampleDecodeError
+from decode.look_ahead import LookAhead
+from decode.pipeline import ANCHORS, FLIPS, JPEGS, SHAPES, SIZES, PipelineSpec, build_dali, dali_decode_error
+from decode.resize import BatchResizer
 from shards import jpeg
 from transport.base import Slot
 
@@ -66,7 +66,7 @@ class Decoder(Protocol):
 
     def ahead(self, job: Job) -> None:
         """``job`` will be started after those in flight: slow samples of it may be
-        decoded ahead (:mod:`feeder.look_ahead`)."""
+        decoded ahead (:mod:`decode.look_ahead`)."""
 
     def start(self, job: Job) -> Any:
         """Starts decoding ``job``; returns what :meth:`finish` takes."""
@@ -95,7 +95,7 @@ def make_decoder(spec: PipelineSpec, lane: Lane) -> Decoder:
         gpu = DaliGpuDecoder(spec)
         if spec.cpu_decode_share == 0 or not jpeg.available():
             return gpu
-        from feeder.split_decoder import CpuShare, SplitDecoder
+        from decode.split_decoder import CpuShare, SplitDecoder
 
         return SplitDecoder(TurboDecoder(spec, lane), gpu, CpuShare(spec.cpu_decode_share))
     if spec.decoder == "libjpeg-turbo":
@@ -220,7 +220,7 @@ class TurboDecoder(PhasedDecoder):
         the slot's stream (no SM time, no host wait)."""
         import torch
 
-        from feeder.device_writes import PinnedStaging, upload
+        from decode.device_writes import PinnedStaging, upload
 
         if self._staging is None:
             self._staging = PinnedStaging()
@@ -343,7 +343,7 @@ class DaliGpuDecoder(_DaliDecoder):
     def __init__(self, spec: PipelineSpec) -> None:
         import torch
 
-        from feeder.device_writes import Held
+        from decode.device_writes import Held
 
         super().__init__(spec)
         self.device_copies = self.host_copies = 0
@@ -357,7 +357,7 @@ class DaliGpuDecoder(_DaliDecoder):
     def write(self, collected: tuple[Job, Any], slot: Slot) -> None:
         import torch
 
-        from feeder.device_writes import copy_dali_output
+        from decode.device_writes import copy_dali_output
 
         _, out = collected
         if slot.tensor.device.type != "cuda":

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from core.errors import ConfigError
-from feeder.augment import Crops, key_hashes, random_resized_crops
-from feeder.jobs import Decoded, Failed, Job, SampleDecodeError
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
+from decode.augment import Crops, key_hashes, random_resized_crops
+from decode.jobs import Decoded, Failed, Job, SampleDecodeError
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from protocol.request import AugmentKind, CropRange
 from shards import jpeg
 from tests.common.jobs import header_job, jpeg_bytes

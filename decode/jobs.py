@@ -18,7 +18,7 @@ from typing import Generic, TypeVar, Union
 import numpy as np
 
 from core.errors import DataError
-from feeder.augment import Crops
+from decode.augment import Crops
 from transport.base import Slot
 
 __all__ = [

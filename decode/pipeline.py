@@ -2,12 +2,12 @@
 and the DALI boundary: the DALI graphs, their build, and the one function that reads
 DALI's error text (:func:`dali_decode_error`).
 
-Crop windows and flips come from outside (:mod:`feeder.augment`: a pure function of
+Crop windows and flips come from outside (:mod:`decode.augment`: a pure function of
 seed, epoch and sample key), so a pipeline holds no random state and its identity
 holds neither the crop ranges, the image size, the transform (train and validation
 differ only in their windows) nor the batch size (up to ``max_batch_size``): one
 built pipeline serves any of them. What decodes is chosen when it is built
-(:mod:`feeder.decoders`).
+(:mod:`decode.decoders`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.pipeline import Pipeline
 
 from core.errors import ConfigError
-from feeder.config import check_cpu_decoder, cpu_decoder_in_use
-from feeder.jobs import SampleDecodeError
+from decode.jobs import SampleDecodeError
+from decode.registry import check_cpu_decoder, cpu_decoder_in_use
 
 __all__ = [
     "ANCHORS",
@@ -65,7 +65,7 @@ class PipelineSpec:
         cpu_decode_share: GPU only: the share of each batch decoded on the CPU by the
             window decoder and uploaded (no SM time): 0 decodes all of it on the GPU,
             1 all of it on the CPU, None lets the decoder tune it from what it measures
-            (:mod:`feeder.split_decoder`). Where the window decoder was not built, 0.
+            (:mod:`decode.split_decoder`). Where the window decoder was not built, 0.
     """
 
     device: str = "cpu"
