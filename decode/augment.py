@@ -64,6 +64,11 @@ class Crops:
     def __len__(self) -> int:
         return len(self.boxes)
 
+    def rows(self, positions: Sequence[int] | np.ndarray) -> Crops:
+        """The crops of the samples at ``positions`` alone, in that order."""
+        rows = np.asarray(positions, dtype=np.intp)
+        return Crops(boxes=self.boxes[rows], flips=self.flips[rows])
+
 
 def key_hashes(keys: Sequence[str]) -> np.ndarray:
     """Stable 64-bit hashes of sample keys (blake2b), as uint64."""

@@ -5,9 +5,9 @@ sample index, a mixed stream's by its own dataset's, so plain and mixed streams 
 dataset share entries):
 
 - **hit**: its crop window, drawn in original pixels, is mapped into the cached
-  image, and the C resize (``decode/_resize.c``; OpenCV's where it was not built)
-  crops, resizes and mirrors it into the batch on the workers, the GIL released
-  (:class:`decode.resize.BatchResizer`): no JPEG, no DALI.
+  image, and the CPU finishing stage (:class:`decode.finish.Finisher`: the C resize of
+  ``decode/_resize.c``, OpenCV's where it was not built) finishes it into the batch on
+  the workers, the GIL released: no JPEG, no DALI.
 - **miss while the cache admits**: the whole image is decoded (a crop window would not
   serve the next epoch's crop), downscaled, admitted, then served like a hit, so a
   sample's pixels are the same on its first pass as on later ones.
@@ -33,10 +33,9 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from core.errors import ConfigError
-from core.workers import Loop
 from decode.decoded_cache import CacheCounters, DecodedCache, SampleSizes, cached_windows, decode_downscaled
+from decode.finish import Finisher, Finishing
 from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
-from decode.resize import BatchResizer
 from decode.runner import PipelineRunner
 from transport.base import Slot, host_slot
 
@@ -114,7 +113,7 @@ class CachedRunner:
         self._split = split
         self._metrics = metrics
         self.lane = inner.lane  # the stream's share of the daemon's workers
-        self._resizer = BatchResizer(self.lane)
+        self._finisher = Finisher(self.lane, self.spec.antialias)
 
     @property
     def prefetch(self) -> int:
@@ -169,14 +168,14 @@ class CachedRunner:
         if slot.tensor.device.type != "cpu":
             return _Begun(lambda: Decoded(job, _written(slot, lambda out: self._from_cached(
                 job, images, list(range(len(job))), out))))
-        _, loop = self._start_cached(job, images, list(range(len(job))), slot.array)
+        _, finishing = self._start_cached(job, images, list(range(len(job))), slot.array)
         self._metrics.decoded_cache(hits=len(job), usage=self._cache.usage())
 
         def finish() -> Outcome[JobT]:
-            loop.wait()
+            finishing.wait()
             return Decoded(job, slot)
 
-        return _Begun(finish, settle=loop.wait)
+        return _Begun(finish, settle=finishing.wait)
 
     def run_alone(self, job: JobT, allocate: Allocate = host_slot) -> Outcome[JobT]:
         """The outcome of ``job``: cached samples resized from the cache, the others
@@ -237,16 +236,16 @@ class CachedRunner:
     def _from_cached(
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None
     ) -> np.ndarray:
-        """Crop, resize and mirror cached images ``ready`` (positions in the job)."""
-        out, loop = self._start_cached(job, images, ready, out, first=True)
-        loop.wait()
+        """Crop and finish cached images ``ready`` (positions in the job)."""
+        out, finishing = self._start_cached(job, images, ready, out, first=True)
+        finishing.wait()
         return out
 
     def _start_cached(
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None,
         first: bool = False,
-    ) -> tuple[np.ndarray, Loop]:
-        """Start :meth:`_from_cached` on the lane: ``out`` and the loop that fills it."""
+    ) -> tuple[np.ndarray, Finishing]:
+        """Start :meth:`_from_cached` on the lane: ``out`` and the finishing that fills it."""
         crops = job.crops
         chosen = [images[k] for k in ready]
         cached = [image for image in chosen if image is not None]
@@ -254,8 +253,7 @@ class CachedRunner:
         shapes = np.array([image.shape[:2] for image in cached], dtype=np.int64).reshape(-1, 2)
         windows = cached_windows(crops.boxes[ready], self._split.widths[rows], self._split.heights[rows], shapes)
         views = [image[y0:y1, x0:x1] for image, (x0, y0, x1, y1) in zip(cached, windows)]
-        return self._resizer.start(views, job.image_size, crops.flips[ready], self.spec.antialias, out=out,
-                                   first=first)
+        return self._finisher.start(views, job.image_size, crops.rows(ready), out=out, first=first)
 
     def _parallel(self, work: Callable[[_Item], _Result], items: list[_Item]) -> list[_Result]:
         """``[work(x) for x in items]`` on the stream's lane (the decoder releases the GIL)."""

@@ -5,19 +5,20 @@ interface, four implementations, chosen once when a pipeline is built
 - :class:`TurboDecoder` (CPU, libjpeg-turbo): only each crop window is decoded by
   :mod:`shards.jpeg` (rows and columns cropped before the IDCT and, on the sharder's
   JPEGs with restart markers, before the entropy decoding too; at a reduced DCT scale
-  where the window is at least twice the output), then the GIL-free C resize
-  (``decode/_resize.c`` through :class:`decode.resize.BatchResizer`; OpenCV's, image
-  by image, where that library was not built) resizes and mirrors the batch on the
-  workers.
+  where the window is at least twice the output), then the CPU finishing stage
+  (:class:`decode.finish.Finisher`: the GIL-free C resize of ``decode/_resize.c``,
+  mirroring as it resizes; OpenCV's, image by image, where that library was not
+  built) finishes the batch on the workers.
   Per window on one core: 0.25 ms (0.32 without restart markers) where DALI's
   ``decoders.image_slice`` takes 0.43. Into a device slot it writes through pinned
   staging memory and an upload on the slot's stream.
 - :class:`DaliCpuDecoder` (CPU, where the window decoder was not built): DALI's ROI
-  decode, then the same resize (DALI's CPU resize costs ~1.2 ms per image).
+  decode, then the same finishing stage (DALI's CPU resize costs ~1.2 ms per image).
 - :class:`DaliGpuDecoder`: ``mixed`` ROI decode (nvJPEG, ``hw_decoder_load`` of it on
-  the hardware JPEG engines) on the stream's device, then DALI's resize and flip
-  there; a batch whose slot is on a GPU (a CUDA IPC slot) is copied device to device
-  on the slot's stream, never through host memory, and nothing waits on the host.
+  the hardware JPEG engines) on the stream's device, then the finishing stage in its
+  DALI graph there (:func:`decode.finish.finish_graph`); a batch whose slot is on a
+  GPU (a CUDA IPC slot) is copied device to device on the slot's stream, never through
+  host memory, and nothing waits on the host.
 - :class:`decode.split_decoder.SplitDecoder`: a GPU pipeline's batches split between
   the first two, the CPU's share tuned from what it measures.
 
@@ -33,10 +34,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.workers import Lane
+from decode import finish
+from decode.finish import Finisher
 from decode.jobs import Allocate, Job, SampleDecodeError
 from decode.look_ahead import LookAhead
-from decode.pipeline import ANCHORS, FLIPS, JPEGS, SHAPES, SIZES, PipelineSpec, build_dali, dali_decode_error
-from decode.resize import BatchResizer
+from decode.pipeline import ANCHORS, JPEGS, SHAPES, PipelineSpec, build_dali, dali_decode_error
 from shards import jpeg
 from transport.base import Slot
 
@@ -148,7 +150,7 @@ class PhasedDecoder:
 
 
 class TurboDecoder(PhasedDecoder):
-    """The libjpeg-turbo window decoder and the C resize, both on ``lane``."""
+    """The libjpeg-turbo window decoder and the finishing stage, both on ``lane``."""
 
     device_copies = host_copies = 0
 
@@ -157,8 +159,7 @@ class TurboDecoder(PhasedDecoder):
     def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         # Buffers of the runs in flight and of the one being resized.
         self._windows = jpeg.WindowDecoder(lane, arenas=spec.prefetch + 1)
-        self._resizer = BatchResizer(lane)
-        self._antialias = spec.antialias
+        self._finisher = Finisher(lane, spec.antialias)
         self._ahead = LookAhead(self._submit_early)
         self._staging: Any = None  # PinnedStaging, for device slots (made when first needed)
         self.uploads = 0  # batches written into a device slot through pinned memory
@@ -209,14 +210,14 @@ class TurboDecoder(PhasedDecoder):
         job, decoding, windows = collected
         try:
             if slot.tensor.device.type == "cpu":
-                self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
+                self._finisher.finish(windows, job.image_size, job.crops, out=slot.array)
             else:
                 self._upload(job, windows, slot)
         finally:
             self._windows.recycle(decoding)
 
     def _upload(self, job: Job, windows: list[np.ndarray], slot: Slot) -> None:
-        """Resizes into pinned memory, then enqueues its copy into the device slot on
+        """Finishes into pinned memory, then enqueues its copy into the device slot on
         the slot's stream (no SM time, no host wait)."""
         import torch
 
@@ -227,8 +228,8 @@ class TurboDecoder(PhasedDecoder):
         stream = slot.stream or torch.cuda.current_stream(slot.tensor.device)
         nbytes = slot.tensor.numel()
         staging = self._staging.take(nbytes)[:nbytes]
-        self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias,
-                             out=staging.numpy().reshape(tuple(slot.tensor.shape)))
+        pixels = staging.numpy().reshape(tuple(slot.tensor.shape))
+        self._finisher.finish(windows, job.image_size, job.crops, out=pixels)
         upload(staging, slot.tensor, stream)
         self._staging.give(staging, stream)
         self.uploads += 1
@@ -264,8 +265,7 @@ def _feed(pipe: Any, job: Job, gpu: bool) -> None:
     pipe.feed_input(ANCHORS, list(boxes[:, :2]))
     pipe.feed_input(SHAPES, list(boxes[:, 2:]))
     if gpu:
-        pipe.feed_input(SIZES, [np.array([job.image_size], dtype=np.float32)] * len(job))
-        pipe.feed_input(FLIPS, list(job.crops.flips.astype(np.int32)))
+        finish.feed(pipe, job.image_size, job.crops)
     pipe.schedule_run()
 
 
@@ -317,24 +317,23 @@ class _DaliDecoder(PhasedDecoder):
 
 
 class DaliCpuDecoder(_DaliDecoder):
-    """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and the C resize
-    (on ``lane``)."""
+    """DALI's CPU ROI decode (on DALI's ``spec.threads`` threads) and the finishing
+    stage (on ``lane``)."""
 
     device_copies = host_copies = 0
 
     def __init__(self, spec: PipelineSpec, lane: Lane) -> None:
         super().__init__(spec)
-        self._resizer = BatchResizer(lane)
-        self._antialias = spec.antialias
+        self._finisher = Finisher(lane, spec.antialias)
 
     def write(self, collected: tuple[Job, Any], slot: Slot) -> None:
         job, out = collected
         windows = [np.asarray(out[i]) for i in range(len(out))]
-        self._resizer.resize(windows, job.image_size, job.crops.flips, self._antialias, out=slot.array)
+        self._finisher.finish(windows, job.image_size, job.crops, out=slot.array)
 
 
 class DaliGpuDecoder(_DaliDecoder):
-    """nvJPEG ROI decode, DALI's resize and flip on the stream's GPU. Its outputs are
+    """nvJPEG ROI decode and the finishing stage on the stream's GPU. Its outputs are
     bound to a stream of its own; a device slot is written on the slot's stream after
     it, and the output is kept until that copy is done (:class:`Held`): no host wait."""
 

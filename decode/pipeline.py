@@ -19,15 +19,14 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.pipeline import Pipeline
 
 from core.errors import ConfigError
+from decode.finish import finish_graph
 from decode.jobs import SampleDecodeError
 from decode.registry import check_cpu_decoder, cpu_decoder_in_use
 
 __all__ = [
     "ANCHORS",
-    "FLIPS",
     "JPEGS",
     "SHAPES",
-    "SIZES",
     "PipelineSpec",
     "build_dali",
     "crop_decode_pipeline",
@@ -35,8 +34,8 @@ __all__ = [
     "gpu_pipeline",
 ]
 
-# Names of the graphs' external sources.
-JPEGS, ANCHORS, SHAPES, SIZES, FLIPS = "jpegs", "anchors", "shapes", "sizes", "flips"
+# Names of the graphs' external sources (the finishing stage's are :mod:`decode.finish`'s).
+JPEGS, ANCHORS, SHAPES = "jpegs", "anchors", "shapes"
 
 
 @dataclass(frozen=True)
@@ -132,20 +131,21 @@ def crop_decode_pipeline():  # type: ignore[no-untyped-def]
 
 
 @pipeline_def
-def gpu_pipeline(antialias: bool, hw_decoder_load: float = 0.65):  # type: ignore[no-untyped-def]
+def gpu_pipeline(  # type: ignore[no-untyped-def]
+    antialias: bool, hw_decoder_load: float = 0.65, decode_on: str = "mixed"
+):
     """GPU: decode each window with nvJPEG (``hw_decoder_load`` of the data on the
-    hardware JPEG engines, where the GPU has them), resize to the run's size, mirror.
+    hardware JPEG engines, where the GPU has them), then finish it there
+    (:func:`decode.finish.finish_graph`: resized to the run's size, mirrored).
 
-    Inputs: as :func:`crop_decode_pipeline`, plus ``sizes`` (float32 ``[side]``) and
-    ``flips`` (int32 scalar, 1 = mirror) per sample. Output: uint8 HWC, RGB.
+    Inputs: as :func:`crop_decode_pipeline`, plus the finishing stage's
+    (:func:`decode.finish.feed`). Output: uint8 HWC, RGB. ``decode_on="cpu"`` builds
+    the same graph on DALI's CPU backend (``device_id=None``): how its finishing is
+    checked against the CPU's where there is no GPU.
     """
     jpegs, anchors, shapes = _window_inputs()
-    sizes = fn.external_source(name=SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
-    flips = fn.external_source(name=FLIPS, dtype=types.DALIDataType.INT32, ndim=0)
-    images = _decode_window(jpegs, anchors, shapes, device="mixed", hw_decoder_load=hw_decoder_load)
-    side = sizes[0]
-    resized = fn.resize(images, resize_x=side, resize_y=side, antialias=antialias)
-    return fn.flip(resized, horizontal=flips, vertical=0)  # type: ignore[arg-type]
+    mixed = {"hw_decoder_load": hw_decoder_load} if decode_on == "mixed" else {}
+    return finish_graph(_decode_window(jpegs, anchors, shapes, device=decode_on, **mixed), antialias)
 
 
 def build_dali(spec: PipelineSpec) -> Pipeline:

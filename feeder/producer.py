@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
-from decode.augment import Crops, sample_crops
+from decode.augment import sample_crops
 from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from decode.pipeline import PipelineSpec
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
@@ -233,7 +233,7 @@ class Producer:
         from_copies = None
         if ctx.runner.decodes_half_copies:
             jpegs, boxes, from_copies = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
-            crops = Crops(boxes=boxes, flips=crops.flips)
+            crops = replace(crops, boxes=boxes)  # the windows in their copies' pixels; the rest as drawn
         else:
             jpegs = self._unheld(batch.indices)
         # (another stream's misses count too: it is only a hint)

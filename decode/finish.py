@@ -1,0 +1,95 @@
+"""The finishing stage: a batch's decoded windows become its output pixels, each
+resized to the run's side and mirrored where its flip says, whichever path decoded it.
+
+What a sample's finish does is drawn in one place (:func:`decode.augment.sample_crops`,
+from seed, epoch and sample key) and travels with its job
+(:class:`decode.augment.Crops`); here it is applied, in one of two ways:
+
+- on the CPU, :class:`Finisher`: the batch resize (:class:`decode.resize.BatchResizer`,
+  the C one mirroring as it resizes) on the stream's lane. The window decoder's
+  batches, DALI's CPU decoder's, the split decoder's CPU rows and the decoded cache's
+  hits all end here.
+- in a DALI graph, :func:`finish_graph`: DALI's resize and flip, on the device of its
+  input (the GPU, after a ``mixed`` decode), fed per run by :func:`feed`.
+
+DALI's bilinear resize and the C one agree within one grey level
+(``tests/decode/test_finish.py``), so a sample's pixels do not depend on the path its
+batch took beyond that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from nvidia.dali import fn, types
+
+from core.workers import Lane
+from decode.augment import Crops
+from decode.resize import BatchResizer
+
+__all__ = ["FLIPS", "SIZES", "Finisher", "Finishing", "feed", "finish_graph"]
+
+# Names of the finishing graph's external sources.
+SIZES, FLIPS = "sizes", "flips"
+
+
+class Finishing(Protocol):
+    """A batch being finished: :meth:`wait` returns once its pixels are all written."""
+
+    def wait(self) -> None: ...
+
+
+class Finisher:
+    """The CPU finishing stage of one pipeline.
+
+    Args:
+        lane: where its work runs (the stream's lane on the daemon's workers).
+        antialias: the resize filter (see :mod:`decode.resize`).
+    """
+
+    def __init__(self, lane: Lane, antialias: bool = False) -> None:
+        self._resizer = BatchResizer(lane)
+        self.antialias = antialias
+
+    def finish(self, windows: Sequence[np.ndarray], size: int, crops: Crops, out: np.ndarray | None = None
+               ) -> np.ndarray:
+        """:meth:`start`, and wait for it: ``out``, written."""
+        out, finishing = self.start(windows, size, crops, out, first=True)
+        finishing.wait()
+        return out
+
+    def start(self, windows: Sequence[np.ndarray], size: int, crops: Crops, out: np.ndarray | None = None,
+              first: bool = False) -> tuple[np.ndarray, Finishing]:
+        """Start finishing each window into ``out`` on the lane.
+
+        Args:
+            windows: the decoded windows, uint8 ``[h, w, 3]`` of any sizes.
+            size: the output side in pixels.
+            crops: the windows' flips (one row per window).
+            out: uint8 ``[N, size, size, 3]`` to write into (None: a new array).
+            first: ahead of the lane's work not yet started (its caller waits on it).
+
+        Returns:
+            ``out`` (written once the finishing's :meth:`~Finishing.wait` returns) and
+            the finishing.
+        """
+        return self._resizer.start(windows, size, crops.flips, self.antialias, out, first=first)
+
+
+def finish_graph(images: Any, antialias: bool) -> Any:
+    """The finishing stage in a DALI graph, on ``images``' device: each image resized to
+    its run's side (``sizes``, float32 ``[side]`` per sample) and mirrored where its
+    ``flips`` (int32 scalar, 1 = mirror) says. Fed by :func:`feed`."""
+    sizes = fn.external_source(name=SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
+    flips = fn.external_source(name=FLIPS, dtype=types.DALIDataType.INT32, ndim=0)
+    side = sizes[0]
+    resized = fn.resize(images, resize_x=side, resize_y=side, antialias=antialias)
+    return fn.flip(resized, horizontal=flips, vertical=0)  # type: ignore[arg-type]
+
+
+def feed(pipe: Any, size: int, crops: Crops) -> None:
+    """Feeds a run of :func:`finish_graph`: its side and each sample's flip."""
+    pipe.feed_input(SIZES, [np.array([size], dtype=np.float32)] * len(crops))
+    pipe.feed_input(FLIPS, list(crops.flips.astype(np.int32)))
