@@ -45,7 +45,8 @@ class PipelineRunner:
         self.spec = spec
         self._own_workers: FairPool | None = None
         if lane is None:
-            self._own_workers = FairPool(spec.threads)
+            # Named apart from the daemon's pool ("feeder-decode"), whose threads are counted by name.
+            self._own_workers = FairPool(spec.threads, name="feeder-runner")
             lane = self._own_workers.lane("runner")
         self.lane = lane
         self._decoder = make_decoder(spec, lane)
