@@ -13,7 +13,7 @@ dataset share entries):
   sample's pixels are the same on its first pass as on later ones.
 - **miss once the cache is full**, or an image that did not decode: the stream's own
   runner (:class:`decode.runner.PipelineRunner`, its decoder chosen as without a cache:
-  :mod:`decode.decoders`) decodes its window from JPEG; a sample that fails to decode
+  :mod:`decode.registry`) decodes its window from JPEG; a sample that fails to decode
   is never cached.
 - **bypass**: a batch whose image size exceeds the cache's side would upscale cached
   pixels, so it is decoded from JPEG as without a cache, and counted.

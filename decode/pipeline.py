@@ -6,8 +6,8 @@ Crop windows and flips come from outside (:mod:`decode.augment`: a pure function
 seed, epoch and sample key), so a pipeline holds no random state and its identity
 holds neither the crop ranges, the image size, the transform (train and validation
 differ only in their windows) nor the batch size (up to ``max_batch_size``): one
-built pipeline serves any of them. What decodes is chosen when it is built
-(:mod:`decode.decoders`).
+built pipeline serves any of them. What decodes is chosen by name when it is built
+(:mod:`decode.registry`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from nvidia.dali.pipeline import Pipeline
 from core.errors import ConfigError
 from decode.finish import finish_graph
 from decode.jobs import SampleDecodeError
-from decode.registry import check_cpu_decoder, cpu_decoder_in_use
 
 __all__ = [
     "ANCHORS",
@@ -55,9 +54,10 @@ class PipelineSpec:
             filter, 1.7x cheaper on the CPU than the antialiased one) or bilinear
             widened when downscaling (True: torchvision's PIL path). On the GPU,
             DALI fixes it when the pipeline is built, hence it is part of the spec.
-        cpu_decoder: the CPU path's decoder: ``"libjpeg-turbo"`` (:mod:`shards.jpeg`),
-            ``"dali"`` (DALI's ROI decode), or ``"auto"``: the first where it was
-            built, else the second.
+        cpu_decoder: the CPU path's decoder, by name (:data:`decode.registry.DECODERS`:
+            ``"libjpeg-turbo"``, the window decoder of :mod:`shards.jpeg`, ``"dali"``,
+            DALI's ROI decode), or ``"auto"``: the first that can run here. The name
+            is checked when the decoder is made (the registry may grow until then).
         hw_decoder_load: GPU only: the share of each batch's JPEG data DALI gives the
             GPU's hardware JPEG engines (separate from the SMs a training step
             uses; ignored on a GPU without them). DALI's default is 0.65.
@@ -80,7 +80,6 @@ class PipelineSpec:
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
             raise ConfigError(f"device: {self.device!r} is not cpu or gpu")
-        check_cpu_decoder(self.cpu_decoder)
         for name in ("hw_decoder_load", "cpu_decode_share"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
@@ -90,11 +89,6 @@ class PipelineSpec:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.device_id < 0 or (self.device == "cpu" and self.device_id != 0):
             raise ConfigError(f"device_id: {self.device_id} is not a CUDA index of a gpu spec")
-
-    @property
-    def decoder(self) -> str:
-        """What decodes: ``"nvjpeg"`` (GPU), ``"libjpeg-turbo"`` or ``"dali"`` (CPU)."""
-        return "nvjpeg" if self.device == "gpu" else cpu_decoder_in_use(self.cpu_decoder)
 
 
 def _decode_window(jpegs, anchors, shapes, device: str, **mixed):  # type: ignore[no-untyped-def]

@@ -1,5 +1,5 @@
 """A built pipeline run on jobs: :class:`PipelineRunner` keeps up to ``prefetch`` of
-them in flight in its decoder (:mod:`decode.decoders`) and hands back one outcome per
+them in flight in its decoder (:mod:`decode.registry` names it) and hands back one outcome per
 job, in order (:mod:`decode.jobs`).
 
 When a run fails, the runs behind it are finished first, and the failing samples are
@@ -19,10 +19,10 @@ import numpy as np
 
 from core.errors import ConfigError
 from core.workers import FairPool, Lane
-from decode.decoders import make_decoder
 from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
 from decode.look_ahead import DEFAULT_LOOKAHEAD
 from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
 from transport.base import Slot, TransportClosed, host_slot
 
 __all__ = ["PipelineRunner"]

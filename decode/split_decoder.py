@@ -67,7 +67,7 @@ class CpuShare:
 
 
 class PartDecoder(Protocol):
-    """A decoder a batch's part goes to: :class:`decode.decoders.PhasedDecoder`'s
+    """A decoder a batch's part goes to: :class:`decode.decoder.PhasedDecoder`'s
     phases."""
 
     def start(self, job: Job) -> Any: ...

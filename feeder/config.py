@@ -11,7 +11,6 @@ from typing import Any, Self
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import cli, from_options, option_values
-from decode.registry import check_cpu_decoder
 from feeder.config_groups import (
     Budgets,
     Calls,
@@ -133,6 +132,8 @@ class ServerConfig:
             for name in names:
                 if not holds(values[name]):  # NaN fails each
                     raise ConfigError(f"{name}: must be {rule}, got {values[name]}")
+        from decode.registry import check_cpu_decoder  # the decoders' libraries load only when a daemon is configured
+
         check_cpu_decoder(self.decoding.cpu_decoder)
         for name in ("hw_decoder_load", "cpu_decode_share"):
             value = values[name]

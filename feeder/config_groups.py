@@ -202,9 +202,10 @@ class Decoding:
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
-        cpu_decoder: what decodes JPEG windows on the CPU: ``libjpeg-turbo`` (feeder's
-            window decoder: 0.25 CPU ms per window of the sample data against 0.43),
-            ``dali`` (DALI's ROI decode), or ``auto``: the first where it was built.
+        cpu_decoder: what decodes JPEG windows on the CPU, by its name in the decoder
+            registry (``decode.registry``): ``libjpeg-turbo`` (feeder's window decoder:
+            0.25 CPU ms per window of the sample data against 0.43), ``dali`` (DALI's
+            ROI decode), or ``auto``: the first that can run here.
         on_error: what a stream does with a sample it cannot serve (one that fails to
             decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
             sample of its batch, marked as padding, counts and names it (in GetStats

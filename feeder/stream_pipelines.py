@@ -13,7 +13,7 @@ from decode.decoded_cache import DecodedCache
 from decode.devices import DevicePlacer, Placement, thread_share
 from decode.pipeline import PipelineSpec
 from decode.pool import PipelinePool, batch_bucket
-from decode.registry import cpu_decoder_in_use
+from decode.registry import DECODERS, cpu_decoder_in_use
 from decode.runner import PipelineRunner
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
@@ -65,13 +65,13 @@ class StreamPipelines:
 
     def spec_for(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
         """The pipeline of a new stream, on its placement's device. Its CPU work runs
-        on the daemon's shared workers (``--threads`` in all); only where DALI decodes
-        (a GPU, or a CPU without the window decoder) does the pipeline get threads of
-        its own, DALI's: a share of the budget among the streams open or opening
+        on the daemon's shared workers (``--threads`` in all); only where its decoder
+        has threads of its own (DALI's: on a GPU, or ``--cpu-decoder dali``) does the
+        pipeline get some: a share of the budget among the streams open or opening
         (see :func:`decode.devices.thread_share`), fixed when DALI builds it."""
         config = self._config
-        threads = 1  # the window decoder: no threads of its own, one spec for every stream
-        if placement.device == "gpu" or cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
+        threads = 1  # a decoder on the lane: no threads of its own, one spec for every stream
+        if placement.device == "gpu" or DECODERS[cpu_decoder_in_use(config.decoding.cpu_decoder)].own_threads:
             # The node's other ranks are likely on their way: each gets an equal share.
             pipelines = max(self._open_streams() + self._opening, spec.local_world_size)
             if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way

@@ -1,4 +1,4 @@
-"""The decoders (:mod:`decode.decoders`), each a real one on real JPEGs: the CPU ones
+"""The decoders (:mod:`decode.turbo`, :mod:`decode.dali`), each a real one on real JPEGs: the CPU ones
 on DALI's CPU pipeline and the libjpeg-turbo window decoder, the GPU one where there
 is a device. Each run's batch is uint8 ``[N, size, size, 3]`` with sample ``i``'s
 window at ``i``, mirrored where its flip says; runs finish in the order they were
@@ -17,9 +17,12 @@ from PIL import Image
 
 from core.workers import FairPool, Lane
 from decode.augment import Crops, centre_crops
-from decode.decoders import DaliCpuDecoder, DaliGpuDecoder, Decoder, TurboDecoder, make_decoder
+from decode.dali import DaliCpuDecoder, DaliGpuDecoder
+from decode.decoder import Decoder
 from decode.jobs import Allocate, Job, SampleDecodeError
 from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
+from decode.turbo import TurboDecoder
 from shards import jpeg
 from tests.common.bad_samples import broken_scan
 from transport.base import Slot, host_slot

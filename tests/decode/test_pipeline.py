@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from core.workers import FairPool
-from decode.decoders import DaliCpuDecoder
+from decode.dali import DaliCpuDecoder
 from decode.jobs import SampleDecodeError
 from decode.pipeline import PipelineSpec, dali_decode_error
 from tests.common.jobs import header_job, jpeg_bytes

@@ -148,7 +148,7 @@ def test_bad_specs_are_config_errors(jpegs, cpu_decoder):
     with pytest.raises(ConfigError, match="device"):
         PipelineSpec(cpu_decoder=cpu_decoder, device="tpu")
     with pytest.raises(ConfigError, match="cpu_decoder"):
-        PipelineSpec(cpu_decoder="pillow")
+        PipelineRunner(PipelineSpec(cpu_decoder="pillow"))
     with pytest.raises(ConfigError, match="batch"):
         _runner(cpu_decoder, 2).run(header_job(jpegs[:3], 32))
 

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from core.workers import FairPool, Lane
-from decode.decoders import DaliCpuDecoder, TurboDecoder, make_decoder
+from decode.dali import DaliCpuDecoder
 from decode.jobs import SampleDecodeError
 from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
 from decode.split_decoder import LATE_S, STEP, CpuShare, SplitDecoder
+from decode.turbo import TurboDecoder
 from shards import jpeg
 from tests.common.bad_samples import broken_scan
 from tests.decode.test_decoders import _COLOURS, _job, _solid
