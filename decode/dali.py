@@ -24,13 +24,13 @@ from transport.base import Slot
 __all__ = ["DaliCpuDecoder", "DaliGpuDecoder"]
 
 
-def _feed(pipe: Any, job: Job, gpu: bool) -> None:
+def _feed(pipe: Any, job: Job, gpu: bool, photometric: bool) -> None:
     boxes = job.crops.boxes.astype(np.float32)
     pipe.feed_input(JPEGS, list(job.jpegs))
     pipe.feed_input(ANCHORS, list(boxes[:, :2]))
     pipe.feed_input(SHAPES, list(boxes[:, 2:]))
     if gpu:
-        finish.feed(pipe, job.image_size, job.crops)
+        finish.feed(pipe, job.image_size, job.crops, photometric)
     pipe.schedule_run()
 
 
@@ -56,9 +56,10 @@ class _DaliDecoder(PhasedDecoder):
 
     def __init__(self, spec: PipelineSpec, lane: Lane | None = None) -> None:
         self._pipe = build_dali(spec)
+        self._photometric = spec.photometric and self.device == "gpu"
 
     def start(self, job: Job) -> Job:
-        _feed(self._pipe, job, gpu=self.device == "gpu")
+        _feed(self._pipe, job, gpu=self.device == "gpu", photometric=self._photometric)
         return job
 
     def collect(self, job: Job) -> tuple[Job, Any]:

@@ -65,6 +65,9 @@ class PipelineSpec:
             window decoder and uploaded (no SM time): 0 decodes all of it on the GPU,
             1 all of it on the CPU, None lets the decoder tune it from what it measures
             (:mod:`decode.split_decoder`). Where the window decoder was not built, 0.
+        photometric: GPU only: its graph has the photometric steps
+            (:func:`decode.finish.finish_graph`), fed each sample's factors; the CPU
+            finishing stage needs no such choice when it is built.
     """
 
     device: str = "cpu"
@@ -76,6 +79,7 @@ class PipelineSpec:
     cpu_decoder: str = "auto"
     hw_decoder_load: float = 0.65
     cpu_decode_share: float | None = 0.0
+    photometric: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
@@ -126,11 +130,12 @@ def crop_decode_pipeline():  # type: ignore[no-untyped-def]
 
 @pipeline_def
 def gpu_pipeline(  # type: ignore[no-untyped-def]
-    antialias: bool, hw_decoder_load: float = 0.65, decode_on: str = "mixed"
+    antialias: bool, hw_decoder_load: float = 0.65, decode_on: str = "mixed", photometric: bool = False
 ):
     """GPU: decode each window with nvJPEG (``hw_decoder_load`` of the data on the
     hardware JPEG engines, where the GPU has them), then finish it there
-    (:func:`decode.finish.finish_graph`: resized to the run's size, mirrored).
+    (:func:`decode.finish.finish_graph`: resized to the run's size, mirrored, toned
+    with ``photometric``).
 
     Inputs: as :func:`crop_decode_pipeline`, plus the finishing stage's
     (:func:`decode.finish.feed`). Output: uint8 HWC, RGB. ``decode_on="cpu"`` builds
@@ -139,7 +144,7 @@ def gpu_pipeline(  # type: ignore[no-untyped-def]
     """
     jpegs, anchors, shapes = _window_inputs()
     mixed = {"hw_decoder_load": hw_decoder_load} if decode_on == "mixed" else {}
-    return finish_graph(_decode_window(jpegs, anchors, shapes, device=decode_on, **mixed), antialias)
+    return finish_graph(_decode_window(jpegs, anchors, shapes, device=decode_on, **mixed), antialias, photometric)
 
 
 def build_dali(spec: PipelineSpec) -> Pipeline:
@@ -155,7 +160,8 @@ def build_dali(spec: PipelineSpec) -> Pipeline:
         exec_dynamic=True,
     )
     if spec.device == "gpu":
-        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load, **common)
+        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load,
+                            photometric=spec.photometric, **common)
     else:
         pipe = crop_decode_pipeline(**common)
     pipe.build()

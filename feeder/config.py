@@ -11,6 +11,7 @@ from typing import Any, Self
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import cli, from_options, option_values
+from decode.augment import Jitter
 from feeder.config_groups import (
     Budgets,
     Calls,
@@ -91,6 +92,8 @@ class ServerConfig:
         shm: the shared-memory rings of same-host clients (``SharedMemory``).
         decoded_cache: decoded images kept in RAM (``DecodedCacheOptions``).
         remote: datasets in object stores and their shard cache (``RemoteOptions``).
+        jitter: the photometric steps of training samples, each off by default
+            (:class:`~decode.augment.Jitter`).
     """
 
     datasets: Mapping[str, Path | str] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
@@ -112,6 +115,7 @@ class ServerConfig:
     shm: SharedMemory = field(default_factory=SharedMemory)
     decoded_cache: DecodedCacheOptions = field(default_factory=DecodedCacheOptions)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
+    jitter: Jitter = field(default_factory=Jitter)
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -195,7 +199,7 @@ class ServerConfig:
         (:func:`protocol.identity.pixel_options`)."""
         cache = self.decoded_cache
         side = cache.decoded_cache_side if cache.decoded_cache_bytes else 0
-        return pixel_options(self.decoding.antialias, self.decoding.max_pixels, side)
+        return pixel_options(self.decoding.antialias, self.decoding.max_pixels, side, self.jitter.pixel_options())
 
     @property
     def footprint_bytes(self) -> int:

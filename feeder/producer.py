@@ -24,7 +24,7 @@ import numpy as np
 from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
-from decode.augment import sample_crops
+from decode.augment import Jitter, sample_crops
 from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from decode.pipeline import PipelineSpec
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
@@ -99,9 +99,10 @@ class BatchRunner(Protocol):
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from (``split``: one
     split, or a mix's composite split),
-    what runs (``runner``), the output's sizes, what draws each sample's crop window
-    and flip (``kind``, ``seed``, ``crop``, with the batch's epoch and the samples'
-    keys), the error policy (``samples``) and the ready queue's bounds."""
+    what runs (``runner``), the output's sizes, what draws each sample's crop window,
+    flip and photometric factors (``kind``, ``seed``, ``crop``, ``jitter``, with the
+    batch's epoch and the samples' keys), the error policy (``samples``) and the
+    ready queue's bounds."""
 
     split: SplitView
     runner: BatchRunner
@@ -113,6 +114,7 @@ class StreamContext:
     kind: AugmentKind = AugmentKind.TRAIN
     seed: int = 0
     crop: CropRange = CropRange()
+    jitter: Jitter = Jitter()
 
 
 class Producer:
@@ -227,7 +229,7 @@ class Producer:
         split, ctx, batch = self._ctx.split, self._ctx, screened.batch
         crops = sample_crops(
             ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
-            split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
+            split.widths[batch.indices], split.heights[batch.indices], ctx.crop, ctx.jitter,
         )
         uncached = split.uncached_reads
         from_copies = None

@@ -19,7 +19,7 @@ from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.mixed_split import MixedSplit, SplitView
 from feeder.producer import BatchRunner
-from protocol.request import StreamSpec
+from protocol.request import AugmentKind, StreamSpec
 
 __all__ = ["StreamPipelines", "cache_key"]
 
@@ -88,6 +88,8 @@ class StreamPipelines:
             cpu_decoder=config.decoding.cpu_decoder,
             hw_decoder_load=self._devices.hw_decoder_load(placement.device_id, config.gpu.hw_decoder_load),
             cpu_decode_share=config.gpu.cpu_decode_share if on_gpu else 0.0,
+            # The GPU's graph tones training batches where a photometric step is on (the CPU's stage needs no spec).
+            photometric=on_gpu and config.jitter.on and spec.kind is AugmentKind.TRAIN,
         )
 
     def lend(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
