@@ -72,9 +72,14 @@ class Jitter:
         jitter_brightness: each training sample's values are multiplied by a factor
             drawn uniformly between max(0, 1 - b) and 1 + b (torchvision's
             ColorJitter ``brightness``), e.g. 0.4; 0: off.
+        jitter_contrast: each training sample's values' distance from mid-grey (128)
+            is multiplied by a factor drawn likewise (torchvision's ColorJitter
+            ``contrast``, which scales about the image's mean grey instead), e.g. 0.4;
+            0: off.
     """
 
     jitter_brightness: float = 0.0
+    jitter_contrast: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -99,10 +104,12 @@ class Tone:
     """Per-sample photometric factors of one batch, float32 ``[N]`` each (1: unchanged).
 
     Attributes:
-        brightness: values multiplied by it.
+        brightness: values multiplied by it (after the contrast).
+        contrast: values' distance from mid-grey multiplied by it.
     """
 
     brightness: np.ndarray
+    contrast: np.ndarray
 
     @classmethod
     def unchanged(cls, n: int) -> Tone:
@@ -250,7 +257,8 @@ def sample_tone(seed: int, epoch: int, hashes: np.ndarray, jitter: Jitter) -> To
     if not jitter.on:
         return None
     u = _uniforms(seed, epoch, np.asarray(hashes, dtype=np.uint64), first=_TONE_BLOCK, blocks=1)
-    return Tone(brightness=_factors(u[:, 0], jitter.jitter_brightness))
+    return Tone(brightness=_factors(u[:, 0], jitter.jitter_brightness),
+                contrast=_factors(u[:, 1], jitter.jitter_contrast))
 
 
 def sample_crops(

@@ -15,8 +15,8 @@ from seed, epoch and sample key) and travels with its job
   ``brightness_contrast`` where the pipeline has the photometric steps, on the device
   of its input (the GPU, after a ``mixed`` decode), fed per run by :func:`feed`.
 
-Both tone a value ``x`` into ``brightness * x``, computed in float32 and rounded to
-the nearest level, and DALI's bilinear resize and the C one agree within one grey
+Both tone a value ``x`` into ``brightness * (128 + contrast * (x - 128))``, computed
+in float32 and rounded to the nearest level, and DALI's bilinear resize and the C one agree within one grey
 level (``tests/decode/test_finish.py``), so a sample's pixels do not depend on the
 path its batch took beyond that.
 """
@@ -34,10 +34,12 @@ from core.workers import Lane
 from decode.augment import Crops, Tone
 from decode.resize import BatchResizer
 
-__all__ = ["BRIGHTNESS", "FLIPS", "SIZES", "Finisher", "Finishing", "feed", "finish_graph", "tone_table"]
+__all__ = ["BRIGHTNESS", "CONTRAST", "FLIPS", "MID_GREY", "SIZES", "Finisher", "Finishing", "feed", "finish_graph",
+           "tone_table"]
 
 # Names of the finishing graph's external sources.
-SIZES, FLIPS, BRIGHTNESS = "sizes", "flips", "brightness"
+SIZES, FLIPS, BRIGHTNESS, CONTRAST = "sizes", "flips", "brightness", "contrast"
+MID_GREY = np.float32(128)  # the level contrast scales about (DALI's contrast_center)
 
 
 class Finishing(Protocol):
@@ -49,7 +51,7 @@ class Finishing(Protocol):
 def tone_table(tone: Tone, row: int) -> np.ndarray:
     """Sample ``row``'s photometric steps as a table of its 256 levels (uint8)."""
     levels = np.arange(256, dtype=np.float32)
-    values = tone.brightness[row] * levels  # float32, as DALI's brightness_contrast
+    values = tone.brightness[row] * (MID_GREY + tone.contrast[row] * (levels - MID_GREY))  # float32, as DALI's
     return np.clip(np.rint(values), 0, 255).astype(np.uint8)
 
 
@@ -127,7 +129,8 @@ def finish_graph(images: Any, antialias: bool, photometric: bool = False) -> Any
     if not photometric:
         return finished
     brightness = fn.external_source(name=BRIGHTNESS, dtype=types.DALIDataType.FLOAT, ndim=0)
-    return fn.brightness_contrast(finished, brightness=brightness)
+    contrast = fn.external_source(name=CONTRAST, dtype=types.DALIDataType.FLOAT, ndim=0)
+    return fn.brightness_contrast(finished, brightness=brightness, contrast=contrast, contrast_center=float(MID_GREY))
 
 
 def feed(pipe: Any, size: int, crops: Crops, photometric: bool = False) -> None:
@@ -138,3 +141,4 @@ def feed(pipe: Any, size: int, crops: Crops, photometric: bool = False) -> None:
     if photometric:
         tone = crops.tone if crops.tone is not None else Tone.unchanged(len(crops))
         pipe.feed_input(BRIGHTNESS, list(tone.brightness))
+        pipe.feed_input(CONTRAST, list(tone.contrast))

@@ -95,7 +95,8 @@ def test_the_steps_are_pixel_options_only_while_on(tmp_path: Path):
 
 def _reference(tone: Tone, row: int, values: np.ndarray) -> np.ndarray:
     """The steps in float64, rounded to the nearest level."""
-    return np.clip(np.rint(float(tone.brightness[row]) * values.astype(np.float64)), 0, 255)
+    brightness, contrast = float(tone.brightness[row]), float(tone.contrast[row])
+    return np.clip(np.rint(brightness * (128 + contrast * (values.astype(np.float64) - 128))), 0, 255)
 
 
 def test_the_cpu_table_is_the_steps_formula():
