@@ -68,14 +68,16 @@ if [ "${#parts[@]}" -gt "$MAX_PARTS" ]; then
 fi
 
 echo
-echo "Commands for the GPU machine, back to back (each within ~30 s of the last):"
+echo "Commands for the GPU machine, an H200 (the first run's absolute figure is an H200's), back to back"
+echo "(each within ~30 s of the last):"
 n=${#parts[@]}
 for i in "${!parts[@]}"; do
   p=${parts[$i]}
   if [ "$i" -lt $((n - 1)) ]; then
-    echo "  run carry=[\"$p\"] command: mkdir -p /tmp/wh && cp $p /tmp/wh/"
+    echo "  run kind=\"nvidia-h200\" carry=[\"$p\"] command: mkdir -p /tmp/wh && cp $p /tmp/wh/"
   else
-    echo "  run carry=[\"$p\"] timeout_s=330 command: mkdir -p /tmp/wh && cp $p /tmp/wh/ \\"
+    echo "  run kind=\"nvidia-h200\" carry=[\"$p\"] timeout_s=330 command: mkdir -p /tmp/wh && cp $p /tmp/wh/ \\"
     echo "      && bash bench/gpu_check.sh --site-parts /tmp/wh"
   fi
 done
+echo "A rerun on the same warm machine: run timeout_s=330 command: bash bench/gpu_check.sh --site-parts /tmp/wh"

@@ -34,45 +34,15 @@ from pathlib import Path
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cpu_quota import CpuQuota  # noqa: E402
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
 from clients import FeederLoader  # noqa: E402
 from launcher.daemon_process import DaemonProcess  # noqa: E402
 
-__all__ = ["CpuQuota", "main", "parse_args"]
+__all__ = ["main", "parse_args"]
 
 _REPO = Path(__file__).resolve().parent.parent
-_PERIOD_US = 100_000
-
-
-class CpuQuota:
-    """A cgroup holding processes to ``cpus`` of a core (cgroup v1 ``cpu`` or v2).
-
-    Args:
-        name: the group's name under the cgroup root.
-        cpus: share of one core, e.g. 0.25.
-    """
-
-    def __init__(self, name: str, cpus: float) -> None:
-        v1, v2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
-        self.path = (v1 if (v1 / "cpu.cfs_quota_us").exists() else v2) / name
-        self.path.mkdir(exist_ok=True)
-        quota = int(cpus * _PERIOD_US)
-        if (self.path / "cpu.cfs_quota_us").exists():
-            (self.path / "cpu.cfs_period_us").write_text(str(_PERIOD_US))
-            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
-        else:
-            (self.path / "cpu.max").write_text(f"{quota} {_PERIOD_US}")
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into the group."""
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def remove(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass  # still busy: the kernel removes nothing a process is in
 
 
 @contextmanager

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.pool import CpuQuota
+from bench.cpu_quota import CpuQuota
 from sharder import ShardConfig, shard
 
 __all__ = ["measure_nodes"]

@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -237,12 +238,15 @@ def _ready(name: str, spec: LoaderSpec, schedule: Schedule, workdir: Path) -> tu
 
 
 def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds: int,
-                 ready: dict[str, tuple[str, dict | None]] | None = None) -> list[dict]:
+                 ready: dict[str, tuple[str, dict | None]] | None = None,
+                 measured: Callable[[list[dict]], None] | None = None) -> list[dict]:
     """Every loader in turn, ``rounds`` times over; one summary row per loader.
 
     Args:
         ready: what ``_ready`` returned for loaders made ready before (others are made
             ready before their first start).
+        measured: called after each run with the rows of the loaders run so far (a
+            run cut short keeps what finished).
     """
     runs: dict[str, list[dict]] = {name: [] for name in names}
     ready = dict(ready or {})
@@ -259,6 +263,8 @@ def _measure_all(names: list[str], spec: LoaderSpec, schedule: Schedule, rounds:
             else:
                 runs[name].append(stand_in)
             _progress(i + 1, rounds * len(names), runs[name][-1])
+            if measured is not None:
+                measured([summarise_runs(runs[n]) for n in names if runs[n]])
     return [summarise_runs(runs[name]) for name in names]
 
 
@@ -304,6 +310,23 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
+def _command(argv: list[str] | None) -> list[str]:
+    return [f"bench/{Path(__file__).name}", *(argv if argv is not None else sys.argv[1:])]
+
+
+def _writer(args: argparse.Namespace, data: BenchData, names: list[str],
+            argv: list[str] | None) -> Callable[[list[dict]], None] | None:
+    """What writes ``--json`` after each run (marked ``partial`` until the last)."""
+    if not args.json:
+        return None
+    config = _config(args, data, names) | {"partial": True}
+
+    def write(rows: list[dict]) -> None:
+        add_ratios(rows)
+        write_json(args.json, config, rows, _command(argv), check_targets(rows))
+    return write
+
+
 def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
     try:
         data, names = _data(args), args.loaders.split(",")
@@ -325,14 +348,13 @@ def _run(args: argparse.Namespace, argv: list[str] | None) -> int:
         print("\n".join(filter(None, [format_store_table(rows, store["raw_bandwidth"]),
                                        format_targets(targets, "feeder-s3")])))
     else:
-        rows = _measure_all(names, spec, schedule, args.rounds)
+        rows = _measure_all(names, spec, schedule, args.rounds, measured=_writer(args, data, names, argv))
         add_ratios(rows)
         targets = check_targets(rows)
         print("\n".join(filter(None, [format_table(rows), format_targets(targets)])))
     config = _config(args, data, names) | ({"store": "s3", **store} if store else {})
     if args.json:
-        command = [f"bench/{Path(__file__).name}", *(argv if argv is not None else sys.argv[1:])]
-        write_json(args.json, config, rows, command, targets)
+        write_json(args.json, config, rows, _command(argv), targets)
     if args.plot:
         title = (f"{args.split}, {args.image_size} px, batch {args.batch_size}, {args.threads} CPU threads, "
                  f"{args.device}")

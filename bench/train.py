@@ -1,25 +1,31 @@
-"""What the input path costs the trainer: ``python -m trainer.train`` fed by a feeder
-daemon beside the same trainer on ``--data synthetic`` (random tensors made on the
-device: the upper bound), at each image size of a schedule, plus the sample data's
-time to a target top-1.
+"""What the input path costs the trainer: the bundled trainer's step fed by a feeder
+daemon beside the same step on synthetic data (random tensors made on the device:
+the upper bound), at each image size, plus the sample data's time to a target top-1.
 
-One daemon (``feeder serve --port 0``, on the GPU where there is CUDA) serves
-``--nproc`` trainer ranks under torchrun (NCCL on GPUs, gloo on CPUs), as on a
-training node. A run trains a phase of ``--epochs-per-size`` whole epochs at each
-``--sizes`` (validating as configured); feeder and synthetic runs alternate, repeat
-after repeat, so machine noise hits both. ``--variant`` compares several daemons
-(GPU decode with the tuned CPU share, GPU only, CPU only) against the same synthetic
-runs. Each phase's first epoch is a warm-up
-(streams opening, cuDNN choosing its kernels) and left out; per size the medians are
-reported: images/s per rank and its ratio to synthetic, the device's idle share
-between steps fed and synthetic and their difference (the stall as the GPU sees it),
-the host's wait for data, and the transport that carried the batches. From the
-per-size rates it prints the projected time of ``imagenet-fastai`` on 8 GPUs
-(:mod:`bench.train_projection`).
+The daemons (``feeder serve --port 0``, on the GPU where there is CUDA; one per
+``--variant``, started side by side) serve ``--nproc`` trainer ranks under torchrun
+(NCCL on GPUs, gloo on CPUs), as on a training node. Each rank runs
+:mod:`bench.train_steady`: one model and optimiser, fed in turn by every daemon and
+by synthetic data, over steady windows: per size, ``--warmup-steps`` untimed steps
+from each source first (the split decoder tunes its CPU share in them), then
+``--repeats`` rounds in which each source runs ``--settle-steps`` and a timed window
+of ``--window-steps`` (scaled by pixel count at smaller sizes), the order turned
+around each round so that machine drift falls on every source. No validation or
+checkpoint runs inside a window, and a daemon's stream is dropped after each of its
+windows, so what it made ahead while the others ran is never counted.
+
+Per daemon and size it reports the trainer's step time fed and synthetic and their
+ratio (the headline, with the spread of the rounds' ratios), the device's idle share
+between steps fed and synthetic, the host's wait for batches, the GPU's utilisation
+and its hardware JPEG engines' (NVML, during the windows: 0 % means the engines were
+not used), and the transport; and, from the per-size rates, the projected 8-GPU
+``imagenet-fastai`` time (:mod:`bench.train_projection`), labelled as what it is: one
+GPU with all of this machine's cores, times 8. The JSON is written after every
+window (``--json``), so a run cut short keeps what finished.
 
 Example (a GPU node)::
 
-    python bench/train.py --arch resnet50 --sizes 128,224 --batch-size 256 --nproc 1 \\
+    python bench/train.py --arch resnet50 --sizes 224,128 --batch-size 256 --nproc 1 \\
         --images-per-class 800 --skip-accuracy --json bench/results/train-gpu.json
 """
 
@@ -29,25 +35,27 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import asdict
 from pathlib import Path
 
 if not __package__:  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.cpu_quota import CpuQuota  # noqa: E402
 from bench.data import SAMPLE_TRAIN_PER_CLASS, prepare_sample, resolve  # noqa: E402
-from bench.report import write_json  # noqa: E402
-from bench.train_projection import project  # noqa: E402
+from bench.report import write_document  # noqa: E402
+from bench.train_plan import SteadyPlan  # noqa: E402
 from launcher.daemon_process import DaemonProcess  # noqa: E402
 
-__all__ = ["main", "parse_args", "phase_figures", "trainer_env"]
+__all__ = ["main", "parse_args", "trainer_env"]
 
 _REPO = Path(__file__).resolve().parent.parent
-_DATA = ("feeder", "synthetic")
 
 
 def trainer_env(nproc: int) -> dict[str, str]:
@@ -60,108 +68,56 @@ def trainer_env(nproc: int) -> dict[str, str]:
     return env
 
 
-def _schedule(sizes: list[int], epochs: int, batch_size: int) -> str:
-    phase = ("[[phases]]\nepochs = {epochs}\nimage_size = {size}\nbatch_size = {batch}\n"
-             "lr_start = 0.05\nlr_end = 0.05\nmomentum = 0.9\n")
-    return "label_smoothing = 0.1\n" + "".join(phase.format(epochs=epochs, size=s, batch=batch_size) for s in sizes)
+def _schedule(size: int, batch_size: int) -> str:
+    """One phase: the batch size and learning rate the steps run at."""
+    return (f"label_smoothing = 0.1\n[[phases]]\nepochs = 1\nimage_size = {size}\nbatch_size = {batch_size}\n"
+            "lr_start = 0.05\nlr_end = 0.05\nmomentum = 0.9\n")
 
 
-def _train(address: str, out: Path, args: argparse.Namespace, *options: str) -> dict:
-    """One torchrun trainer run; returns its summary.json."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", str(args.nproc), "-m", "trainer.train",
-               "--server", address, "--dataset", "bench", "--arch", args.arch,
-               "--out-dir", str(out), "--log-every-steps", "0", "--seed", str(args.seed),
-               "--prefetch-batches", str(args.prefetch_batches), *options]
-    env = trainer_env(args.nproc) | {"TMPDIR": str(out.parent)}  # torchrun's files go with the bench's folder
-    result = subprocess.run(command, cwd=_REPO, env=env, capture_output=True, text=True)
+def _ranks(args: argparse.Namespace, work: Path, *command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` (``-m MODULE ...``) on ``--nproc`` ranks: under torchrun, or as one
+    plain process for one rank (a launcher less to start)."""
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc)]
+    run = [sys.executable, *(launcher if args.nproc > 1 else []), *command]
+    env = trainer_env(args.nproc) | {"TMPDIR": str(work)}  # torchrun's files go with the bench's folder
+    return subprocess.run(run, cwd=_REPO, env=env, capture_output=True, text=True)
+
+
+def _steady(addresses: dict[str, str], work: Path, json_path: Path, document: dict,
+            args: argparse.Namespace) -> dict:
+    """The steady windows of every source (bench.train_steady under torchrun); their figures."""
+    schedule = work / "steady.toml"
+    schedule.write_text(_schedule(args.sizes[0], args.batch_size))
+    plan = SteadyPlan(sources=addresses, dataset="bench", schedule=str(schedule), arch=args.arch, sizes=args.sizes,
+                      batch_size=args.batch_size, repeats=args.repeats, window_steps=args.window_steps,
+                      settle_steps=args.settle_steps, warmup_steps=args.warmup_steps, pause_s=args.pause_s,
+                      prefetch_batches=args.prefetch_batches, seed=args.seed, out_dir=str(work / "steady"),
+                      json=str(json_path), document=document, cores=os.cpu_count() or 1)
+    (work / "plan.json").write_text(json.dumps(asdict(plan)))
+    result = _ranks(args, work, "-m", "bench.train_steady", "--plan", str(work / "plan.json"))
     if result.returncode != 0:
         raise RuntimeError(f"trainer failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
-    print(result.stdout.strip().splitlines()[-1], flush=True)
-    return json.loads((out / "summary.json").read_text())
-
-
-def phase_figures(summary: dict, nproc: int) -> dict[int, dict[str, float]]:
-    """Per image size: the medians over its epochs past the first (the warm-up) of
-    images/s per rank, the device's idle share and the host's stall share."""
-    by_size: dict[int, list[dict]] = {}
-    for record in summary["records"]:
-        by_size.setdefault(int(record["image_size"]), []).append(record)
-    figures = {}
-    for size, records in by_size.items():
-        measured = records[1:] or records
-        figures[size] = {
-            "images_per_s": statistics.median(r["images_per_s"] for r in measured) / nproc,
-            "idle_fraction": statistics.median(r.get("idle_fraction", 0.0) for r in measured),
-            "stall_fraction": statistics.median(r["stall_fraction"] for r in measured),
-        }
-    return figures
-
-
-def _medians(runs: list[dict[int, dict[str, float]]], size: int) -> dict[str, float]:
-    return {key: statistics.median(run[size][key] for run in runs) for key in runs[0][size]}
-
-
-def _throughput(addresses: dict[str, str], work: Path, args: argparse.Namespace) -> dict:
-    """Per repeat, a fed run per daemon variant and a synthetic run, the order turned
-    around each repeat; per variant and size, the medians against synthetic."""
-    schedule = work / "bench.toml"
-    schedule.write_text(_schedule(args.sizes, args.epochs_per_size, args.batch_size))
-    common = ["--schedule", str(schedule), "--val-every-epochs", str(args.val_every_epochs)]
-    runs: dict[str, list[dict[int, dict[str, float]]]] = {name: [] for name in [*addresses, "synthetic"]}
-    transports: dict[str, set[str]] = {name: set() for name in addresses}
-    order = [*addresses, "synthetic"]
-    for repeat in range(args.repeats):
-        for name in (order if repeat % 2 == 0 else order[::-1]):
-            data = "synthetic" if name == "synthetic" else "feeder"
-            address = addresses.get(name) or next(iter(addresses.values()))  # synthetic: the dataset's size
-            summary = _train(address, work / f"{name}-{repeat}", args, *common, "--data", data)
-            runs[name].append(phase_figures(summary, args.nproc))
-            if name in transports:
-                transports[name].add(summary.get("transport", ""))
-    synthetic = {size: _medians(runs["synthetic"], size) for size in args.sizes}
-    variants = {}
-    for name in addresses:
-        sizes = {}
-        for size in args.sizes:
-            fed = _medians(runs[name], size)
-            sizes[str(size)] = {
-                "feeder_images_per_s": fed["images_per_s"],
-                "synthetic_images_per_s": synthetic[size]["images_per_s"],
-                "feeder_over_synthetic": fed["images_per_s"] / synthetic[size]["images_per_s"],
-                "feeder_idle_fraction": fed["idle_fraction"],
-                "synthetic_idle_fraction": synthetic[size]["idle_fraction"],
-                "idle_fed_minus_synthetic": fed["idle_fraction"] - synthetic[size]["idle_fraction"],
-                "feeder_stall_fraction": fed["stall_fraction"],
-            }
-        projection = project({int(size): f["feeder_images_per_s"] for size, f in sizes.items()}, gpus=8)
-        variants[name] = {"sizes": sizes, "transport": ",".join(sorted(transports[name])),
-                          "projected_minutes": projection.minutes, "projection": projection.line()}
-    return {"variants": variants,
-            "synthetic_projected_minutes": project(
-                {size: figures["images_per_s"] for size, figures in synthetic.items()}, gpus=8).minutes,
-            "runs": {name: [{str(k): v for k, v in run.items()} for run in per] for name, per in runs.items()}}
+    return json.loads(json_path.read_text())["results"][0]["throughput"]
 
 
 def _time_to_accuracy(address: str, work: Path, args: argparse.Namespace) -> dict:
-    summary = _train(address, work / "tta", args, "--schedule", args.schedule,
-                     "--target-top1", str(args.target_top1))
-    return {
-        "target_top1": args.target_top1,
-        "time_to_target_s": summary["time_to_target_s"],
-        "epochs": summary["epochs"],
-        "val_top1": summary["val_top1"],
-        "val_images": summary["val_images"],
-        "images_per_s": summary["images_per_s"],
-        "stall_fraction": summary["stall_fraction"],
-        "idle_fraction": summary.get("idle_fraction", 0.0),
-    }
+    out = work / "tta"
+    result = _ranks(args, work, "-m", "trainer.train", "--server", address, "--dataset", "bench", "--arch",
+                       args.arch, "--out-dir", str(out), "--log-every-steps", "0", "--seed", str(args.seed),
+                       "--prefetch-batches", str(args.prefetch_batches), "--schedule", args.schedule,
+                       "--target-top1", str(args.target_top1))
+    if result.returncode != 0:
+        raise RuntimeError(f"trainer failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {key: summary.get(key, 0.0) for key in ("time_to_target_s", "epochs", "val_top1", "val_images",
+                                                     "images_per_s", "stall_fraction", "idle_fraction")} | {
+        "target_top1": args.target_top1}
 
 
 def _sizes(text: str) -> list[int]:
     sizes = [int(s) for s in text.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
-        raise argparse.ArgumentTypeError(f"{text!r}: distinct positive sides, e.g. 128,224")
+        raise argparse.ArgumentTypeError(f"{text!r}: distinct positive sides, e.g. 224,128")
     return sizes
 
 
@@ -171,22 +127,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=_REPO / ".bench", help="where sample data is made")
     parser.add_argument("--images-per-class", type=int, default=SAMPLE_TRAIN_PER_CLASS,
                         help="without --shards: training images per class of the sample (10 classes)")
-    parser.add_argument("--nproc", type=int, default=2, help="trainer ranks (torchrun), sharing one daemon")
+    parser.add_argument("--nproc", type=int, default=2, help="trainer ranks (torchrun), sharing the daemons")
     parser.add_argument("--arch", default="resnet18")
-    parser.add_argument("--sizes", type=_sizes, default=[64], help="training sides, px, one phase each (e.g. 128,224)")
+    parser.add_argument("--sizes", type=_sizes, default=[64], help="training sides, px, in order (e.g. 224,128)")
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
-    parser.add_argument("--epochs-per-size", type=int, default=3, help="whole epochs a phase; the first is warm-up")
-    parser.add_argument("--val-every-epochs", type=int, default=1, help="validate as users do (0: never)")
-    parser.add_argument("--repeats", type=int, default=3, help="feeder and synthetic runs each, interleaved")
+    parser.add_argument("--window-steps", type=int, default=20, help="steps a timed window takes at the largest size")
+    parser.add_argument("--settle-steps", type=int, default=8,
+                        help="untimed steps before each window at the largest size (a new stream's first batches)")
+    parser.add_argument("--warmup-steps", type=int, default=64,
+                        help="untimed steps of each daemon at each size before its first window (the split "
+                             "decoder's CPU share moves 1/64 a batch)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed windows per source and size, interleaved")
+    parser.add_argument("--pause-s", type=float, default=0.0,
+                        help="seconds the trainer stands idle before each window (as validation or a checkpoint "
+                             "between epochs): a daemon's stream kept open would fill its ring meanwhile")
     parser.add_argument("--prefetch-batches", type=int, default=4, help="the loader's ready batches per rank")
     parser.add_argument("--daemon-device", choices=("auto", "cpu", "gpu"), default="auto",
                         help="where the daemon decodes (auto: the GPU where there is CUDA)")
     parser.add_argument("--threads", type=int, default=0, help="daemon CPU threads (0: it tunes them)")
     parser.add_argument("--ring-slots", type=int, default=0, help="daemon ring slots per stream (0: sized per stream)")
+    parser.add_argument("--daemon-cpus", type=float, default=0.0,
+                        help="hold each daemon to this share of one core (a cgroup CPU quota, as a container "
+                             "limit is; needs root); 0: no limit")
     parser.add_argument("--serve-args", default="", help="more feeder serve options, e.g. '--cpu-decode-share 0'")
     parser.add_argument("--variant", type=_variant, action="append", default=[],
-                        help="a daemon to compare, NAME='SERVE-OPTIONS' (repeatable; each fed run against the same "
-                             "synthetic runs), e.g. cpu='--device cpu --threads 12'")
+                        help="a daemon to compare, NAME='SERVE-OPTIONS' (repeatable; each against the same "
+                             "synthetic windows), e.g. cpu='--device cpu --threads 12'")
     parser.add_argument("--schedule", default="sample", help="schedule of the time-to-accuracy run")
     parser.add_argument("--target-top1", type=float, default=80.0, help="percent")
     parser.add_argument("--skip-accuracy", action="store_true", help="throughput only")
@@ -195,11 +161,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decoded-cache-bytes", default="0",
                         help="the daemon's decoded cache budget (feeder serve --decoded-cache-bytes, e.g. 2G; 0: off)")
     parser.add_argument("--decoded-cache-side", type=int, default=256, help="feeder serve --decoded-cache-side, px")
-    parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--json", type=Path, help="write results here (after every window)")
     args = parser.parse_args(argv)
-    for name in ("nproc", "batch_size", "epochs_per_size", "repeats", "prefetch_batches", "images_per_class"):
+    for name in ("nproc", "batch_size", "window_steps", "settle_steps", "repeats", "prefetch_batches",
+                 "images_per_class"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.warmup_steps, args.daemon_cpus, args.pause_s) < 0:
+        parser.error("--warmup-steps, --daemon-cpus and --pause-s must be >= 0")
     return args
 
 
@@ -226,18 +195,47 @@ def _variant(text: str) -> tuple[str, str]:
     return name.strip(), options
 
 
+def _warnings_of(name: str) -> Callable[[str], None]:
+    """Prints a daemon's warnings and errors (a transport it fell back from, a failed
+    stream), prefixed with its variant's name; the rest of its output is not shown."""
+    def echo(line: str) -> None:
+        if " WARNING " in line or " ERROR " in line:
+            print(f"{name} daemon: {line.rstrip()}", file=sys.stderr, flush=True)
+    return echo
+
+
+def _started(stack: ExitStack, shards: Path, args: argparse.Namespace) -> dict[str, str]:
+    """Every variant's daemon, started side by side (each held to ``--daemon-cpus``),
+    stopped side by side when ``stack`` closes; their addresses."""
+    daemons = {name: DaemonProcess({"bench": shards}, options, cwd=_REPO, echo=_warnings_of(name))
+               for name, options in _variants(args).items()}
+    quotas = {}
+    for name in daemons if args.daemon_cpus else ():
+        quotas[name] = CpuQuota(f"feeder-bench-train-{os.getpid()}-{name}", args.daemon_cpus)
+        stack.callback(quotas[name].remove)  # once its daemon has stopped (the stack runs backwards)
+    pool = stack.enter_context(ThreadPoolExecutor(len(daemons)))
+    stack.callback(lambda: list(pool.map(DaemonProcess.stop, daemons.values())))
+    addresses = dict(zip(daemons, pool.map(DaemonProcess.start, daemons.values()), strict=True))
+    for name, quota in quotas.items():
+        quota.add(daemons[name].pid)
+    return addresses
+
+
 def _report(results: dict) -> None:
-    if "throughput" in results:
-        speed = results["throughput"]
-        for name, variant in speed["variants"].items():
-            for size, s in variant["sizes"].items():
-                print(f"{name}, {size} px: {s['feeder_images_per_s']:,.0f} img/s per rank, synthetic "
-                      f"{s['synthetic_images_per_s']:,.0f} ({s['feeder_over_synthetic']:.3f}x); device idle "
-                      f"{s['feeder_idle_fraction']:.1%} fed, {s['synthetic_idle_fraction']:.1%} synthetic "
-                      f"({s['idle_fed_minus_synthetic']:+.1%}); host stall {s['feeder_stall_fraction']:.1%}; "
-                      f"over {variant['transport'] or '?'}")
-            print(f"{name}: {variant['projection']}")
-        print(f"synthetic: projected {speed['synthetic_projected_minutes']:.1f} min")
+    speed = results.get("throughput") or {}
+    for name, variant in speed.get("variants", {}).items():
+        for size, s in variant["sizes"].items():
+            spread = s.get("ratio_range") or [float("nan")] * 2
+            jpeg = "-" if s["jpeg_percent"] is None else f"{s['jpeg_percent']:.0f} %"
+            print(f"{name}, {size} px: step {s['feeder_step_ms']:.1f} ms fed, {s.get('synthetic_step_ms', 0):.1f} "
+                  f"synthetic: {s.get('feeder_over_synthetic', 0):.3f}x ({spread[0]:.3f}-{spread[1]:.3f} over "
+                  f"{s['windows']} windows of {s['steps_per_window']}); {s['feeder_images_per_s']:,.0f} img/s per "
+                  f"rank; device idle {s['feeder_idle_fraction']:.1%} fed, {s.get('synthetic_idle_fraction', 0):.1%} "
+                  f"synthetic; host stall {s['feeder_stall_fraction']:.1%}; JPEG engines {jpeg}; over "
+                  f"{variant['transport'] or '?'}")
+        print(f"{name}: {variant['projection']}")
+    if speed:
+        print(f"projection basis: {speed['projection_basis']}")
     if "accuracy" in results:
         acc = results["accuracy"]
         reached = acc["time_to_target_s"]
@@ -249,22 +247,25 @@ def _report(results: dict) -> None:
 def main(argv: list[str] | None = None) -> dict:
     """Runs the benchmark; prints the figures and returns them."""
     args = parse_args(argv)
-    if args.shards:
-        data = resolve(args.shards, None)
-    else:
-        data = prepare_sample(args.cache, args.seed, train_per_class=args.images_per_class)
-    with ExitStack() as daemons, tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:
-        addresses = {name: daemons.enter_context(DaemonProcess({"bench": data.shards}, options, cwd=_REPO)).address
-                     for name, options in _variants(args).items()}
+    data = resolve(args.shards, None) if args.shards else prepare_sample(args.cache, args.seed,
+                                                                          train_per_class=args.images_per_class)
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="feeder-bench-train-") as tmp:
+        work = Path(tmp)
+        json_path = args.json or work / "train.json"
+        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+        document = write_document(json_path, {"command": ["bench/train.py", *(argv or sys.argv[1:])],
+                                              "config": config, "results": [{}]})
+        addresses = _started(stack, data.shards, args)
         results: dict = {}
         if not args.skip_throughput:
-            results["throughput"] = _throughput(addresses, Path(tmp), args)
+            del document["results"]
+            results["throughput"] = _steady(addresses, work, json_path, document, args)
         if not args.skip_accuracy:
-            results["accuracy"] = _time_to_accuracy(next(iter(addresses.values())), Path(tmp), args)
+            results["accuracy"] = _time_to_accuracy(next(iter(addresses.values())), work, args)
+            document = json.loads(json_path.read_text())
+            document["results"] = [document["results"][0] | results]
+            json_path.write_text(json.dumps(document, indent=2) + "\n")
     _report(results)
-    if args.json:
-        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-        write_json(args.json, config, [results], sys.argv)
     return results
 
 
