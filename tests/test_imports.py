@@ -124,3 +124,9 @@ def test_packages_import_only_downwards() -> None:
 
 def test_the_checker_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_decode_engine_imports_nothing_of_the_daemon() -> None:
+    upward = sorted(f"{module} -> {target}" for module, targets in _graph().items() if module.startswith("decode.")
+                    for target in targets if target.split(".")[0] == "feeder")
+    assert upward == []
