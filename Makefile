@@ -32,9 +32,9 @@ $(RAY_STAMP): pyproject.toml $(STAMP)
 $(PROTO_OUT): protos/feeder.proto $(STAMP)
 	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. protos/feeder.proto
 
-# The C libraries: shards/'s JPEG windows (without it the pipeline decodes with DALI) and feeder/'s
+# The C libraries: shards/'s JPEG windows (without it the pipeline decodes with DALI) and decode/'s
 # batch resize (without it, OpenCV's); both optional.
-$(NATIVE_LIBS): shards/_jpeg.c feeder/_resize.c setup.py $(STAMP)
+$(NATIVE_LIBS): shards/_jpeg.c decode/_resize.c setup.py $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace
 	touch $@
 
@@ -85,7 +85,7 @@ chaos: install
 	$(BIN)/python -m tests.chaos --seeds $(SEEDS) --json .chaos/results.json
 
 typecheck: install
-	$(BIN)/python -m mypy core protocol shards sharder feeder clients launcher trainer cli bench
+	$(BIN)/python -m mypy core protocol shards sharder decode feeder clients launcher trainer cli bench
 
 lint: install
 	$(BIN)/python -m ruff check .
@@ -94,4 +94,4 @@ demo: install
 	$(BIN)/python -m cli.demo --workdir $(DEMO)
 
 clean:
-	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so feeder/_resize*.so $(NATIVE_LIBS)
+	rm -rf $(DEMO) protos/*_pb2*.py protos/*_pb2*.pyi shards/_jpeg*.so decode/_resize*.so $(NATIVE_LIBS)

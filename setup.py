@@ -7,9 +7,9 @@
   library loaded with ctypes) against the system's libjpeg-turbo. Optional: without
   a C compiler or libjpeg-turbo's headers the install goes on and the pipeline decodes
   with DALI (``shards.jpeg.unavailable_reason()`` says why).
-- Build ``feeder/_resize.c`` (bilinear resizes of a list of windows in one call, also
+- Build ``decode/_resize.c`` (bilinear resizes of a list of windows in one call, also
   loaded with ctypes). Optional too: without it the CPU resize is OpenCV's, one call
-  per image (``feeder.resize.native_unavailable_reason()`` says why).
+  per image (``decode.resize.native_unavailable_reason()`` says why).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ JPEG_LIBRARY = Extension(
 )
 
 RESIZE_LIBRARY = Extension(
-    "feeder._resize",
-    sources=["feeder/_resize.c"],
+    "decode._resize",
+    sources=["decode/_resize.c"],
     libraries=["m"],
     extra_compile_args=["-O2"],
     optional=True,

@@ -223,7 +223,7 @@ if [ -d "$SITE" ]; then
   # The tree is a fresh copy at every call: they are copied into it every run.
   if [ -d "$SITE/feeder-native" ]; then
     cp "$SITE"/feeder-native/shards/*.so shards/ 2>>"$LOG"
-    cp "$SITE"/feeder-native/feeder/*.so feeder/ 2>>"$LOG"
+    cp "$SITE"/feeder-native/decode/*.so decode/ 2>>"$LOG"
     export LD_LIBRARY_PATH="$SITE/feeder-native/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   fi
 fi

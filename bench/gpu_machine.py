@@ -59,7 +59,7 @@ def _jpeg_counter(uuid: str) -> str:
 
 def describe() -> dict[str, Any]:
     """This machine as the check sees it."""
-    from feeder import resize
+    from decode import resize
     from shards import jpeg
 
     devices = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]

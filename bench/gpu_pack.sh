@@ -49,8 +49,8 @@ find "$site/nvidia/nvimgcodec/extensions" -type f ! -name 'libnvjpeg_ext.so*' ! 
 BUILD_PYTHON=${BUILD_PYTHON:-.venv/bin/python}  # any Python with setuptools: the libraries use no Python API
 "$BUILD_PYTHON" setup.py --quiet build_ext --build-lib "$W/native" --build-temp "$W/native-tmp" >/dev/null
 native=$site/feeder-native
-mkdir -p "$native/shards" "$native/feeder" "$native/lib"
-for built in "$W"/native/shards/_jpeg.*.so "$W"/native/feeder/_resize.*.so; do
+mkdir -p "$native/shards" "$native/decode" "$native/lib"
+for built in "$W"/native/shards/_jpeg.*.so "$W"/native/decode/_resize.*.so; do
   stem=$(basename "$built" | cut -d. -f1)
   cp "$built" "$native/$(basename "$(dirname "$built")")/$stem.cpython-312-x86_64-linux-gnu.so"
 done

@@ -1,4 +1,4 @@
-"""The daemon's pipeline alone: images/s of ``feeder.runner.PipelineRunner`` on shard
+"""The daemon's pipeline alone: images/s of ``decode.runner.PipelineRunner`` on shard
 bytes in this process, with no stream, queue or transport around it: the ceiling of
 everything above it (``bench/throughput.py``'s in-process loader and the daemon).
 It also reports the pipeline's CPU time per image (every thread of this process) and
@@ -6,7 +6,7 @@ what checking a sample's bytes against its checksum in the index costs of it (xx
 over every train sample, timed alone: each read of the daemon does it once).
 
 Reads, crop windows and the plan are the daemon's (``shards.reader``,
-``feeder.augment``, ``protocol.plan``). On the GPU each batch is written device to
+``decode.augment``, ``protocol.plan``). On the GPU each batch is written device to
 device into one of a few CUDA buffers, as into a CUDA IPC slot; on the CPU into host
 memory. After a warm-up, the median of ``--repeats`` windows is reported.
 
@@ -30,10 +30,10 @@ if not __package__:  # run as a script: make the repository importable
 
 from bench.data import prepare_sample  # noqa: E402
 from bench.report import write_document  # noqa: E402
-from feeder.augment import Crops, sample_crops  # noqa: E402
-from feeder.jobs import Allocate, Decoded, Job, Outcome  # noqa: E402
-from feeder.pipeline import PipelineSpec  # noqa: E402
-from feeder.runner import PipelineRunner  # noqa: E402
+from decode.augment import Crops, sample_crops  # noqa: E402
+from decode.jobs import Allocate, Decoded, Job, Outcome  # noqa: E402
+from decode.pipeline import PipelineSpec  # noqa: E402
+from decode.runner import PipelineRunner  # noqa: E402
 from protocol.plan import LastBatch, epoch_order, iter_batches, rank_part  # noqa: E402
 from protocol.request import AugmentKind, CropRange  # noqa: E402
 from shards.layout import sample_checksum  # noqa: E402

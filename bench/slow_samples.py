@@ -49,8 +49,8 @@ from bench.pipeline import _jobs as pipeline_jobs  # noqa: E402
 from bench.pipeline import rate  # noqa: E402
 from bench.report import write_document  # noqa: E402
 from clients import FeederLoader  # noqa: E402
-from feeder.pipeline import PipelineSpec  # noqa: E402
-from feeder.runner import PipelineRunner  # noqa: E402
+from decode.pipeline import PipelineSpec  # noqa: E402
+from decode.runner import PipelineRunner  # noqa: E402
 from launcher.daemon_process import DaemonProcess  # noqa: E402
 from sharder import ShardConfig, shard  # noqa: E402
 from shards.reader import ShardDataset  # noqa: E402

@@ -12,17 +12,17 @@ from pathlib import Path
 
 from core.gpus import GpuInventory
 from core.workers import FairPool
+from decode.autotune import Tunable, Tuner
+from decode.decoded_cache import DecodedCache
+from decode.devices import DevicePlacer, resolve_device
+from decode.pool import PipelinePool
 from feeder.admission import Admission
-from feeder.autotune import Tunable, Tuner
 from feeder.bad_samples import BadSamples
 from feeder.config import LIBRARY_BYTES, ServerConfig, physical_memory_bytes
 from feeder.config_values import usable_cpus
-from feeder.decoded_cache import DecodedCache
-from feeder.devices import DevicePlacer, resolve_device
 from feeder.idle_streams import IdleStreams
 from feeder.metrics import ServerMetrics
 from feeder.peers import PeerProcesses
-from feeder.pool import PipelinePool
 from feeder.shares import FairShares
 from feeder.stream import BatchStream
 from feeder.stream_pipelines import StreamPipelines

@@ -11,6 +11,7 @@ from typing import Any, Self
 from core.bad_input import DEFAULT_MAX_PIXELS, ON_ERROR
 from core.errors import ConfigError
 from core.fields import cli, from_options, option_values
+from decode.augment import Jitter
 from feeder.config_groups import (
     Budgets,
     Calls,
@@ -24,11 +25,8 @@ from feeder.config_groups import (
 )
 from feeder.config_values import (
     BOUNDS,
-    CPU_DECODERS,
     DEFAULT_RING_SLOTS,
     LIBRARY_BYTES,
-    check_cpu_decoder,
-    cpu_decoder_in_use,
     is_loopback,
     parse_datasets,
     physical_memory_bytes,
@@ -38,8 +36,8 @@ from protocol.identity import pixel_options
 # OpenCV, the JPEG library and torch are imported where used: ``feeder --help`` builds its options from here.
 
 __all__ = [
-    "CPU_DECODERS", "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR",
-    "ServerConfig", "check_cpu_decoder", "cpu_decoder_in_use", "is_loopback", "parse_datasets", "physical_memory_bytes",
+    "DEFAULT_MAX_PIXELS", "DEVICES", "FAIR_SHARES", "LIBRARY_BYTES", "LOG_LEVELS", "ON_ERROR", "ServerConfig",
+    "is_loopback", "parse_datasets", "physical_memory_bytes",
 ]
 
 DEVICES = ("auto", "cpu", "gpu")
@@ -94,6 +92,8 @@ class ServerConfig:
         shm: the shared-memory rings of same-host clients (``SharedMemory``).
         decoded_cache: decoded images kept in RAM (``DecodedCacheOptions``).
         remote: datasets in object stores and their shard cache (``RemoteOptions``).
+        jitter: the photometric steps of training samples, each off by default
+            (:class:`~decode.augment.Jitter`).
     """
 
     datasets: Mapping[str, Path | str] = field(metadata=cli(repeated=True, parse=parse_datasets, metavar="NAME=PATH"))
@@ -115,6 +115,7 @@ class ServerConfig:
     shm: SharedMemory = field(default_factory=SharedMemory)
     decoded_cache: DecodedCacheOptions = field(default_factory=DecodedCacheOptions)
     remote: RemoteOptions = field(default_factory=RemoteOptions)
+    jitter: Jitter = field(default_factory=Jitter)
 
     def __post_init__(self) -> None:
         if not self.datasets:
@@ -135,6 +136,8 @@ class ServerConfig:
             for name in names:
                 if not holds(values[name]):  # NaN fails each
                     raise ConfigError(f"{name}: must be {rule}, got {values[name]}")
+        from decode.registry import check_cpu_decoder  # the decoders' libraries load only when a daemon is configured
+
         check_cpu_decoder(self.decoding.cpu_decoder)
         for name in ("hw_decoder_load", "cpu_decode_share"):
             value = values[name]
@@ -172,9 +175,9 @@ class ServerConfig:
         if cache.decoded_cache_side < 1:
             raise ConfigError(f"decoded_cache_side: must be >= 1 px, got {cache.decoded_cache_side}")
         if cache.decoded_cache_bytes:
-            from feeder.decoded_cache import check_budget
+            from decode.decoded_cache import check_budget
 
-            check_budget(cache.decoded_cache_bytes)
+            check_budget(cache.decoded_cache_bytes, physical_memory_bytes())
 
     def _check_remote(self) -> None:
         remote = self.remote
@@ -196,7 +199,7 @@ class ServerConfig:
         (:func:`protocol.identity.pixel_options`)."""
         cache = self.decoded_cache
         side = cache.decoded_cache_side if cache.decoded_cache_bytes else 0
-        return pixel_options(self.decoding.antialias, self.decoding.max_pixels, side)
+        return pixel_options(self.decoding.antialias, self.decoding.max_pixels, side, self.jitter.pixel_options())
 
     @property
     def footprint_bytes(self) -> int:

@@ -46,7 +46,7 @@ class Tuning:
             work as ``fair_share`` says (``core.workers.FairPool``); where DALI
             decodes, a new pipeline's equal share of it among the open streams and,
             for a GPU rank, at least one pipeline per GPU (at least 1; see
-            ``feeder.devices.thread_share``). 0 (the default): tuned while streams
+            ``decode.devices.thread_share``). 0 (the default): tuned while streams
             run (``autotune``), from the CPUs this process may use (its affinity, its
             container's CPU limit, at most 8) up to twice as many.
         fair_share: how the decode threads' time is shared among streams with work:
@@ -60,7 +60,7 @@ class Tuning:
         prefetch: pipeline runs kept in flight per stream. 0 (the default): tuned
             per stream (``autotune``), from 2 up to 4.
         autotune: tune the options left at 0 (``threads``, ``prefetch``) from what
-            the streams measure (``feeder.autotune``); off: 0 means their defaults.
+            the streams measure (``decode.autotune``); off: 0 means their defaults.
         lookahead: batches after those in flight whose slow samples (windows many
             times their batch's median area, as of a 12 MP photo) are decoded early,
             spread over the runs between (CPU window decoder); order unchanged. 0: none.
@@ -202,9 +202,10 @@ class Decoding:
         antialias: resize filter of streams that do not choose one: plain bilinear
             (False: tf.data's filter; 1.75x the images/s of the antialiased one on 2
             CPU cores at 224 px) or antialiased bilinear (True: torchvision's PIL path).
-        cpu_decoder: what decodes JPEG windows on the CPU: ``libjpeg-turbo`` (feeder's
-            window decoder: 0.25 CPU ms per window of the sample data against 0.43),
-            ``dali`` (DALI's ROI decode), or ``auto``: the first where it was built.
+        cpu_decoder: what decodes JPEG windows on the CPU, by its name in the decoder
+            registry (``decode.registry``): ``libjpeg-turbo`` (feeder's window decoder:
+            0.25 CPU ms per window of the sample data against 0.43), ``dali`` (DALI's
+            ROI decode), or ``auto``: the first that can run here.
         on_error: what a stream does with a sample it cannot serve (one that fails to
             decode, or over ``max_pixels``): ``skip`` replaces it by a repeat of a good
             sample of its batch, marked as padding, counts and names it (in GetStats
@@ -307,7 +308,7 @@ class DecodedCacheOptions:
 
     Args:
         decoded_cache_bytes: budget of the decoded cache (decoded images kept in RAM,
-            shared by every stream and job; see feeder.decoded_cache), e.g. 8G or
+            shared by every stream and job; see decode.decoded_cache), e.g. 8G or
             512M; 0, the default, turns it off, because cached pixels are downscaled
             ones (see ``decoded_cache_side``). Refused when larger than the machine's
             memory.

@@ -1,7 +1,7 @@
 """The values :class:`feeder.config.ServerConfig` takes, parsed and checked: the
 ``--dataset`` entries (paths and object store URLs), loopback hosts, the machine's
 memory and CPUs (its container's, where a cgroup limits them) and what the daemon's
-libraries take of it, the CPU JPEG decoders."""
+libraries take of it."""
 
 from __future__ import annotations
 
@@ -12,26 +12,22 @@ from pathlib import Path
 
 from core.cpus import CGROUP, usable_cpus
 from core.errors import ConfigError
+from decode.look_ahead import DEFAULT_LOOKAHEAD
 
 __all__ = [
     "BOUNDS",
-    "CPU_DECODERS",
     "DEFAULT_GPU_PREFETCH",
     "DEFAULT_LOOKAHEAD",
     "DEFAULT_PREFETCH",
     "DEFAULT_RING_SLOTS",
     "LIBRARY_BYTES",
     "cgroup_memory_bytes",
-    "check_cpu_decoder",
-    "cpu_decoder_in_use",
     "is_loopback",
     "parse_datasets",
     "physical_memory_bytes",
     "usable_cpus",
 ]
 
-# Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
-DEFAULT_LOOKAHEAD = 4
 # Pipeline runs in flight per stream where ``--prefetch`` is not given (where the tuner starts).
 DEFAULT_PREFETCH = 2
 # The same on a GPU: its runs are short, and the producer, the DALI run and the copy
@@ -121,29 +117,3 @@ def cgroup_memory_bytes(cgroup: Path = CGROUP) -> int | None:
 # (VmRSS of an idle `feeder serve`), rounded up.
 LIBRARY_BYTES = 1 << 30
 
-
-# What decodes JPEG windows on the CPU (see ServerConfig.cpu_decoder).
-CPU_DECODERS = ("auto", "libjpeg-turbo", "dali")
-
-
-def check_cpu_decoder(choice: str) -> None:
-    """Raises ConfigError unless ``choice`` is one of ``CPU_DECODERS`` and can be used
-    here (``libjpeg-turbo`` needs the JPEG library of ``shards``)."""
-    if choice not in CPU_DECODERS:
-        raise ConfigError(f"cpu_decoder: {choice!r} is not one of {', '.join(CPU_DECODERS)}")
-    if choice != "libjpeg-turbo":
-        return
-    from shards import jpeg
-
-    if not jpeg.available():
-        raise ConfigError(f"cpu_decoder: libjpeg-turbo: {jpeg.unavailable_reason()}")
-
-
-def cpu_decoder_in_use(choice: str) -> str:
-    """What decodes for a (checked) ``choice``: ``auto`` is ``libjpeg-turbo`` where the
-    JPEG library was built, else ``dali``."""
-    if choice == "auto":
-        from shards import jpeg
-
-        return "libjpeg-turbo" if jpeg.available() else "dali"
-    return choice

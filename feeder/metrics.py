@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from feeder.ledger import Ledger, Stats
 
 if TYPE_CHECKING:
-    from feeder.decoded_cache import CacheUsage
+    from decode.decoded_cache import CacheUsage
     from shards.shard_cache import ShardCache
     from shards.store import StoreCounters
 

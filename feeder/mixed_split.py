@@ -14,10 +14,10 @@ right samples.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -69,6 +69,23 @@ class MixedPart:
     name: str
     split: SplitIndex
     labels: np.ndarray
+
+
+_Read = TypeVar("_Read")
+
+
+def _composite(part: MixedPart, offset: int, refused: list[Unreadable], read: Callable[[], _Read]) -> _Read | None:
+    """``read()`` of one dataset's samples, what it raises about them said in composite
+    indices and keys (``NAME/key``): a changed sample raised again, samples a store
+    refused added to ``refused`` (then None), so the error policy replaces the right
+    samples whichever read met them."""
+    try:
+        return read()
+    except SampleCorrupt as e:
+        raise SampleCorrupt(e.path, f"{part.name}/{e.key}", e.index + offset, e.half) from e
+    except SamplesUnreadable as e:
+        refused += [Unreadable(s.url, f"{part.name}/{s.key}", s.index + offset, s.half, s.reason) for s in e.samples]
+        return None
 
 
 class _Keys(Sequence[str]):
@@ -137,13 +154,9 @@ class MixedSplit:
         refused: list[Unreadable] = []
         for k, positions in self._groups(rows):
             part, offset = self.parts[k], int(self.offsets[k])
-            try:
-                got = part.split.read_many(rows[positions] - offset, None if half is None else half[positions])
-            except SampleCorrupt as e:
-                raise SampleCorrupt(e.path, f"{part.name}/{e.key}", e.index + offset, e.half) from e
-            except SamplesUnreadable as e:
-                refused += [Unreadable(s.url, f"{part.name}/{s.key}", s.index + offset, s.half, s.reason)
-                            for s in e.samples]
+            got = _composite(part, offset, refused, lambda: part.split.read_many(
+                rows[positions] - offset, None if half is None else half[positions]))
+            if got is None:
                 continue
             for position, jpeg in zip(positions, got):
                 found[position] = jpeg
@@ -160,13 +173,9 @@ class MixedSplit:
         refused: list[Unreadable] = []
         for k, positions in self._groups(rows):
             part, offset = self.parts[k], int(self.offsets[k])
-            try:
-                got = part.split.read_windows(rows[positions] - offset, boxes[positions], image_size)
-            except SampleCorrupt as e:
-                raise SampleCorrupt(e.path, f"{part.name}/{e.key}", e.index + offset, e.half) from e
-            except SamplesUnreadable as e:
-                refused += [Unreadable(s.url, f"{part.name}/{s.key}", s.index + offset, s.half, s.reason)
-                            for s in e.samples]
+            got = _composite(part, offset, refused, lambda: part.split.read_windows(
+                rows[positions] - offset, boxes[positions], image_size))
+            if got is None:
                 continue
             for position, jpeg in zip(positions, got.jpegs):
                 jpegs[position] = jpeg

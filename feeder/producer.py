@@ -2,8 +2,8 @@
 decode + augment into the transport's slot), with the error policy applied to the
 samples that cannot be served.
 
-The runner hands back one outcome per job, in order (:mod:`feeder.jobs`); a
-:class:`~feeder.jobs.Failed` one names its failing samples. Here, and only here, the
+The runner hands back one outcome per job, in order (:mod:`decode.jobs`); a
+:class:`~decode.jobs.Failed` one names its failing samples. Here, and only here, the
 policy decides: a half-scale copy that failed is read from its image instead; under
 ``skip`` the failing samples are replaced by repeats (:class:`SampleFilter`), under
 ``fail`` the stream ends naming the first. The repaired job runs alone and comes out
@@ -16,7 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -24,12 +24,12 @@ import numpy as np
 from core.bad_input import OnError
 from core.errors import DataError, SampleCorrupt, SamplesUnreadable
 from core.workers import Lane
-from feeder.augment import Crops, sample_crops
+from decode.augment import Jitter, sample_crops
+from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
+from decode.pipeline import PipelineSpec
 from feeder.bad_samples import SampleFilter, Screened, UnservableSample
-from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome
 from feeder.metrics import ServerMetrics
 from feeder.mixed_split import SplitView
-from feeder.pipeline import PipelineSpec
 from protocol.batch import BatchMeta
 from protocol.plan import BatchSlice
 from protocol.request import AugmentKind, CropRange
@@ -66,8 +66,8 @@ class PlannedJob(Job):
 
 
 class BatchRunner(Protocol):
-    """What turns a stream's jobs into batches: a :class:`feeder.runner.PipelineRunner`,
-    or one in front of the decoded cache (:class:`feeder.cached_runner.CachedRunner`)."""
+    """What turns a stream's jobs into batches: a :class:`decode.runner.PipelineRunner`,
+    or one in front of the decoded cache (:class:`decode.cached_runner.CachedRunner`)."""
 
     spec: PipelineSpec
     lane: Lane  # where its CPU work runs: the stream's share of the daemon's workers
@@ -99,9 +99,10 @@ class BatchRunner(Protocol):
 class StreamContext:
     """What a producer needs besides the plan: where bytes come from (``split``: one
     split, or a mix's composite split),
-    what runs (``runner``), the output's sizes, what draws each sample's crop window
-    and flip (``kind``, ``seed``, ``crop``, with the batch's epoch and the samples'
-    keys), the error policy (``samples``) and the ready queue's bounds."""
+    what runs (``runner``), the output's sizes, what draws each sample's crop window,
+    flip and photometric factors (``kind``, ``seed``, ``crop``, ``jitter``, with the
+    batch's epoch and the samples' keys), the error policy (``samples``) and the
+    ready queue's bounds."""
 
     split: SplitView
     runner: BatchRunner
@@ -113,6 +114,7 @@ class StreamContext:
     kind: AugmentKind = AugmentKind.TRAIN
     seed: int = 0
     crop: CropRange = CropRange()
+    jitter: Jitter = Jitter()
 
 
 class Producer:
@@ -227,13 +229,13 @@ class Producer:
         split, ctx, batch = self._ctx.split, self._ctx, screened.batch
         crops = sample_crops(
             ctx.kind, ctx.seed, batch.epoch, [split.keys[int(i)] for i in batch.indices],
-            split.widths[batch.indices], split.heights[batch.indices], ctx.crop,
+            split.widths[batch.indices], split.heights[batch.indices], ctx.crop, ctx.jitter,
         )
         uncached = split.uncached_reads
         from_copies = None
         if ctx.runner.decodes_half_copies:
             jpegs, boxes, from_copies = split.read_windows(batch.indices, crops.boxes, ctx.image_size)
-            crops = Crops(boxes=boxes, flips=crops.flips)
+            crops = replace(crops, boxes=boxes)  # the windows in their copies' pixels; the rest as drawn
         else:
             jpegs = self._unheld(batch.indices)
         # (another stream's misses count too: it is only a hint)

@@ -15,8 +15,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from core.errors import ConfigError, DataError
+from decode.registry import AUTO, DECODERS, cpu_decoder_in_use, cpu_decoders
 from feeder.call_guard import CallGuard
-from feeder.config import ServerConfig, cpu_decoder_in_use
+from feeder.config import ServerConfig
 from feeder.log_lines import LineLimitFilter
 from feeder.metrics import ServerMetrics
 from feeder.metrics_http import MetricsEndpoint
@@ -26,7 +27,6 @@ from feeder.service import FeederService, open_datasets
 from feeder.servicer import FeederServicer, add_to_server
 from feeder.socket_claim import SocketClaim
 from protos import feeder_pb2
-from shards import jpeg
 from transport.shm import sweep_stale
 
 log = logging.getLogger(__name__)
@@ -221,6 +221,16 @@ def serve(config: ServerConfig) -> None:
             signal.signal(sig, handler)
 
 
+def _log_cpu_decoder(choice: str) -> None:
+    """One line: what decodes JPEG windows on the CPU, and why the ones before it in
+    the registry's order do not where ``auto`` passed them over."""
+    in_use = cpu_decoder_in_use(choice)
+    names = cpu_decoders()[1:]
+    passed = [f"{name}: {DECODERS[name].unavailable_reason()}" for name in names[:names.index(in_use)]]
+    why = "asked for" if choice != AUTO else "; ".join(passed) or "the first of the registry's"
+    log.info("CPU pipelines decode JPEG windows with %s (%s)", in_use, why)
+
+
 def _serve_until(config: ServerConfig, stop: threading.Event) -> None:
     server, port = create_server(config)
     # The one line on stdout: launchers read the port from it.
@@ -228,11 +238,7 @@ def _serve_until(config: ServerConfig, stop: threading.Event) -> None:
     names = ", ".join(f"{n} ({'/'.join(d.splits)})" for n, d in sorted(server.service.datasets.items()))
     log.info("serving datasets %s on %s; device %s", names, format_address(config.bind, port),
              server.service.device)
-    if cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
-        why = "asked for" if config.decoding.cpu_decoder == "dali" else jpeg.unavailable_reason()
-        log.info("CPU pipelines decode JPEG windows with DALI (%s)", why)
-    else:
-        log.info("CPU pipelines decode JPEG windows with libjpeg-turbo")
+    _log_cpu_decoder(config.decoding.cpu_decoder)
     if server.metrics_port is not None:
         log.info("metrics on http://%s/metrics", format_address(config.bind, server.metrics_port))
     security, budgets, tuning = config.security, config.budgets, config.tuning

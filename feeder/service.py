@@ -144,6 +144,7 @@ class FeederService:
                 source.split, parts.pipelines.cached(runner, spec.dataset, source.split), spec.image_size, len(part),
                 SampleFilter(source.bad, OnError(decoding.on_error), limits),
                 budgets.queue_batches, budgets.queue_bytes, kind=spec.kind, seed=spec.seed, crop=spec.crop,
+                jitter=self.config.jitter,
             )
             stream = BatchStream(context, sender, self._slices(spec, source.plan, part), self.metrics, str(number))
             parts.admission.admit(stream, Ticket(name, client, job, need, cancel,

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, closing, contextmanager
 
 from core.errors import FeederError
+from decode.pipeline import PipelineSpec
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineSpec
 from feeder.producer import Producer, ReadyBatch, StreamContext
 from feeder.ready_queue import ReadyQueue, item_bytes
 from protocol.plan import BatchSlice

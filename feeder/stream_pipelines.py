@@ -4,23 +4,24 @@ of built pipelines, and put behind the decoded cache where the daemon has one.""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import ExitStack, contextmanager
 
 from core.errors import FeederError, ResourceExhausted
-from feeder.cached_runner import CachedRunner
-from feeder.config import ServerConfig, cpu_decoder_in_use
-from feeder.decoded_cache import DecodedCache
-from feeder.devices import DevicePlacer, Placement, thread_share
+from decode.cached_runner import CachedRunner
+from decode.decoded_cache import DecodedCache
+from decode.devices import DevicePlacer, Placement, thread_share
+from decode.pipeline import PipelineSpec
+from decode.pool import PipelinePool, batch_bucket
+from decode.registry import DECODERS, cpu_decoder_in_use
+from decode.runner import PipelineRunner
+from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
-from feeder.mixed_split import SplitView
-from feeder.pipeline import PipelineSpec
-from feeder.pool import PipelinePool, batch_bucket
+from feeder.mixed_split import MixedSplit, SplitView
 from feeder.producer import BatchRunner
-from feeder.runner import PipelineRunner
-from protocol.request import StreamSpec
+from protocol.request import AugmentKind, StreamSpec
 
-__all__ = ["StreamPipelines"]
+__all__ = ["StreamPipelines", "cache_key"]
 
 
 class StreamPipelines:
@@ -64,13 +65,13 @@ class StreamPipelines:
 
     def spec_for(self, spec: StreamSpec, placement: Placement) -> PipelineSpec:
         """The pipeline of a new stream, on its placement's device. Its CPU work runs
-        on the daemon's shared workers (``--threads`` in all); only where DALI decodes
-        (a GPU, or a CPU without the window decoder) does the pipeline get threads of
-        its own, DALI's: a share of the budget among the streams open or opening
-        (see :func:`feeder.devices.thread_share`), fixed when DALI builds it."""
+        on the daemon's shared workers (``--threads`` in all); only where its decoder
+        has threads of its own (DALI's: on a GPU, or ``--cpu-decoder dali``) does the
+        pipeline get some: a share of the budget among the streams open or opening
+        (see :func:`decode.devices.thread_share`), fixed when DALI builds it."""
         config = self._config
-        threads = 1  # the window decoder: no threads of its own, one spec for every stream
-        if placement.device == "gpu" or cpu_decoder_in_use(config.decoding.cpu_decoder) == "dali":
+        threads = 1  # a decoder on the lane: no threads of its own, one spec for every stream
+        if placement.device == "gpu" or DECODERS[cpu_decoder_in_use(config.decoding.cpu_decoder)].own_threads:
             # The node's other ranks are likely on their way: each gets an equal share.
             pipelines = max(self._open_streams() + self._opening, spec.local_world_size)
             if placement.gpu_uuid:  # a GPU rank: its node's other ranks are likely on their way
@@ -87,6 +88,8 @@ class StreamPipelines:
             cpu_decoder=config.decoding.cpu_decoder,
             hw_decoder_load=self._devices.hw_decoder_load(placement.device_id, config.gpu.hw_decoder_load),
             cpu_decode_share=config.gpu.cpu_decode_share if on_gpu else 0.0,
+            # The GPU's graph tones training batches where a photometric step is on (the CPU's stage needs no spec).
+            photometric=on_gpu and config.jitter.on and spec.kind is AugmentKind.TRAIN,
         )
 
     def lend(self, spec: PipelineSpec, parts: ExitStack) -> PipelineRunner:
@@ -112,4 +115,16 @@ class StreamPipelines:
         """``runner`` behind the decoded cache, when the daemon has one."""
         if self._cache is None:
             return runner
-        return CachedRunner(runner, self._cache, dataset, split, self._metrics)
+        return CachedRunner(runner, self._cache, split, cache_key(dataset, split), self._metrics)
+
+
+def cache_key(dataset: str, split: SplitView) -> Callable[[int], Hashable]:
+    """The decoded cache's key of a sample index of ``split``: (dataset, split, index)
+    of the dataset the sample is of, so plain and mixed streams of a dataset share
+    entries."""
+    if isinstance(split, MixedSplit):
+        def key(index: int) -> Hashable:
+            part, local = split.locate(index)
+            return part.name, part.split.split, local
+        return key
+    return lambda index: (dataset, split.split, index)

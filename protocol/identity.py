@@ -28,7 +28,8 @@ __all__ = ["PIXEL_MATH_VERSION", "Identity", "check", "differing", "digest_for",
 PIXEL_MATH_VERSION = "1"
 
 
-def pixel_options(antialias: bool, max_pixels: int, decoded_cache_side: int) -> dict[str, str]:
+def pixel_options(antialias: bool, max_pixels: int, decoded_cache_side: int,
+                  augment: Mapping[str, str] | None = None) -> dict[str, str]:
     """A daemon's options that change pixels, as ``ListDatasets`` reports them.
 
     Args:
@@ -36,9 +37,12 @@ def pixel_options(antialias: bool, max_pixels: int, decoded_cache_side: int) -> 
         max_pixels: samples with more pixels are replaced, not decoded.
         decoded_cache_side: the side decoded images are cached at (0: no cache):
             crops of cached images are drawn from that copy.
+        augment: the photometric steps that are on, by option name, with their
+            values; none while they are off, so a daemon that has them off reports
+            what one from before they existed does (the same pixels).
     """
     return {"antialias": str(int(antialias)), "max_pixels": str(max_pixels),
-            "decoded_cache_side": str(decoded_cache_side), "pixel_math": PIXEL_MATH_VERSION}
+            "decoded_cache_side": str(decoded_cache_side), "pixel_math": PIXEL_MATH_VERSION, **(augment or {})}
 
 
 def digest_for(options: Mapping[str, str], antialias: bool | None) -> str:
@@ -97,4 +101,5 @@ def check(expected: Identity, served: Identity, what: str) -> None:
     if differing(expected, served):
         raise IdentityMismatch(
             f"{what}: the request expects {expected.describe()}; this daemon serves {served.describe()} (another "
-            "dataset under the name, re-sharded, or other --antialias / --max-pixels / --decoded-cache-side)")
+            "dataset under the name, re-sharded, or other --antialias / --max-pixels / --decoded-cache-side / "
+            "--jitter-* options)")

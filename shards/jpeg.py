@@ -1,5 +1,5 @@
 """JPEGs for fast windows, with libjpeg-turbo: crop windows decoded alone, a batch at
-a time on a few threads (the CPU pipeline's decode stage, :mod:`feeder.pipeline`), and
+a time on a few threads (the CPU pipeline's decode stage, :mod:`decode.pipeline`), and
 restart markers that let a window skip the entropy decoding around it (written by
 ``feeder shard``).
 

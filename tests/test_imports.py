@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "protos", "protocol", "shards", "transport", "sharder", "clients", "feeder", "launcher", "trainer",
-            "cli", "bench")
+PACKAGES = ("core", "protos", "protocol", "shards", "transport", "sharder", "clients", "decode", "feeder", "launcher",
+            "trainer", "cli", "bench")
 # Bottom to top. A module may import its own package and the layers below its own.
 LAYERS = {
     "core": 0, "protos": 0,
     "shards": 1, "protocol": 1,
     "transport": 2, "sharder": 2,
-    "clients": 3, "feeder": 3,
-    "launcher": 4, "trainer": 4,
-    "cli": 5,
-    "bench": 6,
-    "feeder.__main__": 6,  # python -m feeder: an entry point that runs cli's command, imported by nothing
+    "clients": 3, "decode": 3,
+    "feeder": 4,
+    "launcher": 5, "trainer": 5,
+    "cli": 6,
+    "bench": 7,
+    "feeder.__main__": 7,  # python -m feeder: an entry point that runs cli's command, imported by nothing
 }
 
 
@@ -123,3 +124,9 @@ def test_packages_import_only_downwards() -> None:
 
 def test_the_checker_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_decode_engine_imports_nothing_of_the_daemon() -> None:
+    upward = sorted(f"{module} -> {target}" for module, targets in _graph().items() if module.startswith("decode.")
+                    for target in targets if target.split(".")[0] == "feeder")
+    assert upward == []

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from feeder.augment import centre_crops, key_hashes, random_resized_crops
-from feeder.jobs import Job
+from decode.augment import centre_crops, key_hashes, random_resized_crops
+from decode.jobs import Job
 from protocol.request import AugmentKind, CropRange
 
 

@@ -87,7 +87,7 @@ def _file_names(repo: Path) -> set[str]:
 
 
 def resolves(name: str) -> bool:
-    """Whether ``name`` (``feeder.cli``, ``clients.FeederLoader``, ``feeder.resize.BatchResizer``)
+    """Whether ``name`` (``feeder.cli``, ``clients.FeederLoader``, ``decode.resize.BatchResizer``)
     is a module, or an attribute of the longest module it starts with."""
     parts = name.split(".")
     if "__main__" in parts:  # importing it would run it

@@ -60,11 +60,11 @@ def test_existing_paths_links_and_placeholders_pass(tmp_path: Path) -> None:
 
 def test_a_module_or_name_that_moved_is_reported(tmp_path: Path) -> None:
     problems = _problems(tmp_path, """\
-        `feeder.resize.BatchResizer`, `clients.FeederLoader`, `feeder.__main__` and `resize.py` are there;
-        `feeder.no_such_module`, `feeder.resize.NoSuchName` and `no_such_module.py` are not.
+        `decode.resize.BatchResizer`, `clients.FeederLoader`, `feeder.__main__` and `resize.py` are there;
+        `feeder.no_such_module`, `decode.resize.NoSuchName` and `no_such_module.py` are not.
         """)
     assert problems == ["no such module or name: feeder.no_such_module",
-                        "no such module or name: feeder.resize.NoSuchName",
+                        "no such module or name: decode.resize.NoSuchName",
                         "no source file of that name in the repository: no_such_module.py"]
 
 

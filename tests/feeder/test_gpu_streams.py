@@ -86,7 +86,7 @@ def test_device_slots_hold_what_host_memory_gets(service):
 
 
 def test_a_gpu_this_daemon_cannot_see_falls_back_to_gpu_0(service, caplog):
-    with caplog.at_level(logging.WARNING, logger="feeder.devices"):
+    with caplog.at_level(logging.WARNING, logger="decode.devices"):
         pipeline, pixels, devices = _drain(service, _rank_on(UNKNOWN_GPU))
     assert (pipeline.device, pipeline.device_id) == ("gpu", 0)
     assert devices == {"cpu"} and len(pixels) == 3  # host memory: the client is not on this GPU

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from feeder.augment import sample_crops
+from decode.augment import sample_crops
 from feeder.config import ServerConfig
 from feeder.metrics import ServerMetrics
 from feeder.producer import ReadyBatch

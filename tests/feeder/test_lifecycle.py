@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.errors import ConfigError, DataError, NotFound
+from decode.devices import cuda_devices
 from feeder.config import ServerConfig
-from feeder.devices import cuda_devices
 from feeder.metrics import ServerMetrics
 from feeder.service import FeederService, open_datasets
 from feeder.stream import BatchStream

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from core.bad_input import OnError
+from core.errors import SampleCorrupt
 from feeder.bad_samples import BadSamples, FailureLimits, MixedBadSamples, SampleFilter, Screened, TooManyBadSamples
 from feeder.mixed_split import MixedPart, MixedSplit
 from feeder.service import open_datasets
@@ -23,6 +25,7 @@ from protocol.plan import BatchSlice
 from protocol.request import MixPart, StreamSpec, from_request, mix_name
 from protocol.stream_plan import mix_of, rank_part_of
 from protos import feeder_pb2, feeder_pb2_grpc
+from shards.layout import index_path
 from tests.common.bad_samples import break_scan, copy_shards
 from tests.common.mixes import build_extra_shards, labels_by_key
 from tests.feeder.conftest import connect, start
@@ -224,3 +227,25 @@ def test_each_dataset_of_a_mix_is_held_to_the_failure_limit_of_its_own_share(sha
     with pytest.raises(TooManyBadSamples) as caught:
         samples.delivered(failed(65))
     assert str(caught.value).startswith("extra/train: 2 samples in epoch 0 so far could not be served (more than 1)")
+
+
+@pytest.mark.parametrize("read", ["read_many", "read_windows"])
+def test_a_changed_sample_is_named_by_its_dataset_key_and_composite_index_whichever_read(shards, extra, tmp_path, read):
+    changed = copy_shards(extra, tmp_path / "changed")
+    row = pq.read_table(index_path(changed, "train")).to_pylist()[3]
+    with open(changed / row["shard"], "r+b") as f:  # one byte of its scan, the index left as it was
+        f.seek(row["offset"] + row["size"] // 2)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 0xFF]))
+    opened = open_datasets({"sample": shards, "extra": changed})
+    mixed = MixedSplit([MixedPart(name, opened[name].splits["train"], np.arange(6)) for name in ("sample", "extra")])
+    composite = int(mixed.offsets[1]) + 3
+    indices = np.array([0, composite, 1])
+    with pytest.raises(SampleCorrupt) as caught:
+        if read == "read_many":
+            mixed.read_many(indices)
+        else:
+            mixed.read_windows(indices, np.array([[0, 0, 8, 8]] * 3, dtype=np.int32), 16)
+    assert (caught.value.key, caught.value.index) == (f"extra/{row['key']}", composite)
+    assert caught.value.path == changed / row["shard"]

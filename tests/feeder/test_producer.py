@@ -15,13 +15,14 @@ import pytest
 
 from core.bad_input import OnError
 from core.errors import SampleCorrupt
-from feeder.augment import sample_crops
+from decode.augment import sample_crops
+from decode.jobs import Job
+from decode.pipeline import PipelineSpec
+from decode.registry import decoder_name
+from decode.runner import PipelineRunner
 from feeder.bad_samples import BadSamples, SampleFilter, UnservableSample
-from feeder.jobs import Job
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineSpec
 from feeder.producer import Producer, ReadyBatch, StreamContext
-from feeder.runner import PipelineRunner
 from protocol.plan import BatchSlice, LastBatch, epoch_order, iter_batches, rank_part
 from protocol.request import AugmentKind, CropRange
 from shards.reader import ShardDataset, SplitIndex
@@ -145,7 +146,7 @@ def test_the_producer_reads_only_as_far_ahead_as_the_pipeline_prefetches(shards:
     slots = _Slots()
     batches = Producer(_context(split, runner), ServerMetrics()).batches(slices, slots)
     ahead = runner.jobs_ahead  # the runs in flight, and the look-ahead's batches on the window decoder
-    assert ahead == _PREFETCH + (runner.lookahead if runner.spec.decoder == "libjpeg-turbo" else 0)
+    assert ahead == _PREFETCH + (runner.lookahead if decoder_name(runner.spec) == "libjpeg-turbo" else 0)
     for taken in range(1, 6):
         next(batches)
         # Those and one slice of read-ahead; a slot only per batch handed out.

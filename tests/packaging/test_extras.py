@@ -12,6 +12,7 @@ import pytest
 
 import cli
 import clients
+import decode
 import feeder
 import launcher
 from tests.common.env import ROOT, child_env
@@ -32,9 +33,9 @@ def test_torchvision_and_matplotlib_are_the_trainers_extra_only() -> None:
 
 @pytest.mark.slow
 def test_every_loader_and_daemon_module_imports_without_them() -> None:
-    modules = [f"{package.__name__}.{m.name}" for package in (clients, feeder, launcher, cli)
+    modules = [f"{package.__name__}.{m.name}" for package in (clients, decode, feeder, launcher, cli)
                for m in pkgutil.iter_modules(package.__path__) if m.name != "__main__"]  # feeder.__main__ runs the CLI
-    modules.remove("feeder._resize")  # a plain C library (loaded with ctypes), not a module
+    modules.remove("decode._resize")  # a plain C library (loaded with ctypes), not a module
     blocked = "".join(f"sys.modules[{name!r}] = None;" for name in EXTRA_MODULES)
     script = f"import importlib, sys; {blocked} [importlib.import_module(m) for m in {modules!r}]"
     run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=child_env(), capture_output=True, text=True,

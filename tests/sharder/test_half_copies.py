@@ -15,10 +15,10 @@ import pytest
 from PIL import Image
 
 from core.errors import DataError
-from feeder.augment import Crops, sample_crops
-from feeder.jobs import Job
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
+from decode.augment import Crops, sample_crops
+from decode.jobs import Job
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from protocol.request import AugmentKind, CropRange
 from sharder import ShardConfig, shard
 from sharder.normalise import HALF_COPY_QUALITY

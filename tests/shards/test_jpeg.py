@@ -256,15 +256,16 @@ def test_damaged_bytes_anywhere_give_a_window_or_an_error_never_a_crash() -> Non
 
 def test_without_the_library_the_pipeline_uses_dali_and_the_sharder_keeps_the_bytes(monkeypatch) -> None:
     from core.errors import ConfigError
-    from feeder.pipeline import PipelineSpec
+    from decode.pipeline import PipelineSpec
+    from decode.registry import check_cpu_decoder, decoder_name
     from sharder.images import ProcessedImage
     from sharder.normalise import with_restarts
 
     monkeypatch.setattr(jpeg, "_library", lambda: "shards/_jpeg*.so was not built (test)")
     assert not jpeg.available() and "not built" in str(jpeg.unavailable_reason())
-    assert PipelineSpec().decoder == "dali"
+    assert decoder_name(PipelineSpec()) == "dali"
     with pytest.raises(ConfigError, match="not built"):
-        PipelineSpec(cpu_decoder="libjpeg-turbo")
+        check_cpu_decoder("libjpeg-turbo")
     data = _encode(_photo_like(32, 32, 16)).tobytes()
     assert with_restarts(ProcessedImage(data, 32, 32), 2).data == data
 

@@ -1,4 +1,4 @@
-"""A batch split between two decoders (:mod:`feeder.split_decoder`), on the CPU: the
+"""A batch split between two decoders (:mod:`decode.split_decoder`), on the CPU: the
 window decoder takes the first rows, DALI's CPU decoder the rest, both real; each row
 holds the same pixels the decoder that took it makes alone, failures are named by
 their position in the whole batch, and the share follows what the runs show."""
@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 
 from core.workers import FairPool, Lane
-from feeder.decoders import DaliCpuDecoder, TurboDecoder, make_decoder
-from feeder.jobs import SampleDecodeError
-from feeder.pipeline import PipelineSpec
-from feeder.split_decoder import LATE_S, STEP, CpuShare, SplitDecoder
+from decode.dali import DaliCpuDecoder
+from decode.jobs import SampleDecodeError
+from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
+from decode.split_decoder import LATE_S, STEP, CpuShare, SplitDecoder
+from decode.turbo import TurboDecoder
 from shards import jpeg
 from tests.common.bad_samples import broken_scan
-from tests.feeder.test_decoders import _COLOURS, _job, _solid
+from tests.decode.test_decoders import _COLOURS, _job, _solid
 from transport.base import host_slot
 
 pytestmark = pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason()))

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from core.errors import ConfigError
-from feeder.augment import Crops, key_hashes, random_resized_crops
-from feeder.jobs import Decoded, Failed, Job, SampleDecodeError
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
+from decode.augment import Crops, key_hashes, random_resized_crops
+from decode.jobs import Decoded, Failed, Job, SampleDecodeError
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from protocol.request import AugmentKind, CropRange
 from shards import jpeg
 from tests.common.jobs import header_job, jpeg_bytes
@@ -148,7 +148,7 @@ def test_bad_specs_are_config_errors(jpegs, cpu_decoder):
     with pytest.raises(ConfigError, match="device"):
         PipelineSpec(cpu_decoder=cpu_decoder, device="tpu")
     with pytest.raises(ConfigError, match="cpu_decoder"):
-        PipelineSpec(cpu_decoder="pillow")
+        PipelineRunner(PipelineSpec(cpu_decoder="pillow"))
     with pytest.raises(ConfigError, match="batch"):
         _runner(cpu_decoder, 2).run(header_job(jpegs[:3], 32))
 

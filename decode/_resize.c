@@ -1,6 +1,6 @@
 /* Bilinear resizes of many RGB windows in one call, with the GIL released throughout.
  *
- * A plain C library (no Python API), loaded with ctypes by feeder/resize.py. OpenCV's
+ * A plain C library (no Python API), loaded with ctypes by decode/resize.py. OpenCV's
  * resize releases the GIL too, but only for one image: each call takes it back, and
  * with several threads taking turns a worker spends about a third of its time in that
  * call waiting for it (docs/performance.md, Decoded cache). Here a batch's windows are

@@ -1,4 +1,4 @@
-"""The decoders (:mod:`feeder.decoders`), each a real one on real JPEGs: the CPU ones
+"""The decoders (:mod:`decode.turbo`, :mod:`decode.dali`), each a real one on real JPEGs: the CPU ones
 on DALI's CPU pipeline and the libjpeg-turbo window decoder, the GPU one where there
 is a device. Each run's batch is uint8 ``[N, size, size, 3]`` with sample ``i``'s
 window at ``i``, mirrored where its flip says; runs finish in the order they were
@@ -16,10 +16,13 @@ import torch
 from PIL import Image
 
 from core.workers import FairPool, Lane
-from feeder.augment import Crops, centre_crops
-from feeder.decoders import DaliCpuDecoder, DaliGpuDecoder, Decoder, TurboDecoder, make_decoder
-from feeder.jobs import Allocate, Job, SampleDecodeError
-from feeder.pipeline import PipelineSpec
+from decode.augment import Crops, centre_crops
+from decode.dali import DaliCpuDecoder, DaliGpuDecoder
+from decode.decoder import Decoder
+from decode.jobs import Allocate, Job, SampleDecodeError
+from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
+from decode.turbo import TurboDecoder
 from shards import jpeg
 from tests.common.bad_samples import broken_scan
 from transport.base import Slot, host_slot
@@ -164,7 +167,7 @@ def test_an_undecodable_sample_fails_its_run_and_the_runs_behind_it_come_out(cpu
     with pytest.raises(SampleDecodeError) as caught:
         cpu_decoder.finish(failing, slots)
     # The window decoder names the sample; DALI names it or gives an error code only
-    # (then the runner finds it: feeder.jobs.locate_failures).
+    # (then the runner finds it: decode.jobs.locate_failures).
     assert caught.value.failures is None or set(caught.value.failures) == {1}
     assert len(slots.shapes) == 1  # a failed run writes nothing
     _assert_colours(_finished(cpu_decoder, behind, slots), _COLOURS[1:3])

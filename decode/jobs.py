@@ -18,7 +18,7 @@ from typing import Generic, TypeVar, Union
 import numpy as np
 
 from core.errors import DataError
-from feeder.augment import Crops
+from decode.augment import Crops
 from transport.base import Slot
 
 __all__ = [
@@ -56,9 +56,8 @@ class Job:
     def only(self, positions: Sequence[int]) -> Job:
         """The job of the samples at ``positions`` alone."""
         rows = list(positions)
-        crops = Crops(boxes=self.crops.boxes[rows], flips=self.crops.flips[rows])
         indices = None if self.indices is None else self.indices[rows]
-        return Job([self.jpegs[p] for p in rows], self.image_size, crops, indices)
+        return Job([self.jpegs[p] for p in rows], self.image_size, self.crops.rows(rows), indices)
 
 
 JobT = TypeVar("JobT", bound=Job)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from feeder.jobs import Allocate, Job, SampleDecodeError
+from decode.jobs import Allocate, Job, SampleDecodeError
 from transport.base import Slot
 
 __all__ = ["CpuShare", "PartDecoder", "SplitDecoder"]
@@ -67,7 +67,7 @@ class CpuShare:
 
 
 class PartDecoder(Protocol):
-    """A decoder a batch's part goes to: :class:`feeder.decoders.PhasedDecoder`'s
+    """A decoder a batch's part goes to: :class:`decode.decoder.PhasedDecoder`'s
     phases."""
 
     def start(self, job: Job) -> Any: ...

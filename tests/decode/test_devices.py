@@ -10,10 +10,10 @@ import pytest
 
 from core.errors import ConfigError
 from core.gpus import GpuInventory
+from decode.devices import DevicePlacer, Placement, resolve_device, thread_share
+from decode.pipeline import PipelineSpec
 from feeder.config import ServerConfig
-from feeder.devices import DevicePlacer, Placement, resolve_device, thread_share
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineSpec
 from feeder.service import FeederService, open_datasets
 from feeder.stream_pipelines import StreamPipelines
 from protocol.request import StreamSpec
@@ -38,7 +38,7 @@ def test_a_cpu_client_runs_on_gpu_0_and_its_batches_leave_the_device():
 def test_an_unknown_gpu_falls_back_to_gpu_0_with_one_warning(caplog):
     placer = DevicePlacer("gpu", UUIDS)
     unknown = "GPU-ffffffff-0000-4000-8000-000000000000"
-    with caplog.at_level(logging.DEBUG, logger="feeder.devices"):
+    with caplog.at_level(logging.DEBUG, logger="decode.devices"):
         placements = [placer.place(unknown) for _ in range(3)]
     assert placements == [Placement("gpu", 0, "")] * 3  # no CUDA IPC: the client is not on it
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -146,7 +146,7 @@ def test_a_gpu_rank_s_pipeline_is_on_its_gpu_with_a_share_per_gpu(service):
 
 
 def test_the_hardware_jpeg_engines_get_most_of_the_data_from_hopper_on() -> None:
-    from feeder.devices import hw_decoder_load_for
+    from decode.devices import hw_decoder_load_for
 
     assert hw_decoder_load_for(9) == hw_decoder_load_for(10) == hw_decoder_load_for(12) == 0.99  # H100/H200, B200
     assert hw_decoder_load_for(8) == 0.65  # A100: DALI's own default

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from feeder.augment import centre_crops, key_hashes, philox4x32, random_resized_crops
+from decode.augment import centre_crops, key_hashes, philox4x32, random_resized_crops
 from protocol.request import CropRange
 
 KEYS = [f"n0144{i:04d}_{i * 7}" for i in range(400)]

@@ -4,7 +4,7 @@ CPU, into one preallocated batch array, with a small thread pool.
 Measured on 2 cores (sample data, crops averaging 254x255 px to 224 px), per image on
 one core: OpenCV ``INTER_LINEAR`` 0.12 ms, torch's uint8 antialiased bilinear 0.21 ms,
 OpenCV ``INTER_AREA`` 0.38 ms; DALI's own CPU resize about 1.2 ms. Each filter is the
-fastest that passes the pixel check against its reference (tests/feeder/test_resize.py):
+fastest that passes the pixel check against its reference (tests/decode/test_resize.py):
 
 - ``antialias=False``: OpenCV ``INTER_LINEAR`` (half-pixel centres, 11-bit fixed
   point weights): within 1 level of an exact float bilinear resize (tf.data's
@@ -18,7 +18,7 @@ Both libraries release the GIL while they work, so the workers run in parallel, 
 each call takes it back when it returns: with two workers and the stream's own thread
 taking turns, a worker spent about a third of its time in OpenCV's resize waiting for
 it (docs/performance.md, Decoded cache). So the plain filter runs, where it was built,
-in ``feeder/_resize.c``: the same filter (within 1 level of the exact one, and of
+in ``decode/_resize.c``: the same filter (within 1 level of the exact one, and of
 OpenCV's), with the mirroring done by the resize itself (its column table reversed): a
 batch is one call on each worker, the GIL released throughout, the calls taking the
 next image from a shared counter until none is left. Each call is one item of the
@@ -69,7 +69,7 @@ def _library() -> ctypes.CDLL | str:
     lib = load_library(Path(__file__).resolve().parent, "_resize", _declare)
     if isinstance(lib, str):
         return lib
-    return lib if lib.feeder_resize_simd() else "this CPU has no SSSE3, which feeder/_resize.c's fast path needs"
+    return lib if lib.feeder_resize_simd() else "this CPU has no SSSE3, which decode/_resize.c's fast path needs"
 
 
 def native_unavailable_reason() -> str | None:

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from core.workers import FairPool
-from feeder.decoders import DaliCpuDecoder
-from feeder.jobs import SampleDecodeError
-from feeder.pipeline import PipelineSpec, dali_decode_error
+from decode.dali import DaliCpuDecoder
+from decode.jobs import SampleDecodeError
+from decode.pipeline import PipelineSpec, dali_decode_error
 from tests.common.jobs import header_job, jpeg_bytes
 
 _TRACEBACK = (
     "Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.decoders.image_slice`,\n"
     "which was used in the pipeline definition with the following traceback:\n\n"
-    '  File "/work/feeder/pipeline.py", line 100, in crop_decode_pipeline\n\nencountered:\n\n'
+    '  File "/work/decode/pipeline.py", line 100, in crop_decode_pipeline\n\nencountered:\n\n'
 )
 _TAIL = "\nCurrent pipeline object is no longer valid.\nCurrent pipeline object is no longer valid."
 

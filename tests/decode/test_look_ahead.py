@@ -1,4 +1,4 @@
-"""Slow samples decoded ahead of their batches (:mod:`feeder.look_ahead`): which
+"""Slow samples decoded ahead of their batches (:mod:`decode.look_ahead`): which
 windows are slow, the steady rate they are submitted at, and through the runner the
 same pixels in the same order as without a look-ahead, each slow window started
 before its batch, and a slow window that fails named in its own batch."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from feeder.augment import Crops
-from feeder.jobs import Decoded, Failed, Job
-from feeder.look_ahead import LookAhead, slow_positions
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
+from decode.augment import Crops
+from decode.jobs import Decoded, Failed, Job
+from decode.look_ahead import LookAhead, slow_positions
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from shards import jpeg
 from shards.jpeg import BatchDecode
 from tests.common.jobs import header_job, jpeg_bytes

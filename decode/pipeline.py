@@ -2,12 +2,12 @@
 and the DALI boundary: the DALI graphs, their build, and the one function that reads
 DALI's error text (:func:`dali_decode_error`).
 
-Crop windows and flips come from outside (:mod:`feeder.augment`: a pure function of
+Crop windows and flips come from outside (:mod:`decode.augment`: a pure function of
 seed, epoch and sample key), so a pipeline holds no random state and its identity
 holds neither the crop ranges, the image size, the transform (train and validation
 differ only in their windows) nor the batch size (up to ``max_batch_size``): one
-built pipeline serves any of them. What decodes is chosen when it is built
-(:mod:`feeder.decoders`).
+built pipeline serves any of them. What decodes is chosen by name when it is built
+(:mod:`decode.registry`).
 """
 
 from __future__ import annotations
@@ -19,15 +19,13 @@ from nvidia.dali import fn, pipeline_def, types
 from nvidia.dali.pipeline import Pipeline
 
 from core.errors import ConfigError
-from feeder.config import check_cpu_decoder, cpu_decoder_in_use
-from feeder.jobs import SampleDecodeError
+from decode.finish import finish_graph
+from decode.jobs import SampleDecodeError
 
 __all__ = [
     "ANCHORS",
-    "FLIPS",
     "JPEGS",
     "SHAPES",
-    "SIZES",
     "PipelineSpec",
     "build_dali",
     "crop_decode_pipeline",
@@ -35,8 +33,8 @@ __all__ = [
     "gpu_pipeline",
 ]
 
-# Names of the graphs' external sources.
-JPEGS, ANCHORS, SHAPES, SIZES, FLIPS = "jpegs", "anchors", "shapes", "sizes", "flips"
+# Names of the graphs' external sources (the finishing stage's are :mod:`decode.finish`'s).
+JPEGS, ANCHORS, SHAPES = "jpegs", "anchors", "shapes"
 
 
 @dataclass(frozen=True)
@@ -56,16 +54,20 @@ class PipelineSpec:
             filter, 1.7x cheaper on the CPU than the antialiased one) or bilinear
             widened when downscaling (True: torchvision's PIL path). On the GPU,
             DALI fixes it when the pipeline is built, hence it is part of the spec.
-        cpu_decoder: the CPU path's decoder: ``"libjpeg-turbo"`` (:mod:`shards.jpeg`),
-            ``"dali"`` (DALI's ROI decode), or ``"auto"``: the first where it was
-            built, else the second.
+        cpu_decoder: the CPU path's decoder, by name (:data:`decode.registry.DECODERS`:
+            ``"libjpeg-turbo"``, the window decoder of :mod:`shards.jpeg`, ``"dali"``,
+            DALI's ROI decode), or ``"auto"``: the first that can run here. The name
+            is checked when the decoder is made (the registry may grow until then).
         hw_decoder_load: GPU only: the share of each batch's JPEG data DALI gives the
             GPU's hardware JPEG engines (separate from the SMs a training step
             uses; ignored on a GPU without them). DALI's default is 0.65.
         cpu_decode_share: GPU only: the share of each batch decoded on the CPU by the
             window decoder and uploaded (no SM time): 0 decodes all of it on the GPU,
             1 all of it on the CPU, None lets the decoder tune it from what it measures
-            (:mod:`feeder.split_decoder`). Where the window decoder was not built, 0.
+            (:mod:`decode.split_decoder`). Where the window decoder was not built, 0.
+        photometric: GPU only: its graph has the photometric steps
+            (:func:`decode.finish.finish_graph`), fed each sample's factors; the CPU
+            finishing stage needs no such choice when it is built.
     """
 
     device: str = "cpu"
@@ -77,11 +79,11 @@ class PipelineSpec:
     cpu_decoder: str = "auto"
     hw_decoder_load: float = 0.65
     cpu_decode_share: float | None = 0.0
+    photometric: bool = False
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "gpu"):
             raise ConfigError(f"device: {self.device!r} is not cpu or gpu")
-        check_cpu_decoder(self.cpu_decoder)
         for name in ("hw_decoder_load", "cpu_decode_share"):
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
@@ -91,11 +93,6 @@ class PipelineSpec:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.device_id < 0 or (self.device == "cpu" and self.device_id != 0):
             raise ConfigError(f"device_id: {self.device_id} is not a CUDA index of a gpu spec")
-
-    @property
-    def decoder(self) -> str:
-        """What decodes: ``"nvjpeg"`` (GPU), ``"libjpeg-turbo"`` or ``"dali"`` (CPU)."""
-        return "nvjpeg" if self.device == "gpu" else cpu_decoder_in_use(self.cpu_decoder)
 
 
 def _decode_window(jpegs, anchors, shapes, device: str, **mixed):  # type: ignore[no-untyped-def]
@@ -132,20 +129,22 @@ def crop_decode_pipeline():  # type: ignore[no-untyped-def]
 
 
 @pipeline_def
-def gpu_pipeline(antialias: bool, hw_decoder_load: float = 0.65):  # type: ignore[no-untyped-def]
+def gpu_pipeline(  # type: ignore[no-untyped-def]
+    antialias: bool, hw_decoder_load: float = 0.65, decode_on: str = "mixed", photometric: bool = False
+):
     """GPU: decode each window with nvJPEG (``hw_decoder_load`` of the data on the
-    hardware JPEG engines, where the GPU has them), resize to the run's size, mirror.
+    hardware JPEG engines, where the GPU has them), then finish it there
+    (:func:`decode.finish.finish_graph`: resized to the run's size, mirrored, toned
+    with ``photometric``).
 
-    Inputs: as :func:`crop_decode_pipeline`, plus ``sizes`` (float32 ``[side]``) and
-    ``flips`` (int32 scalar, 1 = mirror) per sample. Output: uint8 HWC, RGB.
+    Inputs: as :func:`crop_decode_pipeline`, plus the finishing stage's
+    (:func:`decode.finish.feed`). Output: uint8 HWC, RGB. ``decode_on="cpu"`` builds
+    the same graph on DALI's CPU backend (``device_id=None``): how its finishing is
+    checked against the CPU's where there is no GPU.
     """
     jpegs, anchors, shapes = _window_inputs()
-    sizes = fn.external_source(name=SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
-    flips = fn.external_source(name=FLIPS, dtype=types.DALIDataType.INT32, ndim=0)
-    images = _decode_window(jpegs, anchors, shapes, device="mixed", hw_decoder_load=hw_decoder_load)
-    side = sizes[0]
-    resized = fn.resize(images, resize_x=side, resize_y=side, antialias=antialias)
-    return fn.flip(resized, horizontal=flips, vertical=0)  # type: ignore[arg-type]
+    mixed = {"hw_decoder_load": hw_decoder_load} if decode_on == "mixed" else {}
+    return finish_graph(_decode_window(jpegs, anchors, shapes, device=decode_on, **mixed), antialias, photometric)
 
 
 def build_dali(spec: PipelineSpec) -> Pipeline:
@@ -161,7 +160,8 @@ def build_dali(spec: PipelineSpec) -> Pipeline:
         exec_dynamic=True,
     )
     if spec.device == "gpu":
-        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load, **common)
+        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load,
+                            photometric=spec.photometric, **common)
     else:
         pipe = crop_decode_pipeline(**common)
     pipe.build()

@@ -9,15 +9,15 @@ import pytest
 
 from core.cli import parse_bytes
 from core.errors import ConfigError
-from feeder.config import ServerConfig
-from feeder.config_values import physical_memory_bytes
-from feeder.decoded_cache import (
+from decode.decoded_cache import (
     ENTRY_OVERHEAD_BYTES,
     DecodedCache,
     cached_windows,
     check_budget,
     decode_downscaled,
 )
+from feeder.config import ServerConfig
+from feeder.config_values import physical_memory_bytes
 
 
 @pytest.mark.parametrize(("text", "expected"), [

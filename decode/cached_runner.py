@@ -1,23 +1,25 @@
-"""A stream's runner in front of the decoded cache (:mod:`feeder.decoded_cache`).
+"""A stream's runner in front of the decoded cache (:mod:`decode.decoded_cache`).
 
-Per batch, each sample is looked up by (dataset, split, sample index), a mixed
-stream's by its own dataset's (so plain and mixed streams of a dataset share entries):
+Per batch, each sample is looked up by its key (the daemon's: dataset, split and
+sample index, a mixed stream's by its own dataset's, so plain and mixed streams of a
+dataset share entries):
 
 - **hit**: its crop window, drawn in original pixels, is mapped into the cached
-  image, and the C resize (``feeder/_resize.c``; OpenCV's where it was not built)
-  crops, resizes and mirrors it into the batch on the workers, the GIL released
-  (:class:`feeder.resize.BatchResizer`): no JPEG, no DALI.
+  image, and the CPU finishing stage (:class:`decode.finish.Finisher`: the C resize of
+  ``decode/_resize.c``, OpenCV's where it was not built) finishes it into the batch on
+  the workers, the GIL released: no JPEG, no DALI.
 - **miss while the cache admits**: the whole image is decoded (a crop window would not
   serve the next epoch's crop), downscaled, admitted, then served like a hit, so a
   sample's pixels are the same on its first pass as on later ones.
 - **miss once the cache is full**, or an image that did not decode: the stream's own
-  runner (:class:`feeder.runner.PipelineRunner`, its decoder chosen as without a cache:
-  :mod:`feeder.decoders`) decodes its window from JPEG; a sample that fails to decode
+  runner (:class:`decode.runner.PipelineRunner`, its decoder chosen as without a cache:
+  :mod:`decode.registry`) decodes its window from JPEG; a sample that fails to decode
   is never cached.
 - **bypass**: a batch whose image size exceeds the cache's side would upscale cached
   pixels, so it is decoded from JPEG as without a cache, and counted.
 
-Hits, misses and bypassed samples, entries and bytes go to the daemon's metrics.
+Hits, misses and bypassed samples, entries and bytes are counted (by the daemon's
+metrics).
 """
 
 from __future__ import annotations
@@ -31,13 +33,10 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from core.errors import ConfigError
-from core.workers import Loop
-from feeder.decoded_cache import DecodedCache, cached_windows, decode_downscaled
-from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
-from feeder.metrics import ServerMetrics
-from feeder.mixed_split import MixedSplit, SplitView
-from feeder.resize import BatchResizer
-from feeder.runner import PipelineRunner
+from decode.decoded_cache import CacheCounters, DecodedCache, SampleSizes, cached_windows, decode_downscaled
+from decode.finish import Finisher, Finishing
+from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError
+from decode.runner import PipelineRunner
 from transport.base import Slot, host_slot
 
 __all__ = ["CachedRunner"]
@@ -52,17 +51,6 @@ _Result = TypeVar("_Result")
 # more with three). Each holds a ring slot: a stream's ring needs more slots than this
 # and what its client keeps, or a batch waits for one (then goes inline).
 _RESIZED_AHEAD = 2
-
-
-def _key_maker(dataset: str, split: SplitView) -> Callable[[int], Hashable]:
-    """The cache key of a sample index of ``split``: (dataset, split, index) of the
-    dataset the sample is of."""
-    if isinstance(split, MixedSplit):
-        def key(index: int) -> Hashable:
-            part, local = split.locate(index)
-            return part.name, part.split.split, local
-        return key
-    return lambda index: (dataset, split.split, index)
 
 
 def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
@@ -97,33 +85,35 @@ class _Begun(Generic[JobT]):
 class CachedRunner:
     """Serves a stream's jobs from the decoded cache, its own runner doing the rest.
 
-    Same use as :class:`feeder.runner.PipelineRunner` (``run_many``, ``run_alone``);
+    Same use as :class:`decode.runner.PipelineRunner` (``run_many``, ``run_alone``);
     jobs must carry sample indices. Its work runs on the inner runner's lane.
 
     Args:
         inner: the stream's pipeline (for misses once the cache is full); the caller
             keeps ownership (returns it to its pool).
         cache: the daemon's cache.
-        dataset: the dataset's name, part of each sample's key.
-        split: the split the job's indices refer to (original sizes); a mix's
-            composite split keys each sample by its own dataset.
-        metrics: daemon counters.
+        split: the original sizes of the samples the job's indices refer to.
+        key: a sample's cache key by its index (the daemon's: dataset, split and
+            index of the dataset the sample is of, so streams of a dataset share
+            entries).
+        metrics: where hits, misses and bypassed samples are counted.
     """
 
     # Caches whole images, windows mapped in their own pixels: jobs bring the images.
     decodes_half_copies = False
 
     def __init__(
-        self, inner: PipelineRunner, cache: DecodedCache, dataset: str, split: SplitView, metrics: ServerMetrics
+        self, inner: PipelineRunner, cache: DecodedCache, split: SampleSizes, key: Callable[[int], Hashable],
+        metrics: CacheCounters,
     ) -> None:
         self.inner = inner
         self.spec = inner.spec
         self._cache = cache
-        self._key = _key_maker(dataset, split)
+        self._key = key
         self._split = split
         self._metrics = metrics
         self.lane = inner.lane  # the stream's share of the daemon's workers
-        self._resizer = BatchResizer(self.lane)
+        self._finisher = Finisher(self.lane, self.spec.antialias)
 
     @property
     def prefetch(self) -> int:
@@ -178,14 +168,14 @@ class CachedRunner:
         if slot.tensor.device.type != "cpu":
             return _Begun(lambda: Decoded(job, _written(slot, lambda out: self._from_cached(
                 job, images, list(range(len(job))), out))))
-        _, loop = self._start_cached(job, images, list(range(len(job))), slot.array)
+        _, finishing = self._start_cached(job, images, list(range(len(job))), slot.array)
         self._metrics.decoded_cache(hits=len(job), usage=self._cache.usage())
 
         def finish() -> Outcome[JobT]:
-            loop.wait()
+            finishing.wait()
             return Decoded(job, slot)
 
-        return _Begun(finish, settle=loop.wait)
+        return _Begun(finish, settle=finishing.wait)
 
     def run_alone(self, job: JobT, allocate: Allocate = host_slot) -> Outcome[JobT]:
         """The outcome of ``job``: cached samples resized from the cache, the others
@@ -246,16 +236,16 @@ class CachedRunner:
     def _from_cached(
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None
     ) -> np.ndarray:
-        """Crop, resize and mirror cached images ``ready`` (positions in the job)."""
-        out, loop = self._start_cached(job, images, ready, out, first=True)
-        loop.wait()
+        """Crop and finish cached images ``ready`` (positions in the job)."""
+        out, finishing = self._start_cached(job, images, ready, out, first=True)
+        finishing.wait()
         return out
 
     def _start_cached(
         self, job: Job, images: Sequence[np.ndarray | None], ready: list[int], out: np.ndarray | None = None,
         first: bool = False,
-    ) -> tuple[np.ndarray, Loop]:
-        """Start :meth:`_from_cached` on the lane: ``out`` and the loop that fills it."""
+    ) -> tuple[np.ndarray, Finishing]:
+        """Start :meth:`_from_cached` on the lane: ``out`` and the finishing that fills it."""
         crops = job.crops
         chosen = [images[k] for k in ready]
         cached = [image for image in chosen if image is not None]
@@ -263,8 +253,7 @@ class CachedRunner:
         shapes = np.array([image.shape[:2] for image in cached], dtype=np.int64).reshape(-1, 2)
         windows = cached_windows(crops.boxes[ready], self._split.widths[rows], self._split.heights[rows], shapes)
         views = [image[y0:y1, x0:x1] for image, (x0, y0, x1, y1) in zip(cached, windows)]
-        return self._resizer.start(views, job.image_size, crops.flips[ready], self.spec.antialias, out=out,
-                                   first=first)
+        return self._finisher.start(views, job.image_size, crops.rows(ready), out=out, first=first)
 
     def _parallel(self, work: Callable[[_Item], _Result], items: list[_Item]) -> list[_Result]:
         """``[work(x) for x in items]`` on the stream's lane (the decoder releases the GIL)."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from core.errors import ResourceExhausted
 from core.workers import FairPool
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 
 __all__ = ["PipelinePool", "batch_bucket"]
 

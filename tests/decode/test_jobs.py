@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from feeder.jobs import SampleDecodeError, locate_failures
+from decode.jobs import SampleDecodeError, locate_failures
 from tests.common.jobs import header_job, jpeg_bytes
 
 

@@ -25,13 +25,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from feeder.jobs import Job
-from shards.jpeg import BatchDecode
+if TYPE_CHECKING:  # for annotations only: the daemon's configuration reads DEFAULT_LOOKAHEAD without torch
+    from decode.jobs import Job
+    from shards.jpeg import BatchDecode
 
-__all__ = ["LookAhead", "slow_positions"]
+__all__ = ["DEFAULT_LOOKAHEAD", "LookAhead", "slow_positions"]
+
+# Batches after those in flight whose slow windows may be decoded early (``--lookahead``).
+DEFAULT_LOOKAHEAD = 4
 
 # A window this many times its batch's median area is slow.
 SLOW_FACTOR = 6.0

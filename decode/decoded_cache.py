@@ -19,7 +19,7 @@ and every job of the daemon.
   0.65 levels; the decode itself 0.47 ms. ``INTER_AREA`` would roughly double the
   first epoch's cost for no visible change.
 - **Crops keep their law.** Windows are drawn in the original image's pixels (from
-  the index's width and height, :mod:`feeder.augment`) and mapped into the cached
+  the index's width and height, :mod:`decode.augment`) and mapped into the cached
   image by :func:`cached_windows`, so the distribution of crops is unchanged; only the
   pixels inside a window are the downscaled ones.
 """
@@ -29,17 +29,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
+from typing import Protocol
 
 import cv2
 import numpy as np
 
 from core.errors import ConfigError
-from feeder.config_values import physical_memory_bytes
 
 __all__ = [
     "ENTRY_OVERHEAD_BYTES",
+    "CacheCounters",
     "CacheUsage",
     "DecodedCache",
+    "SampleSizes",
     "cached_windows",
     "check_budget",
     "decode_downscaled",
@@ -57,18 +59,21 @@ _DCT_SCALE_FLAGS = (0, cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSC
 _DECODE_FLAGS = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 
 
-def check_budget(budget_bytes: int, memory_bytes: int | None = None) -> None:
+def check_budget(budget_bytes: int, memory_bytes: int) -> None:
     """Refuse a cache budget the machine cannot hold.
 
+    Args:
+        budget_bytes: the cache's budget.
+        memory_bytes: the machine's or its container's memory (the daemon's
+            :func:`feeder.config_values.physical_memory_bytes`).
+
     Raises:
-        ConfigError: ``budget_bytes`` exceeds ``memory_bytes`` (default: this
-            machine's or its container's, :func:`feeder.config_values.physical_memory_bytes`), naming both.
+        ConfigError: ``budget_bytes`` exceeds ``memory_bytes``, naming both.
     """
-    memory = physical_memory_bytes() if memory_bytes is None else memory_bytes
-    if budget_bytes > memory:
+    if budget_bytes > memory_bytes:
         raise ConfigError(
             f"decoded_cache_bytes: {budget_bytes} bytes ({budget_bytes / 2**30:.1f} GiB) exceed this "
-            f"machine's memory, {memory} bytes ({memory / 2**30:.1f} GiB)"
+            f"machine's memory, {memory_bytes} bytes ({memory_bytes / 2**30:.1f} GiB)"
         )
 
 
@@ -132,6 +137,23 @@ class CacheUsage:
     used_bytes: int
     budget_bytes: int
     admitting: bool
+
+
+class CacheCounters(Protocol):
+    """Where a batch's lookups are counted (the daemon's metrics)."""
+
+    def decoded_cache(self, usage: CacheUsage, hits: int = 0, misses: int = 0, bypassed: int = 0) -> None: ...
+
+
+class SampleSizes(Protocol):
+    """The original sizes of a split's samples, by index (from its index), in which
+    crop windows are drawn."""
+
+    @property
+    def widths(self) -> np.ndarray: ...
+
+    @property
+    def heights(self) -> np.ndarray: ...
 
 
 class DecodedCache:

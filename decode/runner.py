@@ -1,9 +1,9 @@
 """A built pipeline run on jobs: :class:`PipelineRunner` keeps up to ``prefetch`` of
-them in flight in its decoder (:mod:`feeder.decoders`) and hands back one outcome per
-job, in order (:mod:`feeder.jobs`).
+them in flight in its decoder (:mod:`decode.registry` names it) and hands back one outcome per
+job, in order (:mod:`decode.jobs`).
 
 When a run fails, the runs behind it are finished first, and the failing samples are
-located (:func:`feeder.jobs.locate_failures`) before the failure is handed out: at
+located (:func:`decode.jobs.locate_failures`) before the failure is handed out: at
 that moment nothing is in flight, so the caller can run a repaired job alone
 (:meth:`PipelineRunner.run_alone`) and still deliver it before the outcomes behind
 it. Usable without gRPC: the in-process baseline in ``bench/`` runs the same code.
@@ -19,10 +19,10 @@ import numpy as np
 
 from core.errors import ConfigError
 from core.workers import FairPool, Lane
-from feeder.config_values import DEFAULT_LOOKAHEAD
-from feeder.decoders import make_decoder
-from feeder.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
-from feeder.pipeline import PipelineSpec
+from decode.jobs import Allocate, Decoded, Failed, Job, JobT, Outcome, SampleDecodeError, locate_failures
+from decode.look_ahead import DEFAULT_LOOKAHEAD
+from decode.pipeline import PipelineSpec
+from decode.registry import make_decoder
 from transport.base import Slot, TransportClosed, host_slot
 
 __all__ = ["PipelineRunner"]
@@ -45,7 +45,8 @@ class PipelineRunner:
         self.spec = spec
         self._own_workers: FairPool | None = None
         if lane is None:
-            self._own_workers = FairPool(spec.threads)
+            # Named apart from the daemon's pool ("feeder-decode"), whose threads are counted by name.
+            self._own_workers = FairPool(spec.threads, name="feeder-runner")
             lane = self._own_workers.lane("runner")
         self.lane = lane
         self._decoder = make_decoder(spec, lane)
@@ -54,7 +55,7 @@ class PipelineRunner:
         # runs (it takes effect at the next one started).
         self.prefetch = spec.prefetch
         # Jobs taken beyond those in flight, whose slow samples the decoder may
-        # decode early (:mod:`feeder.look_ahead`); 0: none.
+        # decode early (:mod:`decode.look_ahead`); 0: none.
         self.lookahead = DEFAULT_LOOKAHEAD
         self._coming: deque[Job] = deque()  # taken, not yet started, oldest first
         # Set when a run failed for another reason than its samples, or the decoder
@@ -73,7 +74,7 @@ class PipelineRunner:
 
     @property
     def decoded_early(self) -> int:
-        """Slow samples whose decoding started ahead of their batch (:mod:`feeder.look_ahead`)."""
+        """Slow samples whose decoding started ahead of their batch (:mod:`decode.look_ahead`)."""
         return self._decoder.decoded_early
 
     @property

@@ -17,15 +17,16 @@ import pytest
 import torch
 
 from core.errors import DataError
-from feeder.augment import centre_crops
-from feeder.cached_runner import CachedRunner
+from decode.augment import centre_crops
+from decode.cached_runner import CachedRunner
+from decode.decoded_cache import ENTRY_OVERHEAD_BYTES, DecodedCache
+from decode.jobs import Decoded, Job
+from decode.pipeline import PipelineSpec
+from decode.runner import PipelineRunner
 from feeder.config import ServerConfig
-from feeder.decoded_cache import ENTRY_OVERHEAD_BYTES, DecodedCache
-from feeder.jobs import Decoded, Job
 from feeder.metrics import ServerMetrics
-from feeder.pipeline import PipelineSpec
-from feeder.runner import PipelineRunner
 from feeder.service import FeederService, open_datasets
+from feeder.stream_pipelines import cache_key
 from protocol.plan import LastBatch
 from protocol.request import StreamSpec
 from protos import feeder_pb2, feeder_pb2_grpc
@@ -250,7 +251,7 @@ def test_a_run_closed_early_waits_for_what_it_started_and_runs_nothing_else(shar
     split = open_datasets({"sample": shards})["sample"].splits["train"]
     metrics = ServerMetrics()
     runner = CachedRunner(PipelineRunner(PipelineSpec(max_batch_size=8, threads=1)),
-                          DecodedCache(64 << 20, SIDE), "sample", split, metrics)
+                          DecodedCache(64 << 20, SIDE), split, cache_key("sample", split), metrics)
 
     def job(first: int) -> Job:
         indices = np.arange(first, first + 4)

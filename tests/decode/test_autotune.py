@@ -1,4 +1,4 @@
-"""The tuner's decisions (feeder.autotune.Tuner) on streams and a pool whose counters
+"""The tuner's decisions (decode.autotune.Tuner) on streams and a pool whose counters
 the test moves: what it tries, what it keeps, what it undoes and when it waits."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from feeder.autotune import BACKOFF_S, MAX_PREFETCH, Tuner, idle_cpu_s
+from decode.autotune import BACKOFF_S, MAX_PREFETCH, Tuner, idle_cpu_s
 
 INTERVAL_S = 3.0
 

@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from core.workers import FairPool
-from feeder import resize
-from feeder.resize import BatchResizer
+from decode import resize
+from decode.resize import BatchResizer
 from shards import jpeg
 
 
