@@ -21,17 +21,19 @@ from decode.jobs import Job
 from decode.pipeline import ANCHORS, JPEGS, SHAPES, PipelineSpec, build_dali, dali_decode_error
 from transport.base import Slot
 
-__all__ = ["DaliCpuDecoder", "DaliGpuDecoder"]
+__all__ = ["DaliCpuDecoder", "DaliGpuDecoder", "feed"]
 
 
-def _feed(pipe: Any, job: Job, gpu: bool, photometric: bool) -> None:
+def feed(pipe: Any, job: Job, finishing: bool, photometric: bool = False) -> None:
+    """Feeds a run of a pipeline of :mod:`decode.pipeline`: the job's JPEGs and
+    windows and, where its graph finishes the batch (``finishing``), what
+    :func:`decode.finish.feed` feeds."""
     boxes = job.crops.boxes.astype(np.float32)
     pipe.feed_input(JPEGS, list(job.jpegs))
     pipe.feed_input(ANCHORS, list(boxes[:, :2]))
     pipe.feed_input(SHAPES, list(boxes[:, 2:]))
-    if gpu:
+    if finishing:
         finish.feed(pipe, job.image_size, job.crops, photometric)
-    pipe.schedule_run()
 
 
 def _outputs(pipe: Any, job: Job, stream: Any = None) -> Any:
@@ -59,7 +61,8 @@ class _DaliDecoder(PhasedDecoder):
         self._photometric = spec.photometric and self.device == "gpu"
 
     def start(self, job: Job) -> Job:
-        _feed(self._pipe, job, gpu=self.device == "gpu", photometric=self._photometric)
+        feed(self._pipe, job, finishing=self.device == "gpu", photometric=self._photometric)
+        self._pipe.schedule_run()
         return job
 
     def collect(self, job: Job) -> tuple[Job, Any]:

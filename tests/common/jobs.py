@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from decode.augment import centre_crops, key_hashes, random_resized_crops
+from decode.dali import feed
 from decode.jobs import Job
 from protocol.request import AugmentKind, CropRange
 
@@ -45,3 +47,11 @@ def header_job(jpegs: Sequence[np.ndarray], image_size: int, kind: AugmentKind =
         keys = [str(i) for i in range(len(jpegs))]
         crops = random_resized_crops(seed, 0, key_hashes(keys), widths, heights, CropRange())
     return Job(list(jpegs), image_size, crops)
+
+
+def run_pipe(pipe: Any, job: Job, finishing: bool, photometric: bool = False) -> list[np.ndarray]:
+    """One run of a built pipeline of :mod:`decode.pipeline` on ``job``: its images
+    (the windows, or the finished batch's samples where ``finishing``)."""
+    feed(pipe, job, finishing, photometric)
+    (out,) = pipe.run()
+    return [np.asarray(out[i]) for i in range(len(out))]

@@ -6,29 +6,19 @@ stage writes exactly what the resize alone writes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from core.workers import FairPool, Lane
-from decode import finish
 from decode.finish import Finisher
 from decode.jobs import Job
-from decode.pipeline import ANCHORS, JPEGS, SHAPES, crop_decode_pipeline, gpu_pipeline
+from decode.pipeline import crop_decode_pipeline, gpu_pipeline
 from decode.resize import BatchResizer
 from protocol.request import AugmentKind
-from tests.common.jobs import header_job, jpeg_bytes
+from tests.common.jobs import header_job, jpeg_bytes, run_pipe
 
 _BATCH = 6
-
-
-@pytest.fixture
-def lane() -> Iterator[Lane]:
-    workers = FairPool(2, name="t-finish")
-    yield workers.lane("finish")
-    workers.close()
 
 
 def _job(image_size: int, seed: int = 0) -> Job:
@@ -44,17 +34,6 @@ def _built(pipe: Any) -> Any:
     return pipe
 
 
-def _run(pipe: Any, job: Job, finishing: bool) -> list[np.ndarray]:
-    boxes = job.crops.boxes.astype(np.float32)
-    pipe.feed_input(JPEGS, list(job.jpegs))
-    pipe.feed_input(ANCHORS, list(boxes[:, :2]))
-    pipe.feed_input(SHAPES, list(boxes[:, 2:]))
-    if finishing:
-        finish.feed(pipe, job.image_size, job.crops)
-    (out,) = pipe.run()
-    return [np.asarray(out[i]) for i in range(len(out))]
-
-
 def _pipes() -> tuple[Any, Any]:
     """DALI's CPU window decode alone, and the GPU pipeline's graph (that decode, then
     the finishing stage) on DALI's CPU backend."""
@@ -67,9 +46,9 @@ def test_the_dali_graph_finishes_the_same_windows_as_the_cpu_within_one_grey_lev
     decode_only, graph = _pipes()
     job = _job(image_size)
     assert job.crops.flips.any() and not job.crops.flips.all()
-    windows = _run(decode_only, job, finishing=False)
+    windows = run_pipe(decode_only, job, finishing=False)
     on_cpu = Finisher(lane).finish(windows, image_size, job.crops)
-    in_graph = np.stack(_run(graph, job, finishing=True))
+    in_graph = np.stack(run_pipe(graph, job, finishing=True))
     assert in_graph.shape == on_cpu.shape == (_BATCH, image_size, image_size, 3)
     assert np.abs(in_graph.astype(int) - on_cpu).max() <= 1
     assert np.mean(in_graph != on_cpu) < 0.05  # rounding, not another filter
@@ -78,7 +57,7 @@ def test_the_dali_graph_finishes_the_same_windows_as_the_cpu_within_one_grey_lev
 def test_on_the_cpu_the_stage_writes_what_the_resize_alone_writes(lane):
     decode_only, _ = _pipes()
     job = _job(64, seed=3)
-    windows = _run(decode_only, job, finishing=False)
+    windows = run_pipe(decode_only, job, finishing=False)
     resized = BatchResizer(lane).resize(windows, 64, job.crops.flips)
     out = np.zeros_like(resized)
     assert Finisher(lane).finish(windows, 64, job.crops, out=out) is out
@@ -88,7 +67,7 @@ def test_on_the_cpu_the_stage_writes_what_the_resize_alone_writes(lane):
 def test_a_finishing_started_ahead_is_written_once_waited_for(lane):
     decode_only, _ = _pipes()
     job = _job(32, seed=5)
-    windows = _run(decode_only, job, finishing=False)
+    windows = run_pipe(decode_only, job, finishing=False)
     out, finishing = Finisher(lane).start(windows, 32, job.crops)
     finishing.wait()
     assert np.array_equal(out, Finisher(lane).finish(windows, 32, job.crops))

@@ -8,7 +8,6 @@ their resizes they differ only where those did."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -17,27 +16,18 @@ import numpy as np
 import pytest
 
 from core.errors import ConfigError
-from core.workers import FairPool, Lane
-from decode import finish
 from decode.augment import Crops, Jitter, Tone, key_hashes, sample_crops, sample_tone
 from decode.finish import Finisher, tone_table
 from decode.jobs import Job
-from decode.pipeline import ANCHORS, JPEGS, SHAPES, crop_decode_pipeline, gpu_pipeline
+from decode.pipeline import crop_decode_pipeline, gpu_pipeline
 from feeder.config import ServerConfig
 from protocol.request import AugmentKind, CropRange
-from tests.common.jobs import header_job, jpeg_bytes
+from tests.common.jobs import header_job, jpeg_bytes, run_pipe
 
 ALL_ON = Jitter(**{f.name: 0.4 for f in fields(Jitter)})
 KEYS = [f"n0144{i:04d}_{i * 7}" for i in range(300)]
 SIZES = np.random.default_rng(0).integers(40, 600, (2, len(KEYS)))
 _BATCH = 6
-
-
-@pytest.fixture
-def lane() -> Iterator[Lane]:
-    workers = FairPool(2, name="t-photometric")
-    yield workers.lane("photometric")
-    workers.close()
 
 
 def _drawn(jitter: Jitter, keys: list[str] = KEYS, epoch: int = 0, kind: AugmentKind = AugmentKind.TRAIN,
@@ -117,14 +107,7 @@ def _pipes(photometric: bool) -> tuple[Any, Any]:
 
 
 def _run(pipe: Any, job: Job, finishing: bool, photometric: bool = False) -> np.ndarray | list[np.ndarray]:
-    boxes = job.crops.boxes.astype(np.float32)
-    pipe.feed_input(JPEGS, list(job.jpegs))
-    pipe.feed_input(ANCHORS, list(boxes[:, :2]))
-    pipe.feed_input(SHAPES, list(boxes[:, 2:]))
-    if finishing:
-        finish.feed(pipe, job.image_size, job.crops, photometric)
-    (out,) = pipe.run()
-    images = [np.asarray(out[i]) for i in range(len(out))]
+    images = run_pipe(pipe, job, finishing, photometric)
     return np.stack(images) if finishing else images
 
 
