@@ -105,7 +105,7 @@ class PartialCopy:
         the download is slow): fetch them whole."""
         with self._changed:
             soon = (self._front, self._front + LEAD_BYTES) if self._front is not None else (self.size, self.size)
-        for lo, hi in _merged(self.gaps(start, end, but_coming=True)):
+        for lo, hi in _merged(self.gaps(start, end, but_coming=True), self._under_way()):
             for piece in ((lo, min(hi, soon[0])), (max(lo, soon[1]), hi)):  # what the download brings soon: wait
                 if piece[0] < piece[1]:
                     with self.coming(*piece):
@@ -165,7 +165,7 @@ class PartialCopy:
                     self._front = start if leads else None
                 whole, at = None, start
                 # One gap at a time, looked at afresh: reads under way bring the rest.
-                while pieces := _merged(self.gaps(at, end, but_coming=True)):
+                while pieces := _merged(self.gaps(at, end, but_coming=True), self._under_way()):
                     lo, hi = pieces[0]
                     data, written = self._fetched(fetch, lo, hi)
                     fetched += len(data)
@@ -174,7 +174,7 @@ class PartialCopy:
                     at = hi
                 with self._changed:  # until no read of this chunk's bytes is under way
                     self._changed.wait_for(lambda: not self._fetching(start, end), _COMING_WAIT_S)
-                for lo, hi in _merged(self.gaps(start, end)):  # a read that failed or was dropped
+                for lo, hi in _merged(self.gaps(start, end), self._under_way()):  # a read that failed or was dropped
                     fetched += len(self._fetched(fetch, lo, hi)[0])
                     whole = None
                 if self.failed is not None:
@@ -211,6 +211,11 @@ class PartialCopy:
         of the running download."""
         soon = self._front is not None and end > self._front and start < self._front + LEAD_BYTES
         return soon or self._fetching(start, end)
+
+    def _under_way(self) -> list[tuple[int, int]]:
+        """The ranges being fetched now."""
+        with self._changed:
+            return list(self._coming)
 
     def _fetching(self, start: int, end: int) -> bool:
         """Whether a fetch of bytes within ``start .. end`` is under way."""
@@ -266,11 +271,14 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[done:], offset + done
 
 
-def _merged(gaps: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``gaps`` with those closer than ``THROUGH_BYTES`` joined into one range."""
+def _merged(gaps: list[tuple[int, int]], under_way: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``gaps`` with those closer than ``THROUGH_BYTES`` joined into one range, unless
+    bytes between them are being fetched (``under_way``): fetched again, those would
+    come from the store twice."""
     merged: list[tuple[int, int]] = []
     for lo, hi in gaps:
-        if merged and lo - merged[-1][1] < THROUGH_BYTES:
+        between = merged[-1][1] if merged else lo
+        if merged and lo - between < THROUGH_BYTES and not any(s < lo and between < n for s, n in under_way):
             merged[-1] = (merged[-1][0], hi)
         else:
             merged.append((lo, hi))

@@ -8,6 +8,7 @@ import hashlib
 import os
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,34 @@ def test_the_download_fetches_only_the_gaps_and_hashes_the_whole(tmp_path: Path)
     fetched = sum(length for _, length in store.asked)
     assert fetched <= len(OBJECT) - 190_000 + 1024 * 2  # what had landed was not fetched again
     assert (10_000, 1024) not in store.asked  # the small gap was not a request of its own
+
+
+def test_the_download_fetches_no_byte_a_read_is_fetching_though_the_gaps_about_it_are_small(tmp_path: Path) -> None:
+    # Reads of a small shard's samples under way as its download starts (a busy machine):
+    # the gaps between them are under THROUGH_BYTES, and joined across them the download
+    # fetched those samples' bytes too, so the shard came from the store twice.
+    copy, store = _copy(tmp_path, 80_000), _Store()
+    reads = [(5_000, 10_000), (20_000, 25_000), (40_000, 45_000)]
+    with ExitStack() as requests_out:
+        for start, end in reads:
+            requests_out.enter_context(copy.coming(start, end))  # what fill() holds while its request is out
+        downloading = threading.Thread(target=copy.complete, args=(store, 4 << 20, lambda fetched: None))
+        downloading.start()
+        assert _waited(lambda: len(store.asked) == len(reads) + 1)  # the gaps about the reads
+        for start, end in reads:
+            copy.add(start, OBJECT[start:end])
+    downloading.join(10)
+    assert not downloading.is_alive()
+    assert sum(length for _, length in store.asked) == 80_000 - 15_000
+    assert not any(s < end and start < s + n for s, n in store.asked for start, end in reads)
+    copy.close()
+
+
+def _waited(done, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
 
 
 def test_a_short_answer_or_a_failed_write_stops_the_download(tmp_path: Path) -> None:
