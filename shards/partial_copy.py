@@ -87,15 +87,19 @@ class PartialCopy:
         with self._changed:
             return self._has(start, end)
 
-    def gaps(self, start: int, end: int, but_coming: bool = False) -> list[tuple[int, int]]:
-        """The ranges of ``start .. end`` that have not landed, in order (``but_coming``:
-        nor are being fetched)."""
+    def gaps(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The ranges of ``start .. end`` that have not landed, in order."""
         with self._changed:
+            return self._gaps(start, end)
+
+    def _requests(self, start: int, end: int, but_coming: bool = True) -> list[tuple[int, int]]:
+        """The requests that fetch what of ``start .. end`` has not landed (``but_coming``:
+        nor is being fetched): gaps closer than ``THROUGH_BYTES`` joined into one, never
+        across bytes being fetched, which would then come from the store twice."""
+        with self._changed:
+            coming = list(self._coming)
             gaps = self._gaps(start, end)
-            coming = sorted(self._coming) if but_coming else []
-        for lo, hi in coming:
-            gaps = [piece for a, b in gaps for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[0] < piece[1]]
-        return gaps
+        return _merged(_without(gaps, coming) if but_coming else gaps, coming)
 
     def fill(self, start: int, end: int, fetch: Callable[[int, int], memoryview], wait_s: float) -> bytes | None:
         """Bytes ``start .. end`` for a read: fetching (``fetch(start, length)``) only
@@ -105,7 +109,7 @@ class PartialCopy:
         the download is slow): fetch them whole."""
         with self._changed:
             soon = (self._front, self._front + LEAD_BYTES) if self._front is not None else (self.size, self.size)
-        for lo, hi in _merged(self.gaps(start, end, but_coming=True), self._under_way()):
+        for lo, hi in self._requests(start, end):
             for piece in ((lo, min(hi, soon[0])), (max(lo, soon[1]), hi)):  # what the download brings soon: wait
                 if piece[0] < piece[1]:
                     with self.coming(*piece):
@@ -165,7 +169,7 @@ class PartialCopy:
                     self._front = start if leads else None
                 whole, at = None, start
                 # One gap at a time, looked at afresh: reads under way bring the rest.
-                while pieces := _merged(self.gaps(at, end, but_coming=True), self._under_way()):
+                while pieces := self._requests(at, end):
                     lo, hi = pieces[0]
                     data, written = self._fetched(fetch, lo, hi)
                     fetched += len(data)
@@ -174,7 +178,7 @@ class PartialCopy:
                     at = hi
                 with self._changed:  # until no read of this chunk's bytes is under way
                     self._changed.wait_for(lambda: not self._fetching(start, end), _COMING_WAIT_S)
-                for lo, hi in _merged(self.gaps(start, end), self._under_way()):  # a read that failed or was dropped
+                for lo, hi in self._requests(start, end, but_coming=False):  # a read that failed or was dropped
                     fetched += len(self._fetched(fetch, lo, hi)[0])
                     whole = None
                 if self.failed is not None:
@@ -211,11 +215,6 @@ class PartialCopy:
         of the running download."""
         soon = self._front is not None and end > self._front and start < self._front + LEAD_BYTES
         return soon or self._fetching(start, end)
-
-    def _under_way(self) -> list[tuple[int, int]]:
-        """The ranges being fetched now."""
-        with self._changed:
-            return list(self._coming)
 
     def _fetching(self, start: int, end: int) -> bool:
         """Whether a fetch of bytes within ``start .. end`` is under way."""
@@ -269,6 +268,13 @@ def _write_all(fd: int, data: memoryview, offset: int) -> None:
         if done <= 0:
             raise OSError(errno.ENOSPC, "no space left on device")
         data, offset = data[done:], offset + done
+
+
+def _without(gaps: list[tuple[int, int]], ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``gaps`` less the bytes of ``ranges``."""
+    for lo, hi in sorted(ranges):
+        gaps = [piece for a, b in gaps for piece in ((a, min(b, lo)), (max(a, hi), b)) if piece[0] < piece[1]]
+    return gaps
 
 
 def _merged(gaps: list[tuple[int, int]], under_way: list[tuple[int, int]]) -> list[tuple[int, int]]:
