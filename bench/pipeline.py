@@ -95,7 +95,7 @@ def _device_buffers(args: argparse.Namespace) -> Allocate:
     shape = (args.batch_size, args.image_size, args.image_size, 3)
     buffers = itertools.cycle([torch.empty(shape, dtype=torch.uint8, device="cuda:0")
                                for _ in range(_DEVICE_BUFFERS)])
-    return lambda wanted: Slot(tensor=next(buffers)[: wanted[0]])
+    return lambda wanted: Slot(pixels=next(buffers)[: wanted[0]])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

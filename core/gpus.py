@@ -10,7 +10,8 @@ The devices are those torch's CUDA runtime sees (DALI's, the pipelines' library,
 honour ``CUDA_VISIBLE_DEVICES`` the same way). Without CUDA (no driver, no device, a
 CPU build of torch, a driver that fails to start) the inventory is empty: nothing
 raises, and callers take their CPU path. torch is imported only when the inventory
-is asked for.
+is asked for on a machine with a CUDA driver's device node (a CPU node's daemon
+starts without it).
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = ["Gpu", "GpuInventory", "device_uuid", "find_device", "normalise_uuid", "visible_uuids"]
 
 log = logging.getLogger(__name__)
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
+# What the CUDA driver opens: the NVIDIA driver's control node, or WSL's paravirtual
+# GPU. Without either there is no device to find, and torch is not imported to say so.
+_DRIVER_NODES = (Path("/dev/nvidiactl"), Path("/dev/dxg"))
 
 
 def normalise_uuid(uuid: str) -> str:
@@ -106,6 +111,8 @@ def visible_uuids() -> list[str]:
 def _probe_uuids() -> list[str]:
     """torch's CUDA devices, or none where torch, its CUDA build, a driver or a device
     is missing (or the driver fails to start, a ``RuntimeError``)."""
+    if not any(node.exists() for node in _DRIVER_NODES):
+        return []
     try:
         import torch
     except ImportError:

@@ -57,12 +57,12 @@ def _written(slot: Slot, fill: Callable[[np.ndarray], object]) -> Slot:
     """``slot`` filled by ``fill`` (which writes a host array): directly when the slot
     is in host memory, else through a host array copied to the device (cache hits are
     resized on the CPU)."""
-    if slot.tensor.device.type == "cpu":
+    if not slot.on_gpu:
         fill(slot.array)
         return slot
     import torch
 
-    host = np.empty(tuple(slot.tensor.shape), dtype=np.uint8)
+    host = np.empty(slot.shape, dtype=np.uint8)
     fill(host)
     # On the slot's stream, which waits for the client's last read of the slot; the
     # copy from pageable memory has read ``host`` when it returns.
@@ -165,7 +165,7 @@ class CachedRunner:
         if any(image is None for image in images):
             return _Begun(lambda: self.run_alone(job, allocate))
         slot = allocate((len(job), job.image_size, job.image_size, 3))
-        if slot.tensor.device.type != "cpu":
+        if slot.on_gpu:
             return _Begun(lambda: Decoded(job, _written(slot, lambda out: self._from_cached(
                 job, images, list(range(len(job))), out))))
         _, finishing = self._start_cached(job, images, list(range(len(job))), slot.array)

@@ -122,7 +122,7 @@ class DaliGpuDecoder(_DaliDecoder):
         from decode.device_writes import copy_dali_output
 
         _, out = collected
-        if slot.tensor.device.type != "cuda":
+        if not slot.on_gpu:
             np.copyto(slot.array, out.as_cpu().as_array())
             self.host_copies += 1
             return

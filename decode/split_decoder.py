@@ -175,4 +175,4 @@ class SplitDecoder:
 
 def _rows(slot: Slot, first: int, end: int) -> Slot:
     """Rows ``first:end`` of ``slot`` as a slot of their own (written on its stream)."""
-    return Slot(tensor=slot.tensor[first:end], index=slot.index, generation=slot.generation, stream=slot.stream)
+    return Slot(pixels=slot.pixels[first:end], index=slot.index, generation=slot.generation, stream=slot.stream)

@@ -91,7 +91,7 @@ class TurboDecoder(PhasedDecoder):
     def write(self, collected: _Collected, slot: Slot) -> None:
         job, decoding, windows = collected
         try:
-            if slot.tensor.device.type == "cpu":
+            if not slot.on_gpu:
                 self._finisher.finish(windows, job.image_size, job.crops, out=slot.array)
             else:
                 self._upload(job, windows, slot)
@@ -110,7 +110,7 @@ class TurboDecoder(PhasedDecoder):
         stream = slot.stream or torch.cuda.current_stream(slot.tensor.device)
         nbytes = slot.tensor.numel()
         staging = self._staging.take(nbytes)[:nbytes]
-        pixels = staging.numpy().reshape(tuple(slot.tensor.shape))
+        pixels = staging.numpy().reshape(slot.shape)
         self._finisher.finish(windows, job.image_size, job.crops, out=pixels)
         upload(staging, slot.tensor, stream)
         self._staging.give(staging, stream)

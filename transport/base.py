@@ -32,14 +32,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from core.errors import ConfigError, DataError, FeederError
 from protocol.batch import BatchMeta, from_message
 from protocol.request import ClientHost
 from protos import feeder_pb2
+
+if TYPE_CHECKING:  # the daemon's host path runs without torch (a second of every start)
+    import torch
 
 __all__ = [
     "BatchReceiver",
@@ -54,6 +57,7 @@ __all__ = [
     "TransportUnavailable",
     "WireBatch",
     "host_slot",
+    "host_tensor",
 ]
 
 
@@ -117,7 +121,8 @@ class Slot:
     ``ready`` event there: the client's stream waits on that event, not the host.
 
     Attributes:
-        tensor: uint8 ``[N, H, W, C]`` to fill (host memory, or the client's GPU).
+        pixels: uint8 ``[N, H, W, C]`` to fill: a numpy array in host memory, a
+            tensor on the client's GPU.
         index: Slot of the ring, or -1 for a batch that travels inline.
         generation: Times this slot has been lent; names this loan in releases.
         keep: What the memory belongs to (kept alive with the slot).
@@ -125,7 +130,7 @@ class Slot:
         ready: Recorded on ``stream`` once the slot is written (device slots).
     """
 
-    tensor: torch.Tensor
+    pixels: np.ndarray | torch.Tensor
     index: int = -1
     generation: int = 0
     keep: object = None
@@ -141,26 +146,50 @@ class Slot:
             self.sealed = True
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the slot is device memory (a tensor), not host memory."""
+        return not isinstance(self.pixels, np.ndarray)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.pixels.shape)
+
+    @property
     def array(self) -> np.ndarray:
         """The slot as a writable numpy array (host slots only; no copy)."""
-        if self.tensor.device.type != "cpu":
-            raise TypeError(f"slot on {self.tensor.device} has no numpy view")
-        return self.tensor.numpy()
+        if not isinstance(self.pixels, np.ndarray):
+            raise TypeError(f"slot on {self.pixels.device} has no numpy view")
+        return self.pixels
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The slot's device tensor (device slots only)."""
+        if isinstance(self.pixels, np.ndarray):
+            raise TypeError("a host slot is a numpy array, not a device tensor")
+        return self.pixels
 
     @property
     def images(self) -> np.ndarray | torch.Tensor:
         """The pixels: a numpy array in host memory, the tensor on a GPU."""
-        return self.array if self.tensor.device.type == "cpu" else self.tensor
+        return self.pixels
 
     def ref(self, stream_id: str) -> feeder_pb2.SlotRef:
         """How the client names this loan when it hands the slot back."""
         return feeder_pb2.SlotRef(stream_id=stream_id, index=self.index, generation=self.generation)
 
 
+def host_tensor(pixels: np.ndarray) -> torch.Tensor:
+    """The client's tensor over ``pixels`` in host memory (no copy): torch is the
+    client's, imported on its first batch, never by the daemon."""
+    import torch
+
+    return torch.from_numpy(pixels)
+
+
 def host_slot(shape: tuple[int, ...]) -> Slot:
     """A slot of fresh host memory for a uint8 batch of ``shape`` (no transport: a
     batch decoded in this process)."""
-    return Slot(tensor=torch.empty(shape, dtype=torch.uint8))
+    return Slot(pixels=np.empty(shape, dtype=np.uint8))
 
 
 class BatchSender(ABC):

@@ -183,11 +183,11 @@ class CudaIpcSender(BatchSender):
         self.stream.wait_event(self._free[index])
         start = index * self.slot_bytes
         tensor = ring[start : start + nbytes].view(shape)
-        return Slot(tensor=tensor, index=index, generation=generation, stream=self.stream, ready=self._ready[index])
+        return Slot(pixels=tensor, index=index, generation=generation, stream=self.stream, ready=self._ready[index])
 
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
         slot.seal()
-        message = to_message(meta, tuple(slot.tensor.shape))
+        message = to_message(meta, slot.shape)
         message.cuda.CopyFrom(feeder_pb2.CudaSlot(
             slot=slot.ref(self.stream_id), offset=slot.index * self.slot_bytes, ring=self._ring_message))
         self._handed_out += 1

@@ -31,7 +31,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from core.errors import DataError, InvalidArgument
 from core.wire import read_varint, varint
@@ -45,6 +44,7 @@ from transport.base import (
     TransportKind,
     WireBatch,
     check_shape,
+    host_tensor,
     wrap_memory,
 )
 from transport.heap import fit_messages
@@ -149,13 +149,13 @@ class GrpcPayloadSender(BatchSender):
         whole = _bytes_array(data)
         whole[self._reserve:start] = np.frombuffer(prefix, dtype=np.uint8)
         pixels = whole[start:].reshape(shape)
-        return Slot(tensor=torch.from_numpy(pixels), keep=_Message(data, whole))
+        return Slot(pixels=pixels, keep=_Message(data, whole))
 
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
         if not isinstance(slot.keep, _Message):
             raise TypeError("slot was not lent by this sender")
         data, whole = slot.keep.data, slot.keep.whole
-        head = to_message(meta, tuple(slot.tensor.shape)).SerializeToString()
+        head = to_message(meta, slot.shape).SerializeToString()
         filler = _filler(self._reserve - len(head))
         if filler is None:  # head too large for the room: pay one copy
             self.joined_messages += 1
@@ -239,5 +239,5 @@ class InlineReceiver(BatchReceiver):
         check_shape(shape, wire.pixels_nbytes)
         fit_messages(len(wire.data))  # the next ones: gRPC allocates them as this one
         array = _bytes_array(wire.data, wire.pixels_offset, wire.pixels_nbytes).reshape(shape)
-        return ReceivedBatch(images=torch.from_numpy(array), message=wire.message)
+        return ReceivedBatch(images=host_tensor(array), message=wire.message)
 

@@ -36,9 +36,9 @@ import os
 import re
 import secrets
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from core.errors import DataError
 from protocol.batch import BatchMeta, to_message
@@ -55,10 +55,14 @@ from transport.base import (
     TransportUnavailable,
     WireBatch,
     check_shape,
+    host_tensor,
     wrap_memory,
 )
 from transport.grpc_payload import GrpcPayloadSender
 from transport.ring import SlotRing
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ShmReceiver", "ShmRing", "ShmSender", "instance_prefix", "sweep_stale"]
 
@@ -198,12 +202,12 @@ class ShmSender(BatchSender):
             return self._inline.slot_for(shape)
         index, generation = loan
         pixels = self.ring.view(index, nbytes).reshape(shape)
-        return Slot(tensor=torch.from_numpy(pixels), index=index, generation=generation)
+        return Slot(pixels=pixels, index=index, generation=generation)
 
     def message(self, slot: Slot, meta: BatchMeta) -> bytes:
         if slot.index < 0:
             return self._inline.message(slot, meta)
-        message = to_message(meta, tuple(slot.tensor.shape))
+        message = to_message(meta, slot.shape)
         message.shm.CopyFrom(feeder_pb2.ShmSlot(
             slot=slot.ref(self.stream_id), offset=slot.index * self.ring.slot_bytes, segment=self.stream_id,
             segment_bytes=self.ring.nbytes, release_offset=self.ring.release_offset))
@@ -252,7 +256,7 @@ class ShmReceiver(BatchReceiver):
         once = OnceRelease(sink, ref)
         address = segment.ctypes.data + where.offset
         pixels = wrap_memory(address, nbytes, owner=segment, on_free=once).reshape(shape)
-        return ReceivedBatch(images=torch.from_numpy(pixels), message=message, _release=once)
+        return ReceivedBatch(images=host_tensor(pixels), message=message, _release=once)
 
     def close(self) -> None:
         # Batches still referenced keep their mapping (through wrap_memory's owner).

@@ -69,7 +69,7 @@ def _images(stream: BatchStream) -> Iterator[np.ndarray | torch.Tensor]:
     writes have finished and the consumer has asked for the next one."""
     for batch in stream:
         yield batch.slot.images
-        if batch.slot.tensor.device.type == "cuda":
+        if batch.slot.on_gpu:
             torch.cuda.current_stream(batch.slot.tensor.device).synchronize()
             stream.sender.release(batch.slot.index, batch.slot.generation)
 

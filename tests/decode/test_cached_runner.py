@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from core.errors import DataError
 from decode.augment import centre_crops
@@ -261,7 +260,7 @@ def test_a_run_closed_early_waits_for_what_it_started_and_runs_nothing_else(shar
     slots: list[Slot] = []
 
     def allocate(shape: tuple[int, ...]) -> Slot:
-        slots.append(Slot(tensor=torch.zeros(shape, dtype=torch.uint8)))
+        slots.append(Slot(pixels=np.zeros(shape, dtype=np.uint8)))
         return slots[-1]
 
     try:

@@ -199,12 +199,12 @@ def test_a_decoder_runs_again_after_giving_back_its_buffers(cpu_decoder: Decoder
 def test_the_gpu_decoder_writes_where_the_slot_is(on_device: bool) -> None:
     decoder = DaliGpuDecoder(PipelineSpec(device="gpu", device_id=0, max_batch_size=8, threads=1))
     shape = (len(_COLOURS), _SIZE, _SIZE, 3)
-    tensor = torch.empty(shape, dtype=torch.uint8, device="cuda:0" if on_device else "cpu")
+    pixels = torch.empty(shape, dtype=torch.uint8, device="cuda:0") if on_device else np.empty(shape, np.uint8)
     try:
         slot = decoder.finish(decoder.start(_job([_solid(c) for c in _COLOURS], flips=[True] * 5)),
-                              lambda s: Slot(tensor=tensor))
+                              lambda s: Slot(pixels=pixels))
     finally:
         decoder.close()
-    assert slot is not None and slot.tensor is tensor
-    _assert_colours(tensor.cpu().numpy(), _COLOURS)
+    assert slot is not None and slot.pixels is pixels
+    _assert_colours(pixels.cpu().numpy() if on_device else pixels, _COLOURS)
     assert (decoder.device_copies, decoder.host_copies) == ((1, 0) if on_device else (0, 1))

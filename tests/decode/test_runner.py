@@ -154,14 +154,12 @@ def test_bad_specs_are_config_errors(jpegs, cpu_decoder):
 
 
 def test_a_slot_is_filled_and_handed_back(jpegs):
-    import torch
-
     runner = PipelineRunner(PipelineSpec(max_batch_size=8, threads=1))
     expected = runner.run(header_job(jpegs[:4], 32))
     given: list[Slot] = []
 
     def allocate(shape: tuple[int, ...]) -> Slot:
-        given.append(Slot(tensor=torch.empty(shape, dtype=torch.uint8)))
+        given.append(Slot(pixels=np.empty(shape, dtype=np.uint8)))
         return given[-1]
 
     (out,) = runner.run_many([header_job(jpegs[:4], 32)], allocate=allocate)
@@ -172,7 +170,6 @@ def test_a_slot_is_filled_and_handed_back(jpegs):
 def test_each_slot_is_sealed_once_written_before_the_next_is_lent(jpegs):
     # A device slot's ready event (what the client's stream waits on) must cover its own
     # writes only: sealed where the message is made, it covered the runs enqueued since.
-    import torch
 
     said: list[str] = []
 
@@ -186,7 +183,7 @@ def test_each_slot_is_sealed_once_written_before_the_next_is_lent(jpegs):
     def allocate(shape: tuple[int, ...]) -> Slot:
         n = sum(line.startswith("lent") for line in said)
         said.append(f"lent {n}")
-        return Slot(tensor=torch.empty(shape, dtype=torch.uint8), stream="ring", ready=Ready(n))  # type: ignore[arg-type]
+        return Slot(pixels=np.empty(shape, dtype=np.uint8), stream="ring", ready=Ready(n))  # type: ignore[arg-type]
 
     runner = PipelineRunner(PipelineSpec(max_batch_size=8, threads=1, prefetch=2))
     outs = list(runner.run_many([header_job(jpegs[:4], 32) for _ in range(3)], allocate=allocate))
@@ -211,7 +208,7 @@ def test_gpu_output_goes_device_to_device_into_a_cuda_slot(jpegs):
     runner = PipelineRunner(PipelineSpec(device="gpu", device_id=index, max_batch_size=8))
     expected = runner.run(header_job(jpegs[:6], 64))  # through host memory
     assert runner.host_copies == 1
-    (out,) = runner.run_many([header_job(jpegs[:6], 64)], allocate=lambda shape: Slot(tensor=torch.empty(
+    (out,) = runner.run_many([header_job(jpegs[:6], 64)], allocate=lambda shape: Slot(pixels=torch.empty(
         shape, dtype=torch.uint8, device=f"cuda:{index}")))
     assert isinstance(out, Decoded) and out.slot.tensor.device == torch.device("cuda", index)
     assert runner.device_copies == 1 and runner.host_copies == 1

@@ -8,7 +8,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from protocol.batch import PIXEL_FIELDS, BatchMeta, from_message, to_message
 from protos import feeder_pb2
@@ -55,7 +54,7 @@ def test_every_field_survives_each_transport(transport, tmp_path):
     sender = GrpcPayloadSender("s") if transport == "grpc" else ShmSender(instance_prefix() + "1", config, 36)
     try:
         slot = sender.slot_for((3, 2, 2, 3))
-        slot.tensor.copy_(torch.arange(36, dtype=torch.uint8).view(3, 2, 2, 3))
+        slot.array[:] = np.arange(36, dtype=np.uint8).reshape(3, 2, 2, 3)
         wire = parse_batch(sender.message(slot, _meta()))
         assert _equal(from_message(wire.message), _meta())
     finally:

@@ -63,7 +63,7 @@ def test_both_halves_of_the_grpc_payload_fit_a_batch_over_the_limit(calls) -> No
     big = (3, *shape[1:])  # 56.6 MB: over it
     slot = sender.slot_for(big)
     assert len(calls) == 2, "the daemon's half"
-    slot.tensor.fill_(7)
+    slot.array.fill(7)
     data = sender.message(slot, BatchMeta(0, 3, 3, ["a", "b", "c"], torch.arange(3).numpy(),
                                           torch.zeros(3, dtype=torch.bool).numpy()))
     heap._decided = False  # as in another process: the client's
