@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # make test-under-load: make test RUNS times in a row (default 3) in a fresh clone of
-# this checkout's HEAD (its first run installs), while two CPU-bound processes run
-# beside it, as on a busy CI machine. Prints each run's time and status; exits 1 if any
-# run failed. The runs' logs stay in the folder it names; the clone (its 7 GB venv)
-# is removed at the end.
+# this checkout's HEAD (its first run installs), while HOGS CPU-bound processes (default
+# 2) run beside it, as on a busy CI machine; HOGS=0 is the quiet machine. Prints each
+# run's time and status; exits 1 if any run failed. The runs' logs stay in the folder it
+# names; the clone (its 7 GB venv) is removed at the end.
 set -uo pipefail
 runs=${RUNS:-3}
+hog_count=${HOGS:-2}
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d /tmp/feeder-under-load.XXXXXX)
 hogs=()
@@ -16,8 +17,8 @@ cleanup() {
 trap cleanup EXIT
 git clone -q "$here" "$work/feeder" || exit 1
 echo "make test $runs times in a fresh clone of $(git -C "$work/feeder" rev-parse --short HEAD)" \
-     "beside two CPU-bound processes on $(nproc) CPUs; logs in $work"
-for _ in 1 2; do
+     "beside $hog_count CPU-bound processes on $(nproc) CPUs; logs in $work"
+for _ in $(seq 1 "$hog_count"); do
   python3 -c "while 1: pass" &
   hogs+=($!)
 done
