@@ -18,7 +18,7 @@ from decode import finish
 from decode.decoder import PhasedDecoder, batch_shape
 from decode.finish import Finisher
 from decode.jobs import Job
-from decode.pipeline import ANCHORS, JPEGS, SHAPES, PipelineSpec, build_dali, dali_decode_error
+from decode.pipeline import ANCHORS, JPEGS, SHAPES, PipelineSpec, dali_decode_error
 from transport.base import Slot
 
 __all__ = ["DaliCpuDecoder", "DaliGpuDecoder", "feed"]
@@ -57,6 +57,8 @@ class _DaliDecoder(PhasedDecoder):
     own_threads = True
 
     def __init__(self, spec: PipelineSpec, lane: Lane | None = None) -> None:
+        from decode.dali_graphs import build_dali  # DALI loads with the first DALI decoder built
+
         self._pipe = build_dali(spec)
         self._photometric = spec.photometric and self.device == "gpu"
 

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import cv2
 import numpy as np
-from nvidia.dali import fn, types
 
 from core.workers import Lane
 from decode.augment import Crops, Tone
@@ -121,6 +120,8 @@ def finish_graph(images: Any, antialias: bool, photometric: bool = False) -> Any
     its run's side (``sizes``, float32 ``[side]`` per sample), mirrored where its
     ``flips`` (int32 scalar, 1 = mirror) says and, with ``photometric``, toned by its
     factors (float32 scalars). Fed by :func:`feed`."""
+    from nvidia.dali import fn, types  # DALI loads with the graphs (decode.dali_graphs)
+
     sizes = fn.external_source(name=SIZES, dtype=types.DALIDataType.FLOAT, ndim=1)
     flips = fn.external_source(name=FLIPS, dtype=types.DALIDataType.INT32, ndim=0)
     side = sizes[0]

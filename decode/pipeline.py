@@ -1,6 +1,7 @@
 """What fixes a built pipeline (:class:`PipelineSpec`, the key of the pipeline pool),
-and the DALI boundary: the DALI graphs, their build, and the one function that reads
-DALI's error text (:func:`dali_decode_error`).
+the names of the DALI graphs' inputs, and the one function that reads DALI's error text
+(:func:`dali_decode_error`); the graphs and their build are :mod:`decode.dali_graphs`,
+which alone loads DALI (half a daemon's start, where the window decoder decodes).
 
 Crop windows and flips come from outside (:mod:`decode.augment`: a pure function of
 seed, epoch and sample key), so a pipeline holds no random state and its identity
@@ -15,11 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nvidia.dali import fn, pipeline_def, types
-from nvidia.dali.pipeline import Pipeline
-
 from core.errors import ConfigError
-from decode.finish import finish_graph
 from decode.jobs import SampleDecodeError
 
 __all__ = [
@@ -27,10 +24,7 @@ __all__ = [
     "JPEGS",
     "SHAPES",
     "PipelineSpec",
-    "build_dali",
-    "crop_decode_pipeline",
     "dali_decode_error",
-    "gpu_pipeline",
 ]
 
 # Names of the graphs' external sources (the finishing stage's are :mod:`decode.finish`'s).
@@ -93,79 +87,6 @@ class PipelineSpec:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.device_id < 0 or (self.device == "cpu" and self.device_id != 0):
             raise ConfigError(f"device_id: {self.device_id} is not a CUDA index of a gpu spec")
-
-
-def _decode_window(jpegs, anchors, shapes, device: str, **mixed):  # type: ignore[no-untyped-def]
-    return fn.decoders.image_slice(
-        jpegs, anchors, shapes,
-        device=device,
-        **mixed,
-        output_type=types.DALIImageType.RGB,
-        normalized_anchor=False,
-        normalized_shape=False,
-        axis_names="WH",  # anchors and shapes are (x, y) and (width, height)
-        # Windows are drawn in the stored pixel grid (the index's width/height), as
-        # torchvision's PIL path sees it; an EXIF rotation would move them.
-        adjust_orientation=False,
-    )
-
-
-def _window_inputs():  # type: ignore[no-untyped-def]
-    jpegs = fn.external_source(name=JPEGS, dtype=types.DALIDataType.UINT8, ndim=1)
-    anchors = fn.external_source(name=ANCHORS, dtype=types.DALIDataType.FLOAT, ndim=1)
-    shapes = fn.external_source(name=SHAPES, dtype=types.DALIDataType.FLOAT, ndim=1)
-    return jpegs, anchors, shapes
-
-
-@pipeline_def
-def crop_decode_pipeline():  # type: ignore[no-untyped-def]
-    """CPU: decode each sample's crop window only.
-
-    Inputs (external_source): ``jpegs`` (uint8 bytes), ``anchors`` and ``shapes``
-    (float32 ``[x, y]`` and ``[width, height]`` in pixels) per sample.
-    Output: uint8 HWC RGB windows of varying sizes.
-    """
-    return _decode_window(*_window_inputs(), device="cpu")
-
-
-@pipeline_def
-def gpu_pipeline(  # type: ignore[no-untyped-def]
-    antialias: bool, hw_decoder_load: float = 0.65, decode_on: str = "mixed", photometric: bool = False
-):
-    """GPU: decode each window with nvJPEG (``hw_decoder_load`` of the data on the
-    hardware JPEG engines, where the GPU has them), then finish it there
-    (:func:`decode.finish.finish_graph`: resized to the run's size, mirrored, toned
-    with ``photometric``).
-
-    Inputs: as :func:`crop_decode_pipeline`, plus the finishing stage's
-    (:func:`decode.finish.feed`). Output: uint8 HWC, RGB. ``decode_on="cpu"`` builds
-    the same graph on DALI's CPU backend (``device_id=None``): how its finishing is
-    checked against the CPU's where there is no GPU.
-    """
-    jpegs, anchors, shapes = _window_inputs()
-    mixed = {"hw_decoder_load": hw_decoder_load} if decode_on == "mixed" else {}
-    return finish_graph(_decode_window(jpegs, anchors, shapes, device=decode_on, **mixed), antialias, photometric)
-
-
-def build_dali(spec: PipelineSpec) -> Pipeline:
-    """The built DALI graph of ``spec``: ``gpu_pipeline`` on a GPU, else
-    ``crop_decode_pipeline``."""
-    common = dict(
-        batch_size=spec.max_batch_size,
-        num_threads=spec.threads,
-        device_id=spec.device_id if spec.device == "gpu" else None,
-        # Depth 1: DALI's own first-run prefetch would demand ``depth`` fed batches
-        # up front; the runner schedules up to ``spec.prefetch`` runs itself instead.
-        prefetch_queue_depth=1,
-        exec_dynamic=True,
-    )
-    if spec.device == "gpu":
-        pipe = gpu_pipeline(antialias=spec.antialias, hw_decoder_load=spec.hw_decoder_load,
-                            photometric=spec.photometric, **common)
-    else:
-        pipe = crop_decode_pipeline(**common)
-    pipe.build()
-    return pipe
 
 
 # DALI names a failing sample in two shapes (nvidia-dali 1.5x): "Failed to decode

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from decode.dali_graphs import crop_decode_pipeline, gpu_pipeline
 from decode.finish import Finisher
 from decode.jobs import Job
-from decode.pipeline import crop_decode_pipeline, gpu_pipeline
 from decode.resize import BatchResizer
 from protocol.request import AugmentKind
 from tests.common.jobs import header_job, jpeg_bytes, run_pipe

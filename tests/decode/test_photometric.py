@@ -17,9 +17,9 @@ import pytest
 
 from core.errors import ConfigError
 from decode.augment import Crops, Jitter, Tone, key_hashes, sample_crops, sample_tone
+from decode.dali_graphs import crop_decode_pipeline, gpu_pipeline
 from decode.finish import Finisher, tone_table
 from decode.jobs import Job
-from decode.pipeline import crop_decode_pipeline, gpu_pipeline
 from feeder.config import ServerConfig
 from protocol.request import AugmentKind, CropRange
 from tests.common.jobs import header_job, jpeg_bytes, run_pipe
