@@ -109,7 +109,7 @@ class HealthPoller:
         return self.failures
 
 
-def _ratio_beside_silent_calls(stub, hostile: grpc.Channel, metadata, waiting: int, window_s: float = 2.0) -> float:
+def _ratio_beside_silent_calls(stub, hostile: grpc.Channel, metadata, waiting: int, window_s: float = 1.5) -> float:
     """images/s beside 200 silent calls over images/s alone, measured A B B A (a fresh
     stream each, the silent calls held through both B), so that a steady drift of the
     machine's load falls on both. ``waiting``: how many of them the daemon lets wait
