@@ -52,7 +52,7 @@ class ReadyBatch:
     @property
     def images(self) -> np.ndarray:
         """The pixels (a CUDA tensor for a device slot)."""
-        return self.slot.images  # type: ignore[return-value]
+        return self.slot.pixels  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)

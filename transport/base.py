@@ -168,11 +168,6 @@ class Slot:
             raise TypeError("a host slot is a numpy array, not a device tensor")
         return self.pixels
 
-    @property
-    def images(self) -> np.ndarray | torch.Tensor:
-        """The pixels: a numpy array in host memory, the tensor on a GPU."""
-        return self.pixels
-
     def ref(self, stream_id: str) -> feeder_pb2.SlotRef:
         """How the client names this loan when it hands the slot back."""
         return feeder_pb2.SlotRef(stream_id=stream_id, index=self.index, generation=self.generation)

@@ -68,7 +68,7 @@ def _images(stream: BatchStream) -> Iterator[np.ndarray | torch.Tensor]:
     """Each batch's images; a device slot goes back to its ring once the batch's
     writes have finished and the consumer has asked for the next one."""
     for batch in stream:
-        yield batch.slot.images
+        yield batch.slot.pixels
         if batch.slot.on_gpu:
             torch.cuda.current_stream(batch.slot.tensor.device).synchronize()
             stream.sender.release(batch.slot.index, batch.slot.generation)
