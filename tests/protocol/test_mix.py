@@ -172,15 +172,17 @@ def _consume(mix: Mix, order: np.ndarray, segment: Segment, policy: LastBatch) -
 
 
 @st.composite
-def resumes(draw):
-    mix = draw(mixes())
+def resumes(draw, datasets: tuple[int, int] = (1, 3), even: bool = False):
+    """A mix, a policy, up to two resumed segments and the world size after them;
+    ``even``: every rank of a segment stopped at the same cursor."""
+    mix = draw(mixes(datasets))
     policy = draw(st.sampled_from(list(LastBatch)))
     segments: list[Segment] = []
     length = mix.epoch_samples
     for _ in range(draw(st.integers(0, 2))):
         world = draw(st.integers(1, 6))
         part = plan_length(length, world, policy)
-        same = draw(st.booleans())
+        same = even or draw(st.booleans())
         at = draw(st.integers(0, part))
         cursors = tuple(at if same else draw(st.integers(0, part)) for _ in range(world))
         segments.append(Segment(world, cursors))
@@ -224,10 +226,9 @@ def test_every_batch_holds_each_datasets_share_of_its_part(case) -> None:
 
 @pytest.mark.slow
 @settings(max_examples=200, deadline=None)
-@given(resumes())
+@given(resumes(datasets=(2, 2), even=True))  # drawn so, not filtered: hypothesis gives up on 4 in 5 refused
 def test_two_datasets_batches_hold_their_weights_shares(case) -> None:
     mix, policy, segments, world = case
-    assume(len(mix.sizes) == 2 and all(len(set(s.cursors)) == 1 for s in segments))
     order = mixed_order(mix, SEED, 0, True, world, segments, policy)
     shares = np.array(mix.counts) / mix.epoch_samples
     bound = 2.0 if segments else 1.0  # at the epoch's start: floor or ceil of the share
