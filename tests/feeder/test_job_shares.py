@@ -37,7 +37,7 @@ from tests.common.waiting import wait_for
 pytestmark = [pytest.mark.skipif(not jpeg.available(), reason=str(jpeg.unavailable_reason())),
               pytest.mark.serial, pytest.mark.slow]
 
-_WARM_S, _WINDOW_S, _WINDOWS = 1.0, 3.0, 3
+_WARM_S, _WINDOW_S, _WINDOWS = 2.0, 4.0, 3
 _BOUND = 0.25  # (most - least) / most, of the median window; the target is 0.15
 _RANKS = 8
 
