@@ -16,6 +16,7 @@ import pytest
 
 from bench.seaweedfs import SeaweedFS
 from core.errors import ConfigError, SampleCorrupt
+from shards import ranged
 from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from shards.shard_cache import CachedShard, ShardCache
@@ -50,7 +51,11 @@ def _shard_bytes(local: Path, split: str = "val") -> list[int]:
 
 @pytest.mark.slow
 def test_shards_are_fetched_once_and_read_locally_from_then_on(
-        s3_server: SeaweedFS, local: Path, remote: str, tmp_path: Path) -> None:
+        s3_server: SeaweedFS, local: Path, remote: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read waits at most COMING_WAIT_S (1 s) for bytes the download is fetching, then
+    # fetches them too; on a busy machine the store can take that long, and the bytes
+    # come twice. Given the time, they come once: that is what is checked here.
+    monkeypatch.setattr(ranged, "COMING_WAIT_S", 30.0)
     cache = ShardCache(tmp_path / "cache", 1 << 30)
     try:
         split, counters = _split(s3_server, remote, cache)
@@ -61,7 +66,8 @@ def test_shards_are_fetched_once_and_read_locally_from_then_on(
         usage = cache.usage()
         assert usage.misses + usage.hits == len(split) and usage.downloads == len(_shard_bytes(local))
         fetched = counters.snapshot()["bytes"] - opened
-        assert fetched <= 1.05 * sum(_shard_bytes(local))  # each byte of a cold shard from the store once
+        # each byte of a cold shard from the store once
+        assert fetched <= 1.05 * sum(_shard_bytes(local)), (counters.snapshot(), usage)
         requests = counters.snapshot()["requests"]
         again = split.read_many(np.arange(len(split)))
         assert counters.snapshot()["requests"] == requests and cache.usage().hits == usage.hits + len(split)
