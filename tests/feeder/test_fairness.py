@@ -85,7 +85,10 @@ class _Rank:
 
 
 def _job_rates(ranks: list[_Rank], seconds: float) -> dict[str, float]:
-    time.sleep(1.0)  # past the first batches
+    # Past the first batches, and past the hoarder's streams cancelled once the jobs
+    # are refused for the memory they hold (beside other work the jobs' rates then
+    # took 2-4 s to come back to those they have alone).
+    time.sleep(3.0)
     start = time.monotonic()
     time.sleep(seconds)
     end = time.monotonic()
@@ -96,7 +99,7 @@ def _job_rates(ranks: list[_Rank], seconds: float) -> dict[str, float]:
     return rates
 
 
-def _run_jobs(address: str, seconds: float = 2.0) -> dict[str, float]:
+def _run_jobs(address: str, seconds: float = 3.0) -> dict[str, float]:
     ranks = [_Rank(address, f"job-{j}", r) for j in range(_JOBS) for r in range(_RANKS)]
     try:
         assert all(rank.opened.wait(30) for rank in ranks), "every rank opens its train and val streams"
@@ -116,15 +119,34 @@ def _hoard(address: str, stats) -> tuple[list, list]:
         for _ in range(16):  # one at a time, as a loop of careless code opens them
             open_before = stats(feeder_pb2.StatsRequest()).open_streams
             unread.append(feeder_pb2_grpc.FeederStub(channel).StreamBatches(
-                _request("train", f"hog-{job}", 0, world_size=1, batch_size=4, image_size=16)))
+                _request("train", f"hog-{job}", 0, world_size=1, batch_size=4, image_size=64)))
             assert wait_for(lambda: stats(feeder_pb2.StatsRequest()).open_streams > open_before, timeout_s=10)
-    time.sleep(3.0)  # its first batches made: the producers wait on unread queues
+    # Until its streams' queues and their connections' windows are full: only then do
+    # its producers wait and its streams count as unread. A fixed 3 s left it making
+    # batches beside other work on the machine (its 16 px batches took 10-20 s to fill
+    # the windows), and the jobs' ranks waited for memory it would not yet give back;
+    # its 64 px batches fill them in a fifth of the images.
+    assert _settled(stats), "the hoarder's streams stopped taking batches"
     return hog, unread
+
+
+def _settled(stats, still_s: float = 1.5, timeout_s: float = 60.0) -> bool:
+    """Whether the daemon sent no batch for ``still_s`` (within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    served, since = stats(feeder_pb2.StatsRequest()).batches_served, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now, sent = time.monotonic(), stats(feeder_pb2.StatsRequest()).batches_served
+        if sent != served:
+            served, since = sent, now
+        elif now - since >= still_s:
+            return True
+    return False
 
 
 def test_the_hoard_holds_most_of_the_memory_budget_and_leaves_the_jobs_too_little(shards: Path):
     config = ServerConfig.of(datasets={"sample": shards}, max_memory_bytes=570 << 20, max_batch_size=64)
-    hoard = 64 * stream_need_bytes(config, 4, 16)
+    hoard = 64 * stream_need_bytes(config, 4, 64)
     jobs = _JOBS * _RANKS * 2 * stream_need_bytes(config, 8, 32)  # a train and a val stream per rank
     assert hoard > 0.7 * config.budgets.max_memory_bytes and hoard + jobs > config.budgets.max_memory_bytes
 
