@@ -154,12 +154,14 @@ class RemoteShards:
         again by the download); a copy finished meanwhile is read instead.
         ``store_only``: from the store whatever the copies hold (a second look after
         a checksum failure)."""
-        making, fetch = None if store_only else self._copies.partial(shard), self._fetcher(self._shards[shard])
+        fetch = self._fetcher(self._shards[shard])
 
         def get() -> memoryview:
             copy = None if store_only else self._copies.partial(shard)
             landed = None if copy is None else copy.fill(start, end, fetch, COMING_WAIT_S)
-            if landed is None and making is not None:  # finished since the request was made
+            # A copy finished since the request was made, or since the read found none
+            # (its download can end between the two looks a read takes at the copies).
+            if landed is None and not store_only:
                 landed = self._copies.cached_bytes(shard, start, end)
             return memoryview(landed) if landed is not None else fetch(start, end - start)
 

@@ -17,6 +17,7 @@ import pytest
 from bench.seaweedfs import SeaweedFS
 from core.errors import ConfigError, SampleCorrupt
 from shards import ranged
+from shards.local_copies import LocalCopies
 from shards.ranged import RemoteAccess
 from shards.reader import ShardDataset, SplitIndex
 from shards.shard_cache import CachedShard, ShardCache
@@ -75,6 +76,31 @@ def test_shards_are_fetched_once_and_read_locally_from_then_on(
         manifest = json.loads((local / "manifest.json").read_text())
         named = {f"{s['sha256']}.tar" for s in manifest["splits"]["val"]["shards"]}
         assert {p.name for p in (tmp_path / "cache" / "shards").iterdir()} == named
+    finally:
+        cache.close()
+
+
+@pytest.mark.slow
+def test_a_copy_finished_between_a_reads_two_looks_is_read_and_not_fetched_again(
+        s3_server: SeaweedFS, local: Path, remote: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A read looks for a whole copy, asks for one, then looks at the copy being made; a
+    # small shard's download can end between the two looks (it did on a busy machine):
+    # the read found neither and fetched the whole shard from the store a second time.
+    cache = ShardCache(tmp_path / "cache", 1 << 30)
+    second_look = LocalCopies.read_partial
+
+    def once_the_download_ended(self: LocalCopies, *args: object) -> list[int]:
+        assert cache.settle(30)
+        return second_look(self, *args)
+
+    monkeypatch.setattr(LocalCopies, "read_partial", once_the_download_ended)
+    try:
+        split, counters = _split(s3_server, remote, cache)
+        expected = ShardDataset.open("local", local).splits["val"].read_many(np.arange(len(split)))
+        opened = counters.snapshot()["bytes"]
+        got = split.read_many(np.arange(len(split)))
+        assert counters.snapshot()["bytes"] - opened == sum(_shard_bytes(local))  # the download's, alone
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected))
     finally:
         cache.close()
 
