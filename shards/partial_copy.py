@@ -92,14 +92,32 @@ class PartialCopy:
         with self._changed:
             return self._gaps(start, end)
 
-    def _requests(self, start: int, end: int, but_coming: bool = True) -> list[tuple[int, int]]:
+    @contextmanager
+    def _claimed(self, start: int, end: int, *, first: bool = False, past_soon: bool = False,
+                 but_coming: bool = True) -> Iterator[list[tuple[int, int]]]:
         """The requests that fetch what of ``start .. end`` has not landed (``but_coming``:
-        nor is being fetched): gaps closer than ``THROUGH_BYTES`` joined into one, never
-        across bytes being fetched, which would then come from the store twice."""
+        nor is being fetched; ``past_soon``: less what the running download fetches
+        next; ``first``: only the first of them), marked as being fetched while the
+        block runs. Found and marked in one step: a read and the download looking at
+        once would otherwise both find the same bytes missing and neither under way,
+        and both fetch them. Gaps closer than ``THROUGH_BYTES`` are joined into one,
+        never across bytes being fetched, which would then come from the store twice."""
         with self._changed:
-            coming = list(self._coming)
             gaps = self._gaps(start, end)
-        return _merged(_without(gaps, coming) if but_coming else gaps, coming)
+            pieces = _merged(_without(gaps, self._coming) if but_coming else gaps, self._coming)
+            if past_soon and self._front is not None:
+                soon = (self._front, self._front + LEAD_BYTES)
+                pieces = [piece for lo, hi in pieces for piece in ((lo, min(hi, soon[0])), (max(lo, soon[1]), hi))
+                          if piece[0] < piece[1]]
+            pieces = pieces[:1] if first else pieces
+            self._coming += pieces
+        try:
+            yield pieces
+        finally:
+            with self._changed:
+                for piece in pieces:
+                    self._coming.remove(piece)
+                self._changed.notify_all()
 
     def fill(self, start: int, end: int, fetch: Callable[[int, int], memoryview], wait_s: float) -> bytes | None:
         """Bytes ``start .. end`` for a read: fetching (``fetch(start, length)``) only
@@ -107,13 +125,9 @@ class PartialCopy:
         and waiting at most ``wait_s`` for the rest; None where they are not all there
         then (a fetch failed, the object is shorter, the copy was finished or failed,
         the download is slow): fetch them whole."""
-        with self._changed:
-            soon = (self._front, self._front + LEAD_BYTES) if self._front is not None else (self.size, self.size)
-        for lo, hi in self._requests(start, end):
-            for piece in ((lo, min(hi, soon[0])), (max(lo, soon[1]), hi)):  # what the download brings soon: wait
-                if piece[0] < piece[1]:
-                    with self.coming(*piece):
-                        self.add(piece[0], fetch(piece[0], piece[1] - piece[0]))
+        with self._claimed(start, end, past_soon=True) as pieces:  # what the download brings soon: waited for
+            for lo, hi in pieces:
+                self.add(lo, fetch(lo, hi - lo))
         return self.landed(start, end, wait_s)
 
     def landed(self, start: int, end: int, wait_s: float) -> bytes | None:
@@ -169,18 +183,22 @@ class PartialCopy:
                     self._front = start if leads else None
                 whole, at = None, start
                 # One gap at a time, looked at afresh: reads under way bring the rest.
-                while pieces := self._requests(at, end):
-                    lo, hi = pieces[0]
-                    data, written = self._fetched(fetch, lo, hi)
+                while True:
+                    with self._claimed(at, end, first=True) as pieces:
+                        if not pieces:
+                            break
+                        lo, hi = pieces[0]
+                        data, written = self._fetched(fetch, lo, hi)
                     fetched += len(data)
                     # The file holds these very bytes only where this fetch wrote them all.
                     whole = data if (lo, hi) == (start, end) and written == len(data) else None
                     at = hi
                 with self._changed:  # until no read of this chunk's bytes is under way
                     self._changed.wait_for(lambda: not self._fetching(start, end), _COMING_WAIT_S)
-                for lo, hi in self._requests(start, end, but_coming=False):  # a read that failed or was dropped
-                    fetched += len(self._fetched(fetch, lo, hi)[0])
-                    whole = None
+                with self._claimed(start, end, but_coming=False) as pieces:  # a read that failed or was dropped
+                    for lo, hi in pieces:
+                        fetched += len(self._fetched(fetch, lo, hi)[0])
+                        whole = None
                 if self.failed is not None:
                     raise self.failed
                 digest.update(whole if whole is not None else os.pread(self._fd, end - start, start))
@@ -192,12 +210,11 @@ class PartialCopy:
         return digest.hexdigest()
 
     def _fetched(self, fetch: Callable[[int, int], memoryview], lo: int, hi: int) -> tuple[memoryview, int]:
-        """Bytes ``lo .. hi`` fetched and landed; with the bytes of them written now."""
-        with self.coming(lo, hi):  # reads of these bytes wait for them
-            data = fetch(lo, hi - lo)
-            if len(data) != hi - lo:
-                raise FeederError(f"{len(data)} bytes at offset {lo}, {hi - lo} asked for")
-            return data, self.add(lo, data)
+        """Bytes ``lo .. hi`` (claimed) fetched and landed; with the bytes of them written now."""
+        data = fetch(lo, hi - lo)
+        if len(data) != hi - lo:
+            raise FeederError(f"{len(data)} bytes at offset {lo}, {hi - lo} asked for")
+        return data, self.add(lo, data)
 
     def sync(self) -> None:
         os.fsync(self._fd)

@@ -224,15 +224,21 @@ class ShardCache:
                 return
             self._refused.pop(shard.sha256, None)
             self._pending[shard.sha256] = shard.size
-        try:
-            copy = PartialCopy(self._partial / f"{shard.sha256}.{os.getpid()}.part", shard.size)
-        except OSError as e:
-            self._fetch_failed(shard, None, None if _full(e) else f"not cached: {e.strerror or e}")
-            if _full(e):
-                self._disk_full(e)
+            # Made before the mutex is let go: a read that finds the shard on its way
+            # finds its copy too, and its bytes land there (made after, a read of
+            # another thread in between fetched the shard from the store beside the
+            # download, which fetched it all again).
+            failed: OSError | None = None
+            try:
+                copy = PartialCopy(self._partial / f"{shard.sha256}.{os.getpid()}.part", shard.size)
+                self._partials[shard.sha256] = copy
+            except OSError as e:
+                failed = e
+        if failed is not None:
+            self._fetch_failed(shard, None, None if _full(failed) else f"not cached: {failed.strerror or failed}")
+            if _full(failed):
+                self._disk_full(failed)
             return
-        with self._mutex:
-            self._partials[shard.sha256] = copy
         self._fetchers.submit(self._fetch, shard, copy, fetch)
 
     def partial(self, shard: CachedShard) -> PartialCopy | None:
