@@ -78,8 +78,11 @@ def test_a_share_whose_connection_is_reset_resumes_at_the_batch_it_owes(shards, 
         _, first = _daemon(stack, shards)
         _, second = _daemon(stack, shards)
         proxy = stack.enter_context(TcpProxy(first))
-        # 1 MB batches: the share's call is still streaming when it is cut.
-        with FeederLoader("sample", address=[proxy.address, second], image_size=288, transport="grpc", **_KW) as loader:
+        # 1 MB batches, one held ahead: the share's call is still streaming when it is
+        # cut (with four held ahead, a busy machine once had the share's 16 all sent
+        # before the reset, which then cut an idle connection and reopened nothing).
+        with FeederLoader("sample", address=[proxy.address, second], image_size=288, transport="grpc",
+                          prefetch_batches=1, **_KW) as loader:
             keys: list[str] = []
             for n, (_, _, batch_keys) in enumerate(loader):
                 keys += batch_keys
