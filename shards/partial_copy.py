@@ -114,10 +114,7 @@ class PartialCopy:
         try:
             yield pieces
         finally:
-            with self._changed:
-                for piece in pieces:
-                    self._coming.remove(piece)
-                self._changed.notify_all()
+            self._arrived(pieces)
 
     def fill(self, start: int, end: int, fetch: Callable[[int, int], memoryview], wait_s: float) -> bytes | None:
         """Bytes ``start .. end`` for a read: fetching (``fetch(start, length)``) only
@@ -144,9 +141,14 @@ class PartialCopy:
         try:
             yield
         finally:
-            with self._changed:
-                self._coming.remove((start, end))
-                self._changed.notify_all()
+            self._arrived([(start, end)])
+
+    def _arrived(self, pieces: list[tuple[int, int]]) -> None:
+        """``pieces`` are no longer being fetched (landed, or their fetch failed)."""
+        with self._changed:
+            for piece in pieces:
+                self._coming.remove(piece)
+            self._changed.notify_all()
 
     def read_into(self, buffer: np.ndarray, offset: int, wait_s: float = 0.0) -> bool:
         """Fills ``buffer`` from ``offset`` if those bytes have landed and the copy is
