@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, Future
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,10 +51,19 @@ READ_AHEAD_BYTES = 64 << 20  # per remote split: bytes fetched ahead and not rea
 _FROM_CACHE, _FROM_STORE, _FROM_AHEAD = FROM_CACHE, "store", "ahead"
 
 
-class _Ahead(NamedTuple):
+@dataclass(eq=False)
+class _Ahead:
+    """A read-ahead request: bytes ``start .. end`` of a shard, and the extents it
+    was made for that no read has taken yet (``(offset, end)``); kept until they are
+    all taken, or newer read-ahead pushes it past the budget."""
+
     start: int
     end: int
     future: Future[memoryview]
+    left: list[tuple[int, int]]
+
+    def covers(self, extent: Extent) -> bool:
+        return self.start <= extent.offset and extent.offset + extent.size <= self.end
 
 
 class RemoteShards:
@@ -274,15 +284,30 @@ class RemoteShards:
 
     def will_need(self, extents: Sequence[Extent]) -> None:
         """Fetch these extents now, behind the reads batches wait on; kept (at most
-        ``READ_AHEAD_BYTES`` per split) until read."""
+        ``READ_AHEAD_BYTES`` per split) until read, then let go. An extent already on
+        its way in a kept read-ahead is not fetched again: that one is kept for it too."""
         by_shard: dict[int, list[int]] = {}
         for p, extent in enumerate(extents):
-            if not self._copies.has(extent.shard, extent):
+            if not self._copies.has(extent.shard, extent) and not self._ahead_for(extent):
                 by_shard.setdefault(extent.shard, []).append(p)
         for shard, positions in by_shard.items():
             self._copies.want(shard)  # before the requests, so their bytes land in its copy
             for span in self._copies.spans(shard, extents, positions):
-                self._keep_ahead(shard, _Ahead(span.start, span.end, self._submit(shard, span.start, span.end, _AHEAD)))
+                left = [(extents[p].offset, extents[p].offset + extents[p].size) for p in span.members]
+                future = self._submit(shard, span.start, span.end, _AHEAD)
+                self._keep_ahead(shard, _Ahead(span.start, span.end, future, left))
+
+    def _ahead_for(self, extent: Extent) -> bool:
+        """Whether a kept read-ahead that has not failed covers ``extent``; if so it is
+        kept until ``extent`` is read (once, however often it was asked for)."""
+        wanted = (extent.offset, extent.offset + extent.size)
+        with self._lock:
+            for ahead in self._ahead.get(extent.shard, ()):
+                if ahead.covers(extent) and not _failed(ahead.future):
+                    if wanted not in ahead.left:
+                        ahead.left.append(wanted)
+                    return True
+        return False
 
     def _keep_ahead(self, shard: int, ahead: _Ahead) -> None:
         with self._lock:
@@ -296,16 +321,22 @@ class RemoteShards:
                 total -= old.end - old.start
 
     def _take_ahead(self, extent: Extent) -> _Ahead | None:
-        """The read-ahead request that covers ``extent``, if any (kept, for the other
-        extents it covers, until newer read-ahead pushes it past the budget)."""
+        """The read-ahead request that covers ``extent``, if any. It is let go once
+        every extent it was made for has been taken (kept, its bytes would serve later
+        epochs' reads from memory while their own read-ahead fetched them again)."""
         with self._lock:
             for ahead in self._ahead.get(extent.shard, ()):
-                if ahead.start <= extent.offset and extent.offset + extent.size <= ahead.end:
-                    if _failed(ahead.future):  # never handed on: the store may answer now
-                        self._ahead[extent.shard].remove(ahead)
-                        self._ahead_order.remove((extent.shard, ahead))
-                        return None
-                    return ahead
+                if not ahead.covers(extent):
+                    continue
+                failed = _failed(ahead.future)  # never handed on: the store may answer now
+                taken = next((e for e in ahead.left if e[0] <= extent.offset and extent.offset + extent.size <= e[1]),
+                             None)
+                if taken is not None:
+                    ahead.left.remove(taken)
+                if failed or not ahead.left:
+                    self._ahead[extent.shard].remove(ahead)
+                    self._ahead_order.remove((extent.shard, ahead))
+                return None if failed else ahead
         return None
 
     def forget_ahead(self) -> None:

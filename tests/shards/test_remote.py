@@ -85,9 +85,31 @@ def test_read_ahead_fetches_the_next_batch_before_it_is_read(s3_server: SeaweedF
     while time.monotonic() < deadline and any(not a.future.done() for _, a in split._bytes._ahead_order):
         time.sleep(0.01)
     requested = _requests(split)
-    split.read_many(rows)
-    split.read_many(rows, split.half_copies[rows])
+    images, copies = rows[:4], rows[4:]
+    split.read_many(images)
+    split.read_many(copies, split.half_copies[copies])
     assert _requests(split) == requested  # every byte was already on its way
+
+
+def test_a_read_ahead_is_let_go_once_read_and_never_fetched_twice(s3_server: SeaweedFS, remote: str) -> None:
+    # Before: read-ahead was kept until newer read-ahead filled its budget, so a later
+    # epoch's reads took an earlier epoch's bytes from memory while their own
+    # read-ahead fetched the same bytes again, to be counted whenever it ended.
+    split = _open(s3_server, remote).splits["train"]
+    rows = np.random.default_rng(2).permutation(len(split))[:8]
+    split.will_need(rows)
+    ahead = [a.future for _, a in split._bytes._ahead_order]
+    split.will_need(rows[:4])  # already on its way: not fetched again
+    assert ahead and [a.future for _, a in split._bytes._ahead_order] == ahead
+    split.read_many(rows[:4])
+    assert split._bytes._ahead_order, "kept for the samples not read yet"
+    split.read_many(rows[4:])
+    assert not split._bytes._ahead_order
+    for future in ahead:
+        future.result(timeout=20)
+    requested = _requests(split)
+    split.read_many(rows)
+    assert _requests(split) > requested  # read from the store again, not from memory
 
 
 @pytest.mark.slow
