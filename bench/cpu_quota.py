@@ -34,8 +34,20 @@ class CpuQuota:
         """Move process ``pid`` (all its threads) into the group."""
         (self.path / "cgroup.procs").write_text(str(pid))
 
+    def lift(self) -> None:
+        """Let the processes in the group run unheld (a daemon held to 2 % of a core
+        takes seconds to stop otherwise)."""
+        if (self.path / "cpu.cfs_quota_us").exists():
+            (self.path / "cpu.cfs_quota_us").write_text("-1")
+        elif (self.path / "cpu.max").exists():
+            (self.path / "cpu.max").write_text(f"max {_PERIOD_US}")
+
     def remove(self) -> None:
+        """Remove the group, once the processes in it have ended (else it is lifted)."""
         try:
             self.path.rmdir()
-        except OSError:
-            pass  # still busy: the kernel removes nothing a process is in
+        except OSError:  # still busy: the kernel removes nothing a process is in
+            try:
+                self.lift()
+            except OSError:
+                pass

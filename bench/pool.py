@@ -52,14 +52,17 @@ def _daemons(shards: Path, count: int, cpus: float, threads: int, batch: int) ->
     with ExitStack() as stack:
         procs = []
         for i in range(count):
-            daemon = stack.enter_context(DaemonProcess(
-                {"bench": shards}, ("--threads", str(threads), "--max-batch-size", str(batch)), cwd=_REPO))
+            quota: CpuQuota | None = None
             try:
                 quota = CpuQuota(f"feeder-bench-pool-{os.getpid()}-{i}", cpus)
-                quota.add(daemon.pid)
-                stack.callback(quota.remove)
+                stack.callback(quota.remove)  # once its daemon has stopped (the stack runs backwards)
             except OSError as e:
                 print(f"pool: no CPU quota ({e}); daemon {i} runs unconfined", file=sys.stderr)
+            daemon = stack.enter_context(DaemonProcess(
+                {"bench": shards}, ("--threads", str(threads), "--max-batch-size", str(batch)), cwd=_REPO))
+            if quota is not None:
+                quota.add(daemon.pid)
+                stack.callback(quota.lift)  # before its daemon stops, which it would do at the quota's pace
             procs.append(daemon)
         yield [d.address for d in procs], procs
 

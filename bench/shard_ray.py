@@ -69,6 +69,8 @@ def _cluster(nodes: int, node_cpus: float) -> Iterator[tuple[Any, list[CpuQuota]
         cluster.wait_for_nodes()
         yield cluster, quotas
     finally:
+        for quota in quotas:
+            quota.lift()  # the nodes stop at the machine's pace, not the quota's
         cluster.shutdown()
         for quota in quotas:
             quota.remove()

@@ -215,6 +215,8 @@ def _started(stack: ExitStack, shards: Path, args: argparse.Namespace) -> dict[s
         stack.callback(quotas[name].remove)  # once its daemon has stopped (the stack runs backwards)
     pool = stack.enter_context(ThreadPoolExecutor(len(daemons)))
     stack.callback(lambda: list(pool.map(DaemonProcess.stop, daemons.values())))
+    for quota in quotas.values():
+        stack.callback(quota.lift)  # before its daemon stops, which it would do at the quota's pace
     addresses = dict(zip(daemons, pool.map(DaemonProcess.start, daemons.values()), strict=True))
     for name, quota in quotas.items():
         quota.add(daemons[name].pid)
