@@ -7,6 +7,10 @@ RAY_STAMP := $(VENV)/.ray
 PROTO_OUT := protos/feeder_pb2.py
 NATIVE_LIBS := $(VENV)/.native-libraries
 DEMO    := .demo
+# Bytecode of the project's own modules and pytest's rewritten tests is cached in their __pycache__
+# (ignored by git) even where the environment says not to write it: every worker, daemon and rank a
+# test run starts would otherwise compile them again (each pytest worker's collection 12 s, not 10).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-parallel test-quick docs-check test-cluster slurm test-under-load chaos install proto typecheck lint clean
 
