@@ -115,11 +115,9 @@ class ShardCache:
             raise ConfigError("cache: budget_bytes, fetch_bytes_per_s and idle_evict_s must be >= 0, "
                               "fetch_threads >= 1")
         self.directory, self.budget_bytes, self._idle_evict_s = Path(directory), budget_bytes, idle_evict_s
-        self._fetch_bytes_per_s = fetch_bytes_per_s
-        # Bytes per request of a download: a quarter second's worth where it is
-        # throttled (so the rate is smooth), else large ranges.
-        throttled_bytes = min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4))
-        self.chunk_bytes = throttled_bytes if fetch_bytes_per_s else _CHUNK_BYTES
+        # Bytes per request of a download: a quarter second's worth where it is throttled (a smooth rate).
+        self._fetch_bytes_per_s, throttled = fetch_bytes_per_s, min(_CHUNK_BYTES, max(64 << 10, fetch_bytes_per_s // 4))
+        self.chunk_bytes = throttled if fetch_bytes_per_s else _CHUNK_BYTES
         self._stopping = threading.Event()
         self._lock_fd = take_lock(self.directory)
         self._shards, self._partial = self.directory / "shards", self.directory / "partial"
@@ -224,10 +222,8 @@ class ShardCache:
                 return
             self._refused.pop(shard.sha256, None)
             self._pending[shard.sha256] = shard.size
-            # Made before the mutex is let go: a read that finds the shard on its way
-            # finds its copy too, and its bytes land there (made after, a read of
-            # another thread in between fetched the shard from the store beside the
-            # download, which fetched it all again).
+            # Made under the mutex: a read that finds the shard on its way finds its copy
+            # too, so its bytes land there and are not fetched again by the download.
             failed: OSError | None = None
             try:
                 copy = PartialCopy(self._partial / f"{shard.sha256}.{os.getpid()}.part", shard.size)
