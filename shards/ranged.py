@@ -325,10 +325,10 @@ class RemoteShards:
         every extent it was made for has been taken (kept, its bytes would serve later
         epochs' reads from memory while their own read-ahead fetched them again)."""
         with self._lock:
-            for ahead in self._ahead.get(extent.shard, ()):
+            for ahead in list(self._ahead.get(extent.shard, ())):
                 if not ahead.covers(extent):
                     continue
-                failed = _failed(ahead.future)  # never handed on: the store may answer now
+                failed = _failed(ahead.future)  # never handed on (the store may answer now): a later one may do
                 taken = next((e for e in ahead.left if e[0] <= extent.offset and extent.offset + extent.size <= e[1]),
                              None)
                 if taken is not None:
@@ -336,7 +336,8 @@ class RemoteShards:
                 if failed or not ahead.left:
                     self._ahead[extent.shard].remove(ahead)
                     self._ahead_order.remove((extent.shard, ahead))
-                return None if failed else ahead
+                if not failed:
+                    return ahead
         return None
 
     def forget_ahead(self) -> None:

@@ -128,7 +128,13 @@ def test_a_read_ahead_that_failed_is_never_handed_to_a_later_read(s3_server: Sea
         assert ahead and all(f.exception() is not None for f in ahead), "the read-ahead failed"
     finally:
         s3_server.start()
+    split.will_need(rows)  # the store is back: read ahead again, beside the failed ones
+    again = [a.future for _, a in split._bytes._ahead_order if a.future not in ahead]
+    assert again and all(f.result(timeout=20) is not None for f in again)
+    requested = _requests(split)
     assert len(split.read_many(rows)) == len(rows)
+    assert _requests(split) == requested, "read from the read-ahead made once the store was back"
+    assert not split._bytes._ahead_order, "nothing kept once read"
 
 
 def test_a_missing_bucket_manifest_or_directory_is_not_found_naming_the_url(s3_server: SeaweedFS, remote: str) -> None:
