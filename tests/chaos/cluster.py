@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from bench.seaweedfs import SeaweedFS
+from bench.seaweedfs import SeaweedFS, free_ports
 from launcher.daemon_process import DaemonProcess
 from protos import feeder_pb2, feeder_pb2_grpc
 from shards.objects import ObjectMissing, ObjectUrl, StoreRefused
@@ -40,15 +39,11 @@ from tests.chaos.evidence import (
 )
 from tests.chaos.schedule import Fault, Kind
 
-__all__ = ["Cluster", "free_port", "tell"]
+__all__ = ["Cluster", "tell"]
+
+_PAUSE_HELD_S = 60.0  # the longest a consumer pause waits for the daemons' idle cancel
 
 DATASET = "sample"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def tell(control: Path, name: str, text: str) -> None:
@@ -112,8 +107,8 @@ class Cluster:
         self.local = dict(local or {})
         self._options = daemon_options
         self._rng = random.Random(seed)
-        self.ports = [free_port() for _ in range(3)]
-        self.metrics_ports = [free_port() for _ in range(3)]
+        ports = free_ports(6)  # distinct
+        self.ports, self.metrics_ports = ports[:3], ports[3:]
         self.daemons: list[DaemonProcess | None] = [None, None, None]
         self.serving = [url, url, url]
 
@@ -201,9 +196,16 @@ class Cluster:
         return self._restart(fault.target, self.other)
 
     def _consumer_paused(self, fault: Fault) -> IdleCancels:
-        before = self.idle_cancels()
-        tell(self.control, "pause", str(time.time() + fault.duration_s))
-        time.sleep(fault.duration_s + 1.0)
+        """The ranks pause for the fault's duration, and on until a daemon has cancelled
+        a paused stream for idleness (at most ``_PAUSE_HELD_S``): beside other work a
+        fixed pause could end before the daemons had filled the paused calls' windows."""
+        before, least = self.idle_cancels(), time.monotonic() + fault.duration_s
+        tell(self.control, "pause", str(time.time() + _PAUSE_HELD_S))
+        deadline = time.monotonic() + _PAUSE_HELD_S
+        while time.monotonic() < deadline and not IdleCancels(before, self.idle_cancels()).cancelled():
+            time.sleep(0.1)
+        time.sleep(max(0.0, least - time.monotonic()))
+        tell(self.control, "pause", "0")
         return IdleCancels(before, self.idle_cancels())
 
     def _store_pid(self) -> int:

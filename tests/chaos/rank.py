@@ -44,11 +44,11 @@ def _more(epoch: int, control: Path, least: int) -> bool:
 
 
 def _step(control: Path, step_s: float) -> None:
-    """The training step after a batch, and a pause the harness asked for."""
+    """The training step after a batch, then a pause while the harness asks for one
+    (looked at again every 50 ms: the harness may end it sooner than it said)."""
     time.sleep(step_s)
-    until = _pause_until(control)
-    if until > time.time():
-        time.sleep(until - time.time())
+    while _pause_until(control) > time.time():
+        time.sleep(0.05)
 
 
 def main(config_path: str) -> int:
