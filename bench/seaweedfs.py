@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,6 +43,7 @@ from pyarrow import fs as pafs
 __all__ = ["SeaweedFS", "SeaweedPorts", "free_ports", "seaweedfs", "weed_binary"]
 
 _HOST = "127.0.0.1"
+_LOWEST_PORT = 10_000  # ports free_ports chooses from: this one up to the ephemeral range
 _PROBE_BUCKET = "feeder-probe"
 _START_TIMEOUT_S = 60.0  # a loaded 2-core machine has taken 12 s
 # Then SIGKILL: its filer's graceful stop waits on its own gRPC streams (10 s and
@@ -67,12 +69,34 @@ def weed_binary() -> Path:
 
 def free_ports(count: int) -> list[int]:
     """``count`` distinct TCP ports free on loopback now (all held open until all are
-    chosen, so none is handed out twice)."""
+    chosen, so none is handed out twice), below the kernel's ephemeral range where it
+    leaves room: the kernel's own choice is a port outgoing connections take too, and
+    on a busy machine one took a two-node job's rendezvous port before its torchrun
+    bound it (neither node could host the store; each waited 60 s for the other)."""
+    below = range(_LOWEST_PORT, _ephemeral_start())
     with ExitStack() as stack:
-        sockets = [stack.enter_context(closing(socket.socket())) for _ in range(count)]
-        for sock in sockets:
+        chosen: list[int] = []
+        for port in random.SystemRandom().sample(below, k=min(len(below), 16 * count)):  # whatever a test seeded
+            sock = stack.enter_context(closing(socket.socket()))
+            try:
+                sock.bind((_HOST, port))
+            except OSError:
+                continue
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+        for _ in range(count - len(chosen)):  # no room below it: the kernel's choice
+            sock = stack.enter_context(closing(socket.socket()))
             sock.bind((_HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            chosen.append(sock.getsockname()[1])
+        return chosen
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _without_keys() -> dict[str, str]:

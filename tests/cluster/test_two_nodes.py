@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.proctree import kill_env, pids_with_env
-from bench.seaweedfs import SeaweedFS
+from bench.seaweedfs import SeaweedFS, free_ports
 from shards.layout import index_path
 from tests.common.env import ROOT, child_env
 from tests.common.processes import kill_tree
@@ -54,12 +53,6 @@ min_scale = 0.35
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def local_shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_sample_shards(tmp_path_factory.mktemp("two-node-shards"), classes=4, train_per_class=64,
@@ -84,7 +77,7 @@ class Job:
         self.env = child_env(OMP_NUM_THREADS="1", FEEDER_TEST_RUN=self.mark, **server.environment())
         for name in ("FEEDER_ADDRESS", "FEEDER_TOKEN", "FEEDER_SHM_DIR"):
             self.env.pop(name, None)
-        self.ports = [_free_port(), _free_port()]
+        self.ports = free_ports(2)
         self.nodes: dict[int, subprocess.Popen[bytes]] = {}
 
     def node_dir(self, node: int) -> Path:
@@ -119,7 +112,7 @@ class Job:
     rdzv = 0
 
     def start_all(self) -> None:
-        self.rdzv = _free_port()
+        self.rdzv = free_ports(1)[0]
         for node in (0, 1):
             self.start(node)
 
