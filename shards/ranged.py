@@ -63,7 +63,7 @@ class _Ahead:
     left: list[tuple[int, int]]
 
     def covers(self, extent: Extent) -> bool:
-        return self.start <= extent.offset and extent.offset + extent.size <= self.end
+        return _within(extent, self.start, self.end)
 
 
 class RemoteShards:
@@ -329,8 +329,7 @@ class RemoteShards:
                 if not ahead.covers(extent):
                     continue
                 failed = _failed(ahead.future)  # never handed on (the store may answer now): a later one may do
-                taken = next((e for e in ahead.left if e[0] <= extent.offset and extent.offset + extent.size <= e[1]),
-                             None)
+                taken = next((left for left in ahead.left if _within(extent, *left)), None)
                 if taken is not None:
                     ahead.left.remove(taken)
                 if failed or not ahead.left:
@@ -347,6 +346,11 @@ class RemoteShards:
                 ahead.future.cancel()
             self._ahead.clear()
             self._ahead_order.clear()
+
+
+def _within(extent: Extent, start: int, end: int) -> bool:
+    """Whether ``extent``'s bytes lie within ``start .. end``."""
+    return start <= extent.offset and extent.offset + extent.size <= end
 
 
 def _failed(future: Future[Any]) -> bool:
