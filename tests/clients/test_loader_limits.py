@@ -21,9 +21,12 @@ def test_a_loader_paused_past_the_idle_timeout_resumes_without_loss(shards):
                           grace_s=0.5, idle_timeout_s=1.0)
     server, port = create_server(config)
     try:
-        # 2.4 MB batches: more than gRPC's window and the daemon's queue hold, so
-        # the daemon's stream waits on the paused loader and is cancelled.
-        with FeederLoader(address=f"127.0.0.1:{port}", dataset="sample", batch_size=16, image_size=224, rank=0,
+        # 32 batches to the epoch, of 2.4 MB each: what a paused loader's buffers take
+        # (its queue, gRPC's windows, the daemon's send) is 4-6 batches here, 10 once
+        # in a fresh make test (with batches of 16, 10 was all of the epoch and nothing
+        # was left to resume); so the daemon's stream waits on the paused loader, is
+        # cancelled, and the loader reconnects for the rest of its epoch.
+        with FeederLoader(address=f"127.0.0.1:{port}", dataset="sample", batch_size=4, image_size=448, rank=0,
                           world_size=1, return_keys=True, prefetch_batches=1, transport="grpc") as loader:
             seen: Counter[str] = Counter()
             for i, (_, _, keys) in enumerate(loader):
