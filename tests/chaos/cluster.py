@@ -38,6 +38,7 @@ from tests.chaos.evidence import (
     StoreKilled,
 )
 from tests.chaos.schedule import Fault, Kind
+from tests.common.waiting import wait_for
 
 __all__ = ["Cluster", "tell"]
 
@@ -201,9 +202,7 @@ class Cluster:
         fixed pause could end before the daemons had filled the paused calls' windows."""
         before, least = self.idle_cancels(), time.monotonic() + fault.duration_s
         tell(self.control, "pause", str(time.time() + _PAUSE_HELD_S))
-        deadline = time.monotonic() + _PAUSE_HELD_S
-        while time.monotonic() < deadline and not IdleCancels(before, self.idle_cancels()).cancelled():
-            time.sleep(0.1)
+        wait_for(lambda: IdleCancels(before, self.idle_cancels()).cancelled() > 0, timeout_s=_PAUSE_HELD_S)
         time.sleep(max(0.0, least - time.monotonic()))
         tell(self.control, "pause", "0")
         return IdleCancels(before, self.idle_cancels())
